@@ -1,0 +1,34 @@
+# Two commands do all the set-up on a fresh machine:
+#   make quickstart   create .venv, install torch first, install diffrl, train the embedded default
+#   make test         the same set-up, then the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+PIP     = $(PY) -m pip
+TORCH  ?= torch==2.13.0
+
+.PHONY: venv install quickstart test test-fast clean
+
+$(VENV)/bin/activate:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: $(VENV)/bin/activate pyproject.toml
+	$(PIP) install -q --upgrade pip
+	# torch first: a CPU build when one is on the machine; the range in pyproject keeps it
+	$(PIP) install -q "$(TORCH)" || $(PIP) install -q "torch>=2.5,<2.14"
+	$(PIP) install -q -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+quickstart: install
+	$(VENV)/bin/diffrl train
+
+test: install
+	$(PY) -m pytest tests
+
+test-fast: install
+	$(PY) -m pytest tests -m "not slow"
+
+clean:
+	rm -rf $(VENV) runs mlflow.db mlartifacts .diffrl_cache

@@ -1,0 +1,180 @@
+"""The model-adapter contract and the architecture registry.
+
+An adapter wraps one diffusers pipeline folder and exposes exactly what the rollout engine and the
+trainer need, mirroring the upstream pipeline's numerics (prompt templates, sigma schedule, initial
+noise, guidance, decoding). Algorithms never see an adapter; adapters never name an algorithm.
+
+Legend: B batch, L text tokens, D text hidden size, N denoising steps.
+Latents are in the adapter's own layout (SD3: (B, C, H, W); Qwen-Image/FLUX: packed (B, L, C);
+Wan: (B, C, F, H, W)); the engines treat them as opaque fp32 tensors with a fixed per-sample shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+# A prompt encoding: batch-first tensors under the names the transformer takes, e.g.
+# {"prompt_embeds": (B, L, D), "pooled_prompt_embeds": (B, D)} or {"prompt_embeds", "prompt_embeds_mask"}.
+Encoding = dict[str, torch.Tensor]
+
+_ADAPTERS: dict[str, type["ModelAdapter"]] = {}
+
+
+def register_adapter(cls: type["ModelAdapter"]) -> type["ModelAdapter"]:
+    """Class decorator: make an adapter findable by its `arch` name and pipeline class names."""
+    _ADAPTERS[cls.arch] = cls
+    return cls
+
+
+def _load_all_adapters() -> None:
+    # Importing the package registers every architecture file (models/__init__.py imports them).
+    import models  # noqa: F401
+
+
+def supported_architectures() -> dict[str, tuple[str, ...]]:
+    """arch name -> the model_index.json `_class_name` values it handles."""
+    _load_all_adapters()
+    return {name: cls.pipeline_classes for name, cls in sorted(_ADAPTERS.items())}
+
+
+def adapter_class(arch: str) -> type["ModelAdapter"]:
+    """The adapter class for an arch name (e.g. "sd3"); ValueError listing the choices otherwise."""
+    _load_all_adapters()
+    if arch not in _ADAPTERS:
+        raise ValueError(f"unknown model architecture {arch!r}; supported: {sorted(_ADAPTERS)}")
+    return _ADAPTERS[arch]
+
+
+def detect_architecture(path: str) -> str:
+    """Read `model_index.json` in a diffusers folder and return the arch name that handles it."""
+    index_path = os.path.join(path, "model_index.json")
+    if not os.path.isdir(path):
+        raise ValueError(f"model path {path!r} is not a directory (expected a diffusers pipeline folder)")
+    if not os.path.isfile(index_path):
+        raise ValueError(f"{path!r} has no model_index.json: not a diffusers pipeline folder")
+    with open(index_path) as f:
+        class_name = json.load(f).get("_class_name")
+    for arch, classes in supported_architectures().items():
+        if class_name in classes:
+            return arch
+    known = sorted(c for classes in supported_architectures().values() for c in classes)
+    raise ValueError(f"{index_path}: pipeline class {class_name!r} is not supported; supported: {known}")
+
+
+def load_adapter(path: str, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                 **kwargs) -> "ModelAdapter":
+    """Detect the architecture of a diffusers folder and load its adapter."""
+    return adapter_class(detect_architecture(path)).from_pretrained(path, device=device, dtype=dtype, **kwargs)
+
+
+def pad_and_cat(encodings: list[Encoding]) -> Encoding:
+    """Concatenate per-prompt encodings along the batch, right-padding the token dim (dim 1) with zeros.
+
+    Masks (keys ending in "mask") are padded with 0 too, so padded tokens stay masked out.
+    """
+    out: Encoding = {}
+    for key in encodings[0]:
+        parts = [e[key] for e in encodings]
+        if parts[0].dim() >= 2 and len({p.shape[1] for p in parts}) > 1:
+            longest = max(p.shape[1] for p in parts)
+            parts = [torch.nn.functional.pad(p, (0, 0) * (p.dim() - 2) + (0, longest - p.shape[1])) for p in parts]
+        out[key] = torch.cat(parts, dim=0)
+    return out
+
+
+def select(encoding: Encoding, index: torch.Tensor | slice | list[int]) -> Encoding:
+    """Rows of an encoding (same index applied to every tensor)."""
+    return {k: v[index] for k, v in encoding.items()}
+
+
+@dataclass(frozen=True)
+class SampleShape:
+    """Resolution of one generated sample; num_frames is 1 for images."""
+
+    height: int
+    width: int
+    num_frames: int = 1
+
+
+class ModelAdapter(ABC):
+    """One architecture. Subclasses live in one file each (models/sd3.py, ...), decorated with
+    @register_adapter, and must reproduce the upstream diffusers pipeline exactly at noise level 0."""
+
+    arch: ClassVar[str]                       # registry name, e.g. "sd3"
+    pipeline_classes: ClassVar[tuple[str, ...]]  # model_index.json _class_name values handled
+    is_video: ClassVar[bool] = False
+    default_lora_targets: ClassVar[tuple[str, ...]]  # peft target_modules names in the transformer
+    default_guidance_scale: ClassVar[float]
+    default_max_sequence_length: ClassVar[int]
+
+    def __init__(self, pipe, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+        self.pipe = pipe
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.source = ""  # path or hub id it was loaded from (set by from_pretrained)
+
+    # ---- loading -------------------------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def from_pretrained(cls, path: str, *, device="cpu", dtype=torch.float32, **kwargs) -> "ModelAdapter":
+        """Load the pipeline components from a diffusers folder (or a Hub id when online)."""
+
+    @property
+    def transformer(self) -> nn.Module:
+        """The denoiser the trainer updates (peft wraps it in place)."""
+        return self.pipe.transformer
+
+    def denoisers(self) -> list[nn.Module]:
+        """Every denoiser module (Wan2.2 has two experts); trainers and weight sync iterate these."""
+        return [self.transformer]
+
+    def fsdp_wrap_units(self) -> list[nn.Module]:
+        """Submodules to `fully_shard` individually (the transformer blocks), before the root."""
+        blocks = getattr(self.transformer, "transformer_blocks", None)
+        return list(blocks) if blocks is not None else []
+
+    def fingerprint(self) -> str:
+        """Stable id of the text-encoding side (for the prompt-embedding cache key)."""
+        return hashlib.sha1(f"{self.arch}:{os.path.abspath(self.source)}".encode()).hexdigest()[:16]
+
+    # ---- the sampling contract -----------------------------------------------------------------
+    @abstractmethod
+    def check_shape(self, shape: SampleShape) -> None:
+        """ValueError naming height/width/num_frames when they do not fit the VAE and patch size."""
+
+    @abstractmethod
+    def encode_prompt(self, prompts: list[str], *, max_sequence_length: int | None = None) -> Encoding:
+        """Encode prompts exactly as the upstream pipeline's `encode_prompt` (templates, dropped
+        template tokens, padding); batch-first tensors, on self.device. Warns when truncating."""
+
+    def needs_negative(self, guidance_scale: float) -> bool:
+        """Whether velocity() needs a negative-prompt encoding at this guidance scale (CFG-style)."""
+        return guidance_scale > 1.0
+
+    @abstractmethod
+    def sigmas(self, num_inference_steps: int, shape: SampleShape) -> torch.Tensor:
+        """(N + 1,) fp32 sigma schedule the upstream pipeline uses (same shift / mu), ending in 0."""
+
+    @abstractmethod
+    def prepare_latents(self, shape: SampleShape, generators: list[torch.Generator]) -> torch.Tensor:
+        """Initial noise (B, ...) fp32, one generator per sample, drawn exactly as upstream draws it
+        for a batch of one with that generator."""
+
+    @abstractmethod
+    def velocity(self, latents: torch.Tensor, sigma: torch.Tensor, encoding: Encoding,
+                 negative: Encoding | None, *, guidance_scale: float, shape: SampleShape) -> torch.Tensor:
+        """Guided velocity (B, ...) fp32 at per-sample sigmas (B,), guidance applied as upstream
+        (cond and uncond in one forward where shapes allow). Differentiable w.r.t. the transformer."""
+
+    @abstractmethod
+    def decode(self, latents: torch.Tensor, shape: SampleShape) -> torch.Tensor:
+        """Final latents -> uint8 images (B, H, W, 3) or videos (B, F, H, W, 3), as upstream's
+        postprocess would produce them (pil/np output rounded the same way)."""
