@@ -1,0 +1,241 @@
+"""Policy-gradient losses on reverse-step log-probs: Flow-GRPO, its KL, GRPO-Guard, Flow-DPPO.
+
+Every loss takes per-sample tensors of one timestep of one micro-batch -- log_prob,
+old_log_prob, advantages: (B,); prev_sample_mean, old_prev_sample_mean: (B, ...);
+std_dev_t, sqrt_dt: (B, 1, ...), (B,) or scalars -- and returns ``(loss, metrics)``; metric
+values are detached 0-dim tensors (no device sync) named as in DESIGN section 4. Math is fp32
+(fp64 if an input is fp64). ``weights`` are rollout-correction IS/RS weights, (B,), detached
+and multiplied into the per-sample loss before the mean.
+"""
+
+from __future__ import annotations
+
+import torch
+
+Metrics = dict[str, torch.Tensor]
+
+
+def _dtype(*tensors: torch.Tensor) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _per_sample(t, batch: int, dtype, name: str) -> torch.Tensor:
+    """Scalar, (B,) or (B, 1, ...) with one value per sample -> (B,)."""
+    # as_tensor(python float) would round to fp32 first: give the dtype up front.
+    t = t.to(dtype) if isinstance(t, torch.Tensor) else torch.as_tensor(t, dtype=dtype)
+    if t.numel() == 1:
+        return t.reshape(1).expand(batch)
+    if t.shape[0] != batch or t[0].numel() != 1:
+        raise ValueError(f"{name} must hold one value per sample (B={batch}); got shape {tuple(t.shape)}")
+    return t.reshape(batch)
+
+
+def _mean_over_non_batch(t: torch.Tensor) -> torch.Tensor:
+    return t.mean(dim=tuple(range(1, t.ndim))) if t.ndim > 1 else t
+
+
+def _weighted_mean(per_sample: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    if weights is not None:
+        # Rollout-correction weights are constants of the update, never differentiated.
+        per_sample = per_sample * _per_sample(weights, per_sample.shape[0], per_sample.dtype, "weights").detach()
+    return per_sample.mean()
+
+
+def _ratio_metrics(ratio: torch.Tensor, log_ratio: torch.Tensor, clip_ratio: float | None) -> Metrics:
+    """ppo_kl, ratio mean/std (population, so B = 1 is finite) and clip fractions."""
+    with torch.no_grad():
+        metrics = {
+            "actor/ppo_kl": (-log_ratio).mean(),
+            "actor/ratio_mean": ratio.mean(),
+            "actor/ratio_std": ratio.std(correction=0),
+        }
+        if clip_ratio is not None:
+            metrics["actor/pg_clipfrac"] = ((ratio - 1.0).abs() > clip_ratio).to(ratio.dtype).mean()
+            metrics["actor/pg_clipfrac_higher"] = (ratio - 1.0 > clip_ratio).to(ratio.dtype).mean()
+            metrics["actor/pg_clipfrac_lower"] = (1.0 - ratio > clip_ratio).to(ratio.dtype).mean()
+    return metrics
+
+
+def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip_ratio: float) -> torch.Tensor:
+    """PPO: per sample max(-A r, -A clip(r, 1 - eps, 1 + eps))."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
+    return torch.maximum(unclipped, clipped)
+
+
+def _prepare(log_prob, old_log_prob, advantages, adv_clip_max):
+    dtype = _dtype(log_prob, old_log_prob, torch.as_tensor(advantages))
+    log_prob = log_prob.to(dtype).reshape(-1)
+    batch = log_prob.shape[0]
+    # old log-probs and advantages come from the rollout: constants of this update.
+    old_log_prob = _per_sample(old_log_prob, batch, dtype, "old_log_prob").detach()
+    advantages = _per_sample(advantages, batch, dtype, "advantages").detach()
+    if adv_clip_max is not None:
+        advantages = advantages.clamp(-adv_clip_max, adv_clip_max)
+    return log_prob, old_log_prob, advantages, dtype
+
+
+def _check_positive(name: str, value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise ValueError(f"{name} must be > 0; got {value}")
+
+
+def flow_grpo_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_ratio: float,
+    adv_clip_max: float,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """Flow-GRPO clipped surrogate (Liu et al. 2025, arXiv:2505.05470; flow_grpo train_sd3.py).
+
+    A = clamp(advantages, +-adv_clip_max); r = exp(log_prob - old_log_prob);
+    loss = mean(weights * max(-A r, -A clip(r, 1 - clip_ratio, 1 + clip_ratio))).
+    Metrics: actor/pg_loss, pg_clipfrac(_higher/_lower), ppo_kl = mean(old - new), ratio_mean,
+    ratio_std (population std; verl-omni uses ddof 1, NaN for B = 1).
+    """
+    _check_positive("clip_ratio", clip_ratio)
+    _check_positive("adv_clip_max", adv_clip_max)
+    log_prob, old_log_prob, advantages, _ = _prepare(log_prob, old_log_prob, advantages, adv_clip_max)
+    log_ratio = log_prob - old_log_prob
+    ratio = torch.exp(log_ratio)
+    loss = _weighted_mean(_clipped_surrogate(ratio, advantages, clip_ratio), weights)
+    metrics = _ratio_metrics(ratio, log_ratio, clip_ratio)
+    metrics["actor/pg_loss"] = loss.detach()
+    return loss, metrics
+
+
+def kl_loss(
+    prev_sample_mean: torch.Tensor,
+    ref_prev_sample_mean: torch.Tensor,
+    std_dev_t: torch.Tensor,
+) -> torch.Tensor:
+    """Flow-GRPO's KL penalty to the reference policy; returns the scalar loss only.
+
+    mean over non-batch dims of (mu - mu_ref)^2 / (2 std_dev_t^2), then mean over the batch.
+    This is flow_grpo's scaled form: the exact KL between the two Gaussian transitions of the
+    "sde" sampler also divides by dt (its std is std_dev_t * sqrt(-dt)), i.e. exact = this / -dt.
+    The reference mean is a constant (detached). The trainer logs it as actor/kl_loss.
+    """
+    dtype = _dtype(prev_sample_mean, ref_prev_sample_mean)
+    mu = prev_sample_mean.to(dtype)
+    if ref_prev_sample_mean.shape != mu.shape:
+        raise ValueError(
+            f"ref_prev_sample_mean {tuple(ref_prev_sample_mean.shape)} must match prev_sample_mean {tuple(mu.shape)}"
+        )
+    std = torch.as_tensor(std_dev_t, dtype=dtype, device=mu.device)
+    if std.ndim == 1 and mu.ndim > 1:
+        std = std.reshape(-1, *([1] * (mu.ndim - 1)))
+    per_element = (mu - ref_prev_sample_mean.to(dtype).detach()) ** 2 / (2 * std**2)
+    return _mean_over_non_batch(per_element).mean()
+
+
+def _mean_gap(prev_sample_mean, old_prev_sample_mean, dtype) -> torch.Tensor:
+    """(B,) mean over non-batch dims of (mu - mu_old)^2, mu_old a constant."""
+    if old_prev_sample_mean.shape != prev_sample_mean.shape:
+        raise ValueError(
+            f"old_prev_sample_mean {tuple(old_prev_sample_mean.shape)} must match prev_sample_mean "
+            f"{tuple(prev_sample_mean.shape)}"
+        )
+    gap = prev_sample_mean.to(dtype) - old_prev_sample_mean.to(dtype).detach()
+    return _mean_over_non_batch(gap**2)
+
+
+def grpo_guard_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    prev_sample_mean: torch.Tensor,
+    old_prev_sample_mean: torch.Tensor,
+    std_dev_t: torch.Tensor,
+    sqrt_dt: torch.Tensor,
+    clip_ratio: float,
+    adv_clip_max: float,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """GRPO-Guard with RatioNorm (Wang et al. 2025, arXiv:2510.22319), for sde_type "sde".
+
+    Per sample, with s = std_dev_t * sqrt_dt (the transition std of Flow-GRPO's SDE):
+      bias = mean((mu - mu_old)^2) / (2 s^2)   -- re-centres the log-ratio, whose mean under the
+                                                  old policy is -bias
+      r = exp((log_prob - old_log_prob + bias) * s)
+      loss = mean(weights * max(-A r, -A clip(r)) / sqrt_dt^2)   -- gradient re-weighting over t
+
+    Deviation: the published code (flow_grpo / verl-omni GRPOGuardLoss) takes s and sqrt_dt as
+    *batch means* (all samples of a flow_grpo micro-batch share the timestep). We use each
+    sample's own s and sqrt_dt, which is identical when the timestep is shared and correct when
+    a micro-batch mixes timesteps (per-sample windows).
+    """
+    _check_positive("clip_ratio", clip_ratio)
+    _check_positive("adv_clip_max", adv_clip_max)
+    log_prob, old_log_prob, advantages, dtype = _prepare(log_prob, old_log_prob, advantages, adv_clip_max)
+    batch = log_prob.shape[0]
+    std = _per_sample(std_dev_t, batch, dtype, "std_dev_t").to(log_prob.device)
+    root_dt = _per_sample(sqrt_dt, batch, dtype, "sqrt_dt").to(log_prob.device)
+    scale = std * root_dt
+    bias = _mean_gap(prev_sample_mean, old_prev_sample_mean, dtype) / (2 * scale**2)
+    log_ratio = log_prob - old_log_prob
+    ratio = torch.exp((log_ratio + bias) * scale)
+    per_sample = _clipped_surrogate(ratio, advantages, clip_ratio) / root_dt**2
+    loss = _weighted_mean(per_sample, weights)
+    metrics = _ratio_metrics(ratio, log_ratio, clip_ratio)
+    metrics["actor/pg_loss"] = loss.detach()
+    return loss, metrics
+
+
+def flow_dppo_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    prev_sample_mean: torch.Tensor,
+    old_prev_sample_mean: torch.Tensor,
+    std_dev_t: torch.Tensor,
+    sqrt_dt: torch.Tensor,
+    kl_threshold: float,
+    adv_clip_max: float | None = None,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """Flow-DPPO: an exact-KL trust-region mask instead of the ratio clip (UniRL FlowDPPO).
+
+    KL_i = mean((mu - mu_old)^2) / (2 s^2), s = std_dev_t * sqrt_dt, is the exact per-element
+    KL between the old and current Gaussian transitions of sde_type "sde" (for "cps" and
+    "dance_sde" std_dev_t is already the transition std: pass sqrt_dt = 1, see
+    ``algorithms.sde.transition_std``). A sample is dropped when KL_i > kl_threshold and its
+    ratio has moved in the direction the advantage pushes it (r > 1 and A > 0, or r < 1 and
+    A < 0); the rest get the plain surrogate -A r. loss = mean(weights * kept * (-A r)).
+    ``adv_clip_max`` None (the published default) leaves advantages unclamped.
+    Metrics: the ratio metrics plus actor/dppo_kl_mean, actor/dppo_masked_frac,
+    actor/dppo_masked_frac_pos, actor/dppo_masked_frac_neg.
+    """
+    if not kl_threshold >= 0:
+        raise ValueError(f"kl_threshold must be >= 0; got {kl_threshold}")
+    _check_positive("adv_clip_max", adv_clip_max)
+    log_prob, old_log_prob, advantages, dtype = _prepare(log_prob, old_log_prob, advantages, adv_clip_max)
+    batch = log_prob.shape[0]
+    scale = _per_sample(std_dev_t, batch, dtype, "std_dev_t") * _per_sample(sqrt_dt, batch, dtype, "sqrt_dt")
+    kl = _mean_gap(prev_sample_mean, old_prev_sample_mean, dtype) / (2 * scale.to(log_prob.device) ** 2)
+    log_ratio = log_prob - old_log_prob
+    ratio = torch.exp(log_ratio)
+    with torch.no_grad():
+        outside = kl > kl_threshold
+        masked_pos = outside & (ratio > 1.0) & (advantages > 0)
+        masked_neg = outside & (ratio < 1.0) & (advantages < 0)
+        keep = ~(masked_pos | masked_neg)
+    # torch.where, not a product: a dropped sample with an overflowed ratio must not give inf * 0.
+    per_sample = torch.where(keep, -advantages * ratio, torch.zeros_like(ratio))
+    loss = _weighted_mean(per_sample, weights)
+    metrics = _ratio_metrics(ratio, log_ratio, None)
+    metrics.update(
+        {
+            "actor/pg_loss": loss.detach(),
+            "actor/dppo_kl_mean": kl.detach().mean(),
+            "actor/dppo_masked_frac": (~keep).to(dtype).mean(),
+            "actor/dppo_masked_frac_pos": masked_pos.to(dtype).mean(),
+            "actor/dppo_masked_frac_neg": masked_neg.to(dtype).mean(),
+        }
+    )
+    return loss, metrics

@@ -1,0 +1,86 @@
+"""algorithms.windows: each kind's window, determinism, per-sample independence, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from algorithms.windows import WindowPolicy, sample_windows
+
+SEEDS = torch.arange(100, 108, dtype=torch.int64)
+
+
+def test_all_but_last():
+    w = sample_windows(WindowPolicy("all_but_last"), 10, SEEDS, step=3)
+    assert w.size == 9 and torch.all(w.starts == 0) and w.trained.shape == (8, 9) and w.trained.all()
+    mask = w.stochastic_mask(10)
+    assert mask[:, :9].all() and not mask[:, 9].any()
+
+
+def test_random_start_per_sample_in_range_and_batch_independent():
+    policy = WindowPolicy("random_start", size=2, start_range=(0, 4))
+    w = sample_windows(policy, 10, SEEDS, step=0)
+    assert w.size == 2 and ((w.starts >= 0) & (w.starts < 4)).all() and w.trained.all()
+    alone = sample_windows(policy, 10, SEEDS[3:4], step=7)
+    assert int(alone.starts[0]) == int(w.starts[3])  # keyed by the sample's seed, not position/step
+    many = sample_windows(policy, 10, torch.arange(400), step=0)
+    assert set(many.starts.tolist()) == {0, 1, 2, 3}
+
+
+def test_mix_random_one_start_per_step():
+    policy = WindowPolicy("mix_random", size=4, seed=5)
+    w = sample_windows(policy, 25, SEEDS, step=11)
+    assert len(set(w.starts.tolist())) == 1 and 0 <= int(w.starts[0]) <= 21
+    again = sample_windows(WindowPolicy("mix_random", size=4, seed=0), 25, SEEDS[:1], step=16)
+    assert int(again.starts[0]) == int(w.starts[0])  # drawn from seed + step
+    starts = {int(sample_windows(policy, 25, SEEDS, step=s).starts[0]) for s in range(60)}
+    assert len(starts) > 5
+
+
+def test_mix_progressive_slides_and_clamps():
+    policy = WindowPolicy("mix_progressive", size=4, iters_per_group=25)
+    starts = [int(sample_windows(policy, 25, SEEDS, step=s).starts[0]) for s in (0, 24, 25, 50, 124, 125, 10_000)]
+    assert starts == [0, 0, 4, 8, 16, 20, 21]
+
+
+def test_dance_fraction_subset_per_sample():
+    policy = WindowPolicy("dance_fraction", timestep_fraction=0.6)
+    w = sample_windows(policy, 16, SEEDS, step=0)
+    assert w.size == 16 and torch.all(w.starts == 0)
+    assert torch.all(w.trained.sum(1) == round(0.6 * 16))
+    assert len({tuple(row.tolist()) for row in w.trained}) > 1
+    alone = sample_windows(policy, 16, SEEDS[2:3], step=9)
+    assert torch.equal(alone.trained[0], w.trained[2])
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="all_but_last"):
+        WindowPolicy("nope")
+    with pytest.raises(ValueError, match="size"):
+        sample_windows(WindowPolicy("mix_random", size=11), 10, SEEDS, 0)
+    with pytest.raises(ValueError, match="empty"):
+        sample_windows(WindowPolicy("random_start", start_range=(3, 3)), 10, SEEDS, 0)
+    with pytest.raises(ValueError, match="hi must be"):
+        sample_windows(WindowPolicy("random_start", size=2, start_range=(0, 10)), 10, SEEDS, 0)
+    with pytest.raises(ValueError, match="timestep_fraction"):
+        WindowPolicy("dance_fraction", timestep_fraction=0.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    kind=st.sampled_from(["all_but_last", "random_start", "mix_random", "mix_progressive", "dance_fraction"]),
+    num_steps=st.integers(4, 30),
+    step=st.integers(0, 500),
+    seed=st.integers(0, 10_000),
+)
+def test_deterministic_and_inside(kind, num_steps, step, seed):
+    policy = WindowPolicy(kind, size=3, seed=seed)
+    seeds = torch.arange(seed, seed + 5)
+    a = sample_windows(policy, num_steps, seeds, step)
+    b = sample_windows(policy, num_steps, seeds, step)
+    assert torch.equal(a.starts, b.starts) and torch.equal(a.trained, b.trained)
+    assert a.starts.dtype == torch.int64 and a.trained.dtype == torch.bool
+    assert torch.all(a.starts + a.size <= num_steps) and torch.all(a.starts >= 0)
+    assert a.trained.shape == (5, a.size) and a.trained.any(1).all()

@@ -1,0 +1,52 @@
+"""The typed config loader: nesting, coercion, dotted overrides, errors with suggestions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from configs.loader import ConfigError, load, to_dict
+
+
+@dataclass
+class Inner:
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    name: str | None = None
+
+    def __post_init__(self):
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+@dataclass
+class Outer:
+    steps: int = 3
+    train: Inner = field(default_factory=Inner)
+    tags: list[str] = field(default_factory=list)
+
+
+def test_yaml_and_overrides_build_typed_tree():
+    cfg = load(Outer, None, ["train.lr=2e-4", "train.betas=[0.5, 0.6]", "tags=[a, b]"], text="steps: 5\ntrain:\n  name: x\n")
+    assert cfg.steps == 5 and cfg.train.lr == pytest.approx(2e-4) and cfg.train.betas == (0.5, 0.6)
+    assert cfg.train.name == "x" and cfg.tags == ["a", "b"]
+    assert to_dict(cfg) == {"steps": 5, "train": {"lr": 2e-4, "betas": [0.5, 0.6], "name": "x"}, "tags": ["a", "b"]}
+
+
+def test_unknown_key_suggests_closest():
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.lrr'.*did you mean 'lr'"):
+        load(Outer, None, ["train.lrr=1"], text="{}")
+    with pytest.raises(ConfigError, match=r"'stepz'.*did you mean 'steps'"):
+        load(Outer, None, text="stepz: 1\n")
+
+
+def test_bad_values_name_the_field():
+    with pytest.raises(ConfigError, match=r"steps: expected an integer"):
+        load(Outer, None, ["steps=abc"], text="{}")
+    with pytest.raises(ConfigError, match=r"train: lr must be > 0"):
+        load(Outer, None, ["train.lr=-1"], text="{}")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(Outer, "/nonexistent/x.yaml")
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load(Outer, None, ["steps"], text="{}")
