@@ -1,0 +1,183 @@
+"""One Lance table handle shared by the trajectory store, the per-sample tables and the caches.
+
+Why a handle and not `lance.dataset(uri)` on every call: memory:// tables live in the object store
+of the session that created them, so reopening by URI would find nothing; keeping the dataset
+object and calling `checkout_latest()` works for every scheme and is cheaper on object stores.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from lance.commit import CommitConflictError
+
+from engines.store import fs
+
+_APPEND_ATTEMPTS = 8
+
+
+def sql_str(value: str) -> str:
+    """A SQL string literal (single quotes doubled) for Lance filters."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def sql_in(column: str, values: list[Any]) -> str:
+    """`column IN (...)` for ints or strings; FALSE for an empty list."""
+    if not values:
+        return "FALSE"
+    items = ", ".join(sql_str(v) if isinstance(v, str) else str(int(v)) for v in values)
+    return f"{column} IN ({items})"
+
+
+def sibling_uri(uri: str, name: str) -> str:
+    """`<dir>/<name>.lance` next to `uri` (`<dir>/<stem>_<name>.lance` unless the stem is
+    `trajectories`, so two stores in one directory never share sibling tables)."""
+    stem = fs.basename(uri).removesuffix(".lance")
+    file = f"{name}.lance" if stem == "trajectories" else f"{stem}_{name}.lance"
+    return fs.join(fs.parent(uri), file)
+
+
+def new_write_id() -> str:
+    """A unique id stamped on every row of one append (identifies the write for dedupe)."""
+    return uuid.uuid4().hex
+
+
+class LanceTable:
+    """A lazily created Lance table at `uri` (local path or s3:// / gs:// / memory:// URI)."""
+
+    def __init__(self, uri: str, *, storage_options: dict | None = None):
+        self.uri = str(uri)
+        self.storage_options = dict(storage_options or {})
+        self._ds: lance.LanceDataset | None = None
+
+    def dataset(self) -> lance.LanceDataset | None:
+        """The latest committed version, or None when nothing was ever committed here.
+
+        An existing but unreadable table raises ValueError naming the path.
+        """
+        if self._ds is not None:
+            self._ds.checkout_latest()
+            return self._ds
+        try:
+            self._ds = lance.dataset(self.uri, storage_options=self.storage_options or None)
+        except ValueError as e:
+            # Lance reports a missing table (no _versions manifest) as "... was not found".
+            if "was not found" in str(e) or "Not found" in str(e):
+                return None
+            raise ValueError(f"{self.uri}: cannot read the Lance table (corrupt or not a Lance table): {e}") from e
+        except OSError as e:
+            raise ValueError(f"{self.uri}: cannot read the Lance table: {e}") from e
+        return self._ds
+
+    def version(self) -> int:
+        """The latest committed version (0 before the first write)."""
+        ds = self.dataset()
+        return 0 if ds is None else ds.version
+
+    def schema_metadata(self) -> dict[str, str]:
+        """The table's schema metadata as str -> str ({} before the first write)."""
+        ds = self.dataset()
+        if ds is None:
+            return {}
+        meta = ds.schema.metadata or {}
+        return {k.decode(): v.decode() for k, v in meta.items()}
+
+    def append(self, table: pa.Table) -> None:
+        """Append rows as one commit: all rows become visible together or none do.
+
+        Lance commits are optimistic; concurrent appends rebase on each other inside Lance, and
+        a conflict that still surfaces (e.g. two processes creating the table) is retried here.
+        """
+        for attempt in range(_APPEND_ATTEMPTS):
+            target = self.dataset()
+            try:
+                self._ds = lance.write_dataset(
+                    table, target if target is not None else self.uri, mode="append",
+                    storage_options=self.storage_options or None)
+                return
+            except CommitConflictError:
+                if attempt == _APPEND_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+
+    def scan(self, columns: list[str], filter: str | None = None, *, row_address: bool = False,
+             blobs_as_bytes: bool = False, late_materialization: bool | None = None) -> pa.Table | None:
+        """Rows in table order (insertion order, kept by compaction); None when no table yet.
+
+        late_materialization=False reads all columns in one pass: faster when the filter keeps
+        most rows (a whole step), as random-access takes of large rows cost more than a scan.
+        """
+        ds = self.dataset()
+        if ds is None:
+            return None
+        scanner = ds.scanner(
+            columns=columns, filter=filter, scan_in_order=True, with_row_address=row_address or None,
+            blob_handling="all_binary" if blobs_as_bytes else None, late_materialization=late_materialization)
+        return scanner.to_table()
+
+    def delete(self, predicate: str) -> None:
+        """Delete rows (Lance retries conflicts itself)."""
+        ds = self.dataset()
+        if ds is not None:
+            ds.delete(predicate)
+
+    def compact(self, *, target_rows_per_fragment: int | None = None,
+                excluded_fragment_ids: list[int] | None = None) -> None:
+        """Merge small adjacent fragments (one per append) and drop deleted rows physically."""
+        ds = self.dataset()
+        if ds is None:
+            return
+        if len(ds.get_fragments()) > 1 or _has_deletions(ds):
+            ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment,
+                                      materialize_deletions_threshold=0.0,
+                                      excluded_fragment_ids=excluded_fragment_ids or None)
+
+    def cleanup(self, older_than_seconds: float, *, delete_unverified: bool = False) -> int:
+        """Remove versions older than `older_than_seconds` and their unreferenced files; bytes freed."""
+        ds = self.dataset()
+        if ds is None:
+            return 0
+        stats = ds.cleanup_old_versions(older_than=timedelta(seconds=older_than_seconds),
+                                        delete_unverified=delete_unverified)
+        return int(stats.bytes_removed)
+
+
+def _has_deletions(ds: lance.LanceDataset) -> bool:
+    return any(f.deletion_file() is not None for f in ds.get_fragments())
+
+
+def first_writes(table: pa.Table, unit_columns: list[str]) -> pa.Table:
+    """Keep only the rows of the write committed first for each unit (e.g. (step, chunk)).
+
+    `table` is a scan in table order with a `write_id` column, and every write covers exactly
+    one unit. When two processes race to write the same unit both commits land; every reader
+    keeps the earlier one (first in table order), so all readers agree, and the later writer
+    can tell that it lost (check-after-commit) and delete its rows.
+    """
+    if table.num_rows == 0:
+        return table
+    firsts = _first_positions(table, unit_columns)
+    winners = pc.take(table.column("write_id"), firsts)
+    return table.filter(pc.is_in(table.column("write_id"), value_set=winners))
+
+
+def first_rows(table: pa.Table, key_columns: list[str]) -> pa.Table:
+    """Keep the first row (in table order) of each key; result in table order."""
+    if table.num_rows == 0:
+        return table
+    firsts = _first_positions(table, key_columns)
+    return table.take(pc.take(firsts, pc.sort_indices(firsts)))
+
+
+def _first_positions(table: pa.Table, key_columns: list[str]) -> pa.Array:
+    pos = pa.array(np.arange(table.num_rows, dtype=np.int64))
+    indexed = table.select(key_columns).append_column("_pos", pos)
+    firsts = indexed.group_by(key_columns, use_threads=False).aggregate([("_pos", "min")])
+    return firsts.column("_pos_min").combine_chunks()
