@@ -8,6 +8,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Prefect's temporary server logs "Stopping temporary server" at interpreter exit, after pytest has
+# closed its capture streams; at WARNING that line (and a logging traceback after the summary) goes.
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ object and calling `checkout_latest()` works for every scheme and is cheaper on 
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -50,44 +51,53 @@ def new_write_id() -> str:
 
 
 class LanceTable:
-    """A lazily created Lance table at `uri` (local path or s3:// / gs:// / memory:// URI)."""
+    """A lazily created Lance table at `uri` (local path or s3:// / gs:// / memory:// URI).
+
+    Every use of the handle holds a lock: a LanceDataset is not safe to share between threads (the
+    reward stage reads a chunk while the rollout appends the next: "Already borrowed"), and one
+    handle must be kept (memory:// tables). Rows are encoded before the lock is taken.
+    """
 
     def __init__(self, uri: str, *, storage_options: dict | None = None):
         self.uri = str(uri)
         self.storage_options = dict(storage_options or {})
         self._ds: lance.LanceDataset | None = None
+        self._lock = threading.RLock()
 
     def dataset(self) -> lance.LanceDataset | None:
         """The latest committed version, or None when nothing was ever committed here.
 
         An existing but unreadable table raises ValueError naming the path.
         """
-        if self._ds is not None:
-            self._ds.checkout_latest()
+        with self._lock:
+            if self._ds is not None:
+                self._ds.checkout_latest()
+                return self._ds
+            try:
+                self._ds = lance.dataset(self.uri, storage_options=self.storage_options or None)
+            except ValueError as e:
+                # Lance reports a missing table (no _versions manifest) as "... was not found".
+                if "was not found" in str(e) or "Not found" in str(e):
+                    return None
+                raise ValueError(f"{self.uri}: cannot read the Lance table (corrupt or not a Lance table): {e}") from e
+            except OSError as e:
+                raise ValueError(f"{self.uri}: cannot read the Lance table: {e}") from e
             return self._ds
-        try:
-            self._ds = lance.dataset(self.uri, storage_options=self.storage_options or None)
-        except ValueError as e:
-            # Lance reports a missing table (no _versions manifest) as "... was not found".
-            if "was not found" in str(e) or "Not found" in str(e):
-                return None
-            raise ValueError(f"{self.uri}: cannot read the Lance table (corrupt or not a Lance table): {e}") from e
-        except OSError as e:
-            raise ValueError(f"{self.uri}: cannot read the Lance table: {e}") from e
-        return self._ds
 
     def version(self) -> int:
         """The latest committed version (0 before the first write)."""
-        ds = self.dataset()
-        return 0 if ds is None else ds.version
+        with self._lock:
+            ds = self.dataset()
+            return 0 if ds is None else ds.version
 
     def schema_metadata(self) -> dict[str, str]:
         """The table's schema metadata as str -> str ({} before the first write)."""
-        ds = self.dataset()
-        if ds is None:
-            return {}
-        meta = ds.schema.metadata or {}
-        return {k.decode(): v.decode() for k, v in meta.items()}
+        with self._lock:
+            ds = self.dataset()
+            if ds is None:
+                return {}
+            meta = ds.schema.metadata or {}
+            return {k.decode(): v.decode() for k, v in meta.items()}
 
     def append(self, table: pa.Table) -> None:
         """Append rows as one commit: all rows become visible together or none do.
@@ -95,17 +105,18 @@ class LanceTable:
         Lance commits are optimistic; concurrent appends rebase on each other inside Lance, and
         a conflict that still surfaces (e.g. two processes creating the table) is retried here.
         """
-        for attempt in range(_APPEND_ATTEMPTS):
-            target = self.dataset()
-            try:
-                self._ds = lance.write_dataset(
-                    table, target if target is not None else self.uri, mode="append",
-                    storage_options=self.storage_options or None)
-                return
-            except CommitConflictError:
-                if attempt == _APPEND_ATTEMPTS - 1:
-                    raise
-                time.sleep(0.05 * (attempt + 1))
+        with self._lock:
+            for attempt in range(_APPEND_ATTEMPTS):
+                target = self.dataset()
+                try:
+                    self._ds = lance.write_dataset(
+                        table, target if target is not None else self.uri, mode="append",
+                        storage_options=self.storage_options or None)
+                    return
+                except CommitConflictError:
+                    if attempt == _APPEND_ATTEMPTS - 1:
+                        raise
+                    time.sleep(0.05 * (attempt + 1))
 
     def scan(self, columns: list[str], filter: str | None = None, *, row_address: bool = False,
              blobs_as_bytes: bool = False, late_materialization: bool | None = None) -> pa.Table | None:
@@ -114,39 +125,43 @@ class LanceTable:
         late_materialization=False reads all columns in one pass: faster when the filter keeps
         most rows (a whole step), as random-access takes of large rows cost more than a scan.
         """
-        ds = self.dataset()
-        if ds is None:
-            return None
-        scanner = ds.scanner(
-            columns=columns, filter=filter, scan_in_order=True, with_row_address=row_address or None,
-            blob_handling="all_binary" if blobs_as_bytes else None, late_materialization=late_materialization)
-        return scanner.to_table()
+        with self._lock:
+            ds = self.dataset()
+            if ds is None:
+                return None
+            scanner = ds.scanner(
+                columns=columns, filter=filter, scan_in_order=True, with_row_address=row_address or None,
+                blob_handling="all_binary" if blobs_as_bytes else None, late_materialization=late_materialization)
+            return scanner.to_table()
 
     def delete(self, predicate: str) -> None:
         """Delete rows (Lance retries conflicts itself)."""
-        ds = self.dataset()
-        if ds is not None:
-            ds.delete(predicate)
+        with self._lock:
+            ds = self.dataset()
+            if ds is not None:
+                ds.delete(predicate)
 
     def compact(self, *, target_rows_per_fragment: int | None = None,
                 excluded_fragment_ids: list[int] | None = None) -> None:
         """Merge small adjacent fragments (one per append) and drop deleted rows physically."""
-        ds = self.dataset()
-        if ds is None:
-            return
-        if len(ds.get_fragments()) > 1 or _has_deletions(ds):
-            ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment,
-                                      materialize_deletions_threshold=0.0,
-                                      excluded_fragment_ids=excluded_fragment_ids or None)
+        with self._lock:
+            ds = self.dataset()
+            if ds is None:
+                return
+            if len(ds.get_fragments()) > 1 or _has_deletions(ds):
+                ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment,
+                                          materialize_deletions_threshold=0.0,
+                                          excluded_fragment_ids=excluded_fragment_ids or None)
 
     def cleanup(self, older_than_seconds: float, *, delete_unverified: bool = False) -> int:
         """Remove versions older than `older_than_seconds` and their unreferenced files; bytes freed."""
-        ds = self.dataset()
-        if ds is None:
-            return 0
-        stats = ds.cleanup_old_versions(older_than=timedelta(seconds=older_than_seconds),
-                                        delete_unverified=delete_unverified)
-        return int(stats.bytes_removed)
+        with self._lock:
+            ds = self.dataset()
+            if ds is None:
+                return 0
+            stats = ds.cleanup_old_versions(older_than=timedelta(seconds=older_than_seconds),
+                                            delete_unverified=delete_unverified)
+            return int(stats.bytes_removed)
 
 
 def _has_deletions(ds: lance.LanceDataset) -> bool:

@@ -1,0 +1,213 @@
+"""The typed schema one experiment YAML loads into: one dataclass per component, nested in one run
+config. Components owned by an engine are that engine's own dataclass (TrainConfig, RewardConfig);
+the algorithm is a named bundle from algorithms.catalog with explicit overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+from algorithms.catalog import Algorithm, get_algorithm
+from configs.loader import ConfigError, build, load, to_dict
+from engines.reward.multi import RewardComponent, RewardConfig
+from engines.rollout.config import SamplingConfig
+from engines.train.config import TrainConfig
+
+CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny:sd3"   # a diffusers folder, a Hub id (when online), or tiny:<arch> (built offline, cached)
+    dtype: str = "auto"      # auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16
+    device: str = "auto"     # auto | cpu | cuda | cuda:N
+    tiny_seed: int = 0       # seed of the random weights of a tiny:<arch> model
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "fp32", "bf16", "fp16"):
+            raise ValueError(f"model.dtype must be one of auto, fp32, bf16, fp16; got {self.dtype!r}")
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling settings; the stochastic parts (sde_type, noise_level, window) come from the algorithm."""
+
+    num_inference_steps: int = 10
+    height: int = 512
+    width: int = 512
+    num_frames: int = 1
+    guidance_scale: float | None = None
+    negative_prompt: str = ""
+    max_sequence_length: int | None = None
+    batch_size: int = 8            # samples per transformer forward
+    group_size: int = 16           # samples per prompt
+    prompts_per_step: int = 32     # prompts per RL step (x group_size images)
+    chunk_size: int = 64           # samples per generate chunk (scored while the next chunk generates)
+    same_noise_per_group: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "prompts_per_step", "chunk_size", "batch_size", "num_inference_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.chunk_size % self.group_size and self.group_size % self.chunk_size:
+            raise ValueError(f"rollout.chunk_size ({self.chunk_size}) must be a multiple or a divisor of "
+                             f"rollout.group_size ({self.group_size})")
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+    def sampling(self, algorithm: Algorithm) -> SamplingConfig:
+        """The engine's sampling config: these settings plus the algorithm's stochastic parts."""
+        return SamplingConfig(
+            num_inference_steps=self.num_inference_steps, height=self.height, width=self.width,
+            num_frames=self.num_frames, guidance_scale=self.guidance_scale, negative_prompt=self.negative_prompt,
+            noise_level=algorithm.noise_level, sde_type=algorithm.sde_type, window=algorithm.window,
+            max_sequence_length=self.max_sequence_length, batch_size=self.batch_size,
+            same_noise_per_group=self.same_noise_per_group)
+
+
+@dataclass
+class DataConfig:
+    train: str = "generator:ocr"   # parquet / jsonl / txt path, or generator:ocr | generator:compositional
+    val: str | None = None         # same forms; None = a held-out slice of the train generator
+    num_generated: int = 1000      # prompts a generator makes
+    num_val_prompts: int = 8
+    storage_options: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunConfig:
+    name: str = "quickstart"
+    experiment: str = "diffrl"
+    root: str = "runs"             # runs/<name>/ holds trajectories.lance, checkpoints/, ...
+    steps: int = 10
+    seed: int = 0
+    checkpoint_every: int = 5      # kept checkpoints (a resume point is written after every step)
+    validate_every: int = 0        # 0 = only before the first and after the last step
+    log_images: int = 4            # rollout images logged to MLflow per step
+    keep_latents_steps: int = 0    # 0 = keep latents of every step; k = drop latents older than k steps
+    storage_options: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ValueError(f"run.name must be a non-empty name without '/', got {self.name!r}")
+        if self.steps < 1:
+            raise ValueError(f"run.steps must be >= 1, got {self.steps}")
+
+
+@dataclass
+class ClusterConfig:
+    mode: str = "local"            # local | ray
+    address: str | None = None     # ray cluster address (ray mode)
+    placement: str = "colocated"   # colocated | split
+    actor_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("local", "ray"):
+            raise ValueError(f"cluster.mode must be 'local' or 'ray', got {self.mode!r}")
+        if self.placement not in ("colocated", "split"):
+            raise ValueError(f"cluster.placement must be 'colocated' or 'split', got {self.placement!r}")
+
+
+@dataclass
+class ExperimentConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: Algorithm = field(default_factory=lambda: get_algorithm("flow_grpo"))
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    reward: RewardConfig = field(default_factory=lambda: RewardConfig(
+        components=[RewardComponent(name="jpeg_compressibility")]))
+    data: DataConfig = field(default_factory=DataConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def __post_init__(self) -> None:
+        if self.train.mini_batch_prompts > self.rollout.prompts_per_step:
+            raise ValueError(f"train.mini_batch_prompts ({self.train.mini_batch_prompts}) exceeds "
+                             f"rollout.prompts_per_step ({self.rollout.prompts_per_step})")
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return self.rollout.sampling(self.algorithm)
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.run.root, self.run.name)
+
+
+def _algorithm_from_mapping(data: dict, where: str) -> Algorithm:
+    """`algorithm: {name: mix_grpo, clip_ratio: 1e-4, window: {...}}` -> the named bundle with overrides."""
+    data = dict(data or {})
+    name = data.pop("name", "flow_grpo")
+    try:
+        base = get_algorithm(name)
+        overrides = {}
+        for key, value in data.items():
+            fields = {f.name: f for f in dataclasses.fields(Algorithm)}
+            if key not in fields:
+                get_algorithm(name, **{key: value})  # raises with the valid fields listed
+            current = getattr(base, key)
+            overrides[key] = (build(type(current), {**to_dict(current), **value}, where=f"{where}.{key}")
+                              if dataclasses.is_dataclass(current) and isinstance(value, dict) else value)
+        return get_algorithm(name, **overrides)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def config_path(name_or_path: str | None) -> str:
+    """A shipped config name (quickstart, qwen_image_ocr_lora, ...) or a path to a YAML file."""
+    if name_or_path is None:
+        return os.path.join(CONFIG_DIR, "quickstart.yaml")
+    if os.path.exists(name_or_path):
+        return name_or_path
+    shipped = os.path.join(CONFIG_DIR, f"{name_or_path}.yaml")
+    if os.path.exists(shipped):
+        return shipped
+    names = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
+    raise ConfigError(f"config {name_or_path!r} is neither a file nor a shipped config; shipped: {names}")
+
+
+def load_experiment(name_or_path: str | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load an experiment YAML (default: the quickstart) with dotted overrides, fully validated."""
+    import yaml
+
+    path = config_path(name_or_path)
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    algo_raw = raw.pop("algorithm", {}) or {}
+    algo_over = [o for o in (overrides or []) if o.startswith("algorithm.")]
+    rest_over = [o for o in (overrides or []) if not o.startswith("algorithm.")]
+    cfg = load(_WithoutAlgorithm, None, rest_over, text=yaml.safe_dump(raw))
+    if isinstance(algo_raw, str):
+        algo_raw = {"name": algo_raw}
+    for text in algo_over:
+        keys, value = text.split("=", 1)[0].split(".")[1:], yaml.safe_load(text.split("=", 1)[1])
+        node = algo_raw
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    algorithm = _algorithm_from_mapping(algo_raw, "algorithm")
+    try:
+        return ExperimentConfig(algorithm=algorithm, **{f.name: getattr(cfg, f.name)
+                                                        for f in dataclasses.fields(_WithoutAlgorithm)})
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+@dataclass
+class _WithoutAlgorithm:
+    """ExperimentConfig less the algorithm section, which is built from a named bundle."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    reward: RewardConfig = field(default_factory=lambda: RewardConfig(
+        components=[RewardComponent(name="jpeg_compressibility")]))
+    data: DataConfig = field(default_factory=DataConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)

@@ -1,0 +1,106 @@
+"""Build the warm engines of a run from its config (embedded default: in-process objects)."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+
+import torch
+
+from configs.schema import DataConfig, ExperimentConfig
+from engines import cluster
+from engines.reward.multi import MultiReward
+from engines.rollout.engine import RolloutEngine
+from engines.store.embeddings import EmbeddingCache
+from engines.store.prompts import PromptDataset, PromptSampler, compositional_prompts, ocr_prompts
+from engines.store.trajectories import TrajectoryStore
+from engines.train.trainer import PolicyTrainer
+from models.base import load_adapter
+
+log = logging.getLogger("diffrl")
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cache_dir() -> str:
+    """Where tiny models are built once and reused (DIFFRL_CACHE, else ~/.cache/diffrl)."""
+    return os.environ.get("DIFFRL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "diffrl"))
+
+
+def resolve_model_path(path: str, *, seed: int = 0) -> str:
+    """`tiny:<arch>` -> a tiny offline pipeline folder, built on first use (file-locked) and cached."""
+    if not path.startswith("tiny:"):
+        return path
+    from models.tiny import build_tiny, tiny_architectures
+
+    arch = path.split(":", 1)[1]
+    if arch not in tiny_architectures():
+        raise ValueError(f"model.path {path!r}: unknown tiny architecture; choose one of "
+                         f"{['tiny:' + a for a in tiny_architectures()]}")
+    out = os.path.join(cache_dir(), "tiny", f"{arch}-seed{seed}")
+    if os.path.exists(os.path.join(out, "model_index.json")):
+        return out
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two processes building the same tiny model wait for one
+        if not os.path.exists(os.path.join(out, "model_index.json")):
+            log.info("building tiny %s model in %s", arch, out)
+            tmp = out + ".tmp"
+            build_tiny(arch, tmp, seed=seed)
+            os.replace(tmp, out)
+    return out
+
+
+def device_and_dtype(cfg: ExperimentConfig) -> tuple[torch.device, torch.dtype]:
+    device = cfg.model.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if cfg.model.dtype == "auto":
+        return device, torch.bfloat16 if device.type == "cuda" else torch.float32
+    return device, _DTYPES[cfg.model.dtype]
+
+
+def load_prompts(source: str, data: DataConfig, *, seed: int) -> PromptDataset:
+    """A prompt dataset from a file or a `generator:<name>` source."""
+    if source.startswith("generator:"):
+        name = source.split(":", 1)[1]
+        generators = {"ocr": ocr_prompts, "compositional": compositional_prompts}
+        if name not in generators:
+            raise ValueError(f"data source {source!r}: unknown generator; choose one of "
+                             f"{['generator:' + g for g in generators]}")
+        return generators[name](data.num_generated, seed=seed)
+    return PromptDataset.load(source, storage_options=data.storage_options or None)
+
+
+def build_engines(cfg: ExperimentConfig) -> cluster.Engines:
+    """Load the model once and build every engine of the run; registered under the run name."""
+    train_set = load_prompts(cfg.data.train, cfg.data, seed=cfg.run.seed)
+    val_source = cfg.data.val
+    val_set = load_prompts(val_source, cfg.data, seed=cfg.run.seed + 10_000) if val_source else train_set
+    sampler = PromptSampler(train_set, batch=cfg.rollout.prompts_per_step, seed=cfg.run.seed)
+    reward = MultiReward(cfg.reward)  # missing reward weights fail here, before the model loads
+    device, dtype = device_and_dtype(cfg)
+    model_path = resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed)
+    adapter = load_adapter(model_path, device=device, dtype=dtype)
+    adapter.check_shape(_shape(cfg))
+    run_dir = cfg.run_dir
+    storage = cfg.run.storage_options or None
+    store = TrajectoryStore(os.path.join(run_dir, "trajectories.lance"), storage_options=storage)
+    embed_cache = EmbeddingCache(os.path.join(run_dir, "embeddings.lance"), storage_options=storage)
+    rollout = RolloutEngine(adapter, cache=embed_cache, progress=False)
+    trainer = PolicyTrainer(adapter, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size,
+                            device=device)
+    val_prompts = [val_set[i] for i in range(min(cfg.data.num_val_prompts, len(val_set)))]
+    engines = cluster.Engines(config=cfg, adapter=adapter, rollout=rollout, trainer=trainer, reward=reward,
+                              store=store, prompts=sampler, val_prompts=val_prompts,
+                              extras={"model_path": model_path})
+    cluster.put(cfg.run.name, engines)
+    return engines
+
+
+def _shape(cfg: ExperimentConfig):
+    from models.base import SampleShape
+
+    return SampleShape(cfg.rollout.height, cfg.rollout.width, cfg.rollout.num_frames)

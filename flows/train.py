@@ -1,0 +1,164 @@
+"""The training run as a Prefect flow: build the engines once, then one `rl_step` subflow per step.
+
+Resume: the same command with the same `run.name` loads the last committed checkpoint and continues;
+the interrupted step's completed stages come back Cached (persisted results under the run folder)
+and its committed Lance rows are reused. The MLflow run continues (same run id, no gaps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from prefect import flow
+from prefect.runtime import flow_run
+
+from configs.loader import to_dict
+from configs.schema import ExperimentConfig, load_experiment
+from engines import cluster
+from flows.build import build_engines
+from flows.rl_step import rl_step
+from flows.tracking import Tracker, image_grid
+from tasks.update import checkpoint_dir, latest_checkpoint
+
+log = logging.getLogger("diffrl")
+
+
+def _say(message: str) -> None:
+    print(f"[diffrl] {message}", file=sys.stderr, flush=True)
+
+
+def _run_state(cfg: ExperimentConfig) -> dict:
+    """runs/<name>/run.json: the run's identity (uid keys its task caches) and the MLflow run id."""
+    os.makedirs(os.path.join(cfg.run_dir, "checkpoints"), exist_ok=True)
+    path = os.path.join(cfg.run_dir, "run.json")
+    state = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            state = json.load(f)
+    if "uid" not in state:
+        state["uid"] = uuid.uuid4().hex[:12]
+        with open(path + ".tmp", "w") as f:
+            json.dump(state, f, indent=2)
+        os.replace(path + ".tmp", path)
+    return state
+
+
+def validate(engines: cluster.Engines, tracker: Tracker, step: int) -> dict:
+    """ODE sampling (noise level 0) on the fixed validation prompts; logs val/reward and a grid."""
+    cfg = engines.config
+    records = engines.val_prompts
+    if not records:
+        return {}
+    sampling = dataclasses.replace(cfg.sampling, noise_level=0.0)
+    traj = engines.rollout.generate(
+        [r.prompt for r in records], [r.uid for r in records], [0] * len(records),
+        [cfg.run.seed + 7 + i for i in range(len(records))], sampling, step=step,
+        metadata=[{"ground_truth": r.ground_truth, **r.metadata} for r in records])
+    out = engines.reward(traj.images, traj.prompts, traj.metadata)
+    valid = out.valid
+    metrics = {"val/reward": float(out.scores[valid].mean()) if valid.any() else float("nan")}
+    for name, values in out.info.items():
+        if isinstance(values, torch.Tensor) and values.shape == out.scores.shape:
+            metrics[f"val/{name}"] = float(values[valid].float().mean())
+    images = traj.images.numpy() if isinstance(traj.images, torch.Tensor) else traj.images
+    tracker.log_image(image_grid(images), f"validation/step_{step:05d}.png")
+    return metrics
+
+
+def _log_rollout_images(engines: cluster.Engines, tracker: Tracker, step: int) -> None:
+    n = engines.config.run.log_images
+    if n <= 0:
+        return
+    traj = engines.store.read_chunk(step, 0, with_latents=False)
+    images = traj.images[:n]
+    images = images.numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
+    tracker.log_image(image_grid(images), f"rollout/step_{step:05d}.png")
+
+
+@flow(name="train", log_prints=True)
+def train(config: str | None = None, overrides: list[str] | None = None) -> dict:
+    """Train the experiment `config` (a shipped name or a YAML path; default: the quickstart)."""
+    cfg = load_experiment(config, overrides or [])
+    _say(f"run {cfg.run.name!r}: {cfg.run.steps} steps of {cfg.algorithm.name} on {cfg.model.path} "
+         f"({cfg.rollout.samples_per_step} images/step) in {cfg.run_dir}")
+    engines = build_engines(cfg)  # bad data, model or reward paths fail here, before any work
+    engines.extras["run_uid"] = _run_state(cfg)["uid"]
+    tracker = Tracker(experiment=cfg.run.experiment, run_name=cfg.run.name,
+                      state_path=os.path.join(cfg.run_dir, "run.json"))
+    tracker.log_config(to_dict(cfg), yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    tracker.set_tags({"prefect.flow_run_id": flow_run.get_id() or "", "prefect.flow_run_url": flow_run.ui_url or "",
+                      "diffrl.run_name": cfg.run.name})
+    last = latest_checkpoint(cfg.run_dir)
+    start = 0 if last is None else last + 1
+    if last is not None:
+        engines.trainer.load_checkpoint(checkpoint_dir(cfg.run_dir, last))
+        engines.trainer.sync_weights(engines.rollout)
+        _say(f"resuming after step {last} (checkpoint {checkpoint_dir(cfg.run_dir, last)})")
+    step_flow = rl_step.with_options(result_storage=Path(os.path.abspath(os.path.join(cfg.run_dir, "prefect"))))
+    # MLflow step = global step (RL steps done): step k's metrics at k + 1, validation before training at 0
+    if last is not None and not tracker.has_step(last + 1):
+        # the checkpoint committed but its metrics never reached MLflow: every stage is Cached
+        tracker.log_metrics(step_flow(cfg.run.name, last), last + 1)
+    if start == 0 and not tracker.has_metric("val/reward", 0):
+        val = validate(engines, tracker, 0)
+        _say(f"before training: {_fmt(val)}")
+        _log_val(tracker, val, 0)
+    try:
+        val = _train_steps(engines, tracker, step_flow, start)
+    except BaseException:
+        tracker.finish("FAILED")
+        _say(f"step failed; rerun the same command to resume (run {cfg.run.name!r}, {cfg.run_dir})")
+        raise
+    final = latest_checkpoint(cfg.run_dir)
+    tracker.log_artifact(checkpoint_dir(cfg.run_dir, final), "final_checkpoint")
+    tracker.finish()
+    _say(f"done. MLflow: {tracker.ui_hint}")
+    _say(f"trajectories: {os.path.join(cfg.run_dir, 'trajectories.lance')}; "
+         f"checkpoints: {os.path.join(cfg.run_dir, 'checkpoints')}")
+    return {"run": cfg.run.name, "mlflow_run_id": tracker.run_id, "last_step": final, **val}
+
+
+def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: int) -> dict:
+    """Steps start..steps-1, each a subflow; validation, MLflow and retention after each."""
+    cfg = engines.config
+    val = {}
+    for step in range(start, cfg.run.steps):
+        t0 = time.perf_counter()
+        metrics = step_flow(cfg.run.name, step)
+        _log_rollout_images(engines, tracker, step)
+        every = cfg.run.validate_every
+        if (every and (step + 1) % every == 0) or step == cfg.run.steps - 1:
+            val = validate(engines, tracker, step + 1)
+            metrics.update(val)
+        tracker.log_metrics(metrics, step + 1)
+        _retention(engines, step)
+        _say(f"step {step + 1}/{cfg.run.steps}: reward {metrics.get('critic/rewards/mean', float('nan')):.4f} "
+             f"{metrics.get('perf/throughput', 0):.2f} images/s ({time.perf_counter() - t0:.1f} s)"
+             + (f" | {_fmt(val)}" if val else ""))
+    return val
+
+
+def _log_val(tracker: Tracker, val: dict, step: int) -> None:
+    # validation before training is global step 0; later ones ride along with their step's metrics
+    for key, value in val.items():
+        tracker.client.log_metric(tracker.run_id, key, value, step=step)
+
+
+def _retention(engines: cluster.Engines, step: int) -> None:
+    keep = engines.config.run.keep_latents_steps
+    if keep > 0:
+        engines.store.drop_latents(keep, step)
+
+
+def _fmt(metrics: dict) -> str:
+    return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())

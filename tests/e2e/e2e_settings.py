@@ -1,0 +1,9 @@
+"""The tiny experiment every whole-flow test runs (overrides on the quickstart config)."""
+
+# 2 prompts x 4 samples, 2 chunks, 2 denoising steps at 32x32: a step takes seconds on CPU.
+TINY = [
+    "run.steps=3", "run.validate_every=0", "run.checkpoint_every=2", "run.log_images=2",
+    "rollout.num_inference_steps=2", "rollout.height=32", "rollout.width=32", "rollout.group_size=4",
+    "rollout.prompts_per_step=2", "rollout.chunk_size=4", "rollout.batch_size=8",
+    "train.mini_batch_prompts=2", "train.micro_batch_size=8", "data.num_generated=16", "data.num_val_prompts=2",
+]
