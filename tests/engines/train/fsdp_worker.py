@@ -1,0 +1,52 @@
+"""Run by test_fsdp.py, under torchrun (gloo, 2 processes) or plainly (1 process).
+
+Generates the same trajectories in every process (before sharding), trains two RL steps with FSDP2 when
+the world size is > 1, and has rank 0 write the updated trainable weights (safetensors) and the metrics (JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+
+from algorithms.catalog import get_algorithm  # noqa: E402
+from engines.rollout.config import SamplingConfig  # noqa: E402
+from engines.rollout.engine import RolloutEngine  # noqa: E402
+from engines.train.checkpoint import trainable_state  # noqa: E402
+from engines.train.config import TrainConfig  # noqa: E402
+from engines.train.trainer import PolicyTrainer  # noqa: E402
+from models.base import load_adapter  # noqa: E402
+
+
+def main(model_path: str, out_dir: str) -> None:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    adapter = load_adapter(model_path)
+    sampling = SamplingConfig(num_inference_steps=3, height=32, width=32, noise_level=0.7, batch_size=4)
+    engine = RolloutEngine(adapter, progress=False)
+    traj = engine.generate(["a red cube", "a red cube", "two cats", "two cats"], ["g0", "g0", "g1", "g1"],
+                           [0, 1, 0, 1], [11, 12, 13, 14], sampling)
+    advantages = torch.tensor([1.0, -1.0, 0.7, -0.7])
+    cfg = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=1, micro_batch_size=1, seed=3)
+    trainer = PolicyTrainer(adapter, get_algorithm("flow_grpo", kl_coef=0.04, clip_ratio=0.2), cfg, sampling,
+                            group_size=2)
+    metrics = [trainer.update(traj, advantages, engine) for _ in range(2)]
+    weights = trainable_state(trainer)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        save_file(weights, os.path.join(out_dir, "weights.safetensors"))
+        with open(os.path.join(out_dir, "metrics.json"), "w") as f:
+            json.dump(metrics, f)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

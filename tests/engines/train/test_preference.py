@@ -1,0 +1,60 @@
+"""DirectPreferenceTrainer on the tiny SD3: DPO prefers the chosen sample; DiffusionNFT's old adapter is an EMA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from algorithms.catalog import get_algorithm, old_policy_decay
+from algorithms.windows import WindowPolicy
+from engines.rollout.config import SamplingConfig
+from engines.rollout.engine import RolloutEngine
+from engines.train.config import TrainConfig
+from engines.train.preference import DirectPreferenceTrainer, lora_pairs, preference_pairs
+from models.base import load_adapter
+
+# Direct preference trains on final samples: the window is the last step (ODE rollout, noise level 0).
+SAMPLING = SamplingConfig(num_inference_steps=3, height=32, width=32, noise_level=0.0, batch_size=4,
+                          window=WindowPolicy("random_start", size=1, start_range=(2, 3)))
+ADVANTAGES = torch.tensor([1.0, -1.0, 0.5, -0.5])
+
+
+def _setup(path, algorithm):
+    adapter = load_adapter(path)
+    engine = RolloutEngine(adapter, progress=False)
+    trainer = DirectPreferenceTrainer(adapter, algorithm, TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2,
+                                      mini_batch_prompts=2, micro_batch_size=2), SAMPLING, group_size=2)
+    traj = engine.generate(["a cat", "a cat", "a dog", "a dog"], ["0", "0", "1", "1"], [0, 1, 0, 1], [1, 2, 3, 4],
+                           SAMPLING)
+    return adapter, engine, trainer, traj
+
+
+def test_preference_pairs_pick_best_and_worst_of_each_group():
+    assert preference_pairs(torch.tensor([0.1, 0.9, -0.5, 0.0, 0.0]), ["a", "a", "a", "b", "b"]) == [(1, 2)]
+
+
+def test_dpo_update_prefers_the_chosen_sample(tiny_model):
+    _, engine, trainer, traj = _setup(tiny_model("sd3"), get_algorithm("dpo"))
+    first = trainer.update(traj, ADVANTAGES, engine)
+    second = trainer.update(traj, ADVANTAGES, engine)
+    assert first["rewards/margins"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before any step
+    assert second["rewards/margins"] > 0 and second["actor/dpo_loss"] < first["actor/dpo_loss"]
+
+
+def test_diffusion_nft_old_adapter_is_an_ema_of_the_policy(tiny_model):
+    algorithm = get_algorithm("diffusion_nft", old_policy_decay_ramp=0.25)
+    adapter, engine, trainer, traj = _setup(tiny_model("sd3"), algorithm)
+    trainer.update(traj, ADVANTAGES, engine)                       # decay(1) = 0.25
+    old_before = [old.detach().clone() for _, old in lora_pairs(adapter.transformer)]
+    trainer.update(traj, ADVANTAGES, engine)                       # decay(2) = 0.5
+    decay = old_policy_decay(algorithm, 2)
+    assert decay == 0.5
+    for (new, old), prev in zip(lora_pairs(adapter.transformer), old_before):
+        torch.testing.assert_close(old, decay * prev + (1 - decay) * new.detach())
+    assert any(not torch.equal(new, old) for new, old in lora_pairs(adapter.transformer))
+
+
+def test_policy_gradient_algorithm_is_rejected(tiny_model):
+    with pytest.raises(ValueError, match="direct_preference"):
+        DirectPreferenceTrainer(load_adapter(tiny_model("sd3")), get_algorithm("flow_grpo"), TrainConfig(),
+                                SAMPLING, group_size=2)
