@@ -54,6 +54,10 @@ class RolloutConfig:
         if self.chunk_size % self.group_size and self.group_size % self.chunk_size:
             raise ValueError(f"rollout.chunk_size ({self.chunk_size}) must be a multiple or a divisor of "
                              f"rollout.group_size ({self.group_size})")
+        if self.same_noise_per_group and self.chunk_size % self.group_size:
+            # the engine shares the noise of a group's first sample in a call: keep groups whole
+            raise ValueError(f"rollout.same_noise_per_group needs whole groups per chunk: rollout.chunk_size "
+                             f"({self.chunk_size}) must be a multiple of rollout.group_size ({self.group_size})")
 
     @property
     def samples_per_step(self) -> int:
@@ -76,6 +80,13 @@ class DataConfig:
     num_generated: int = 1000      # prompts a generator makes
     num_val_prompts: int = 8
     storage_options: dict = field(default_factory=dict)
+    # online: train on the run's own rollouts; offline (algorithm dpo only): train from the preference
+    # parquet in `train` (prompt, chosen, rejected), VAE-encoded once (engines/store/preference.py)
+    sample_source: str = "online"
+
+    def __post_init__(self) -> None:
+        if self.sample_source not in ("online", "offline"):
+            raise ValueError(f"data.sample_source must be 'online' or 'offline', got {self.sample_source!r}")
 
 
 @dataclass

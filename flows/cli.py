@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     # Prefect logs every task state and HTTP call at INFO; keep the console to diffrl's own progress
     # lines unless the user asks for Prefect's (PREFECT_LOGGING_LEVEL=INFO).
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    # transformers warns on import that torchvision is missing (CPU installs): not actionable here
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     logging.getLogger("diffrl").setLevel(logging.INFO)
     parser, handlers = _parser()
