@@ -1,0 +1,168 @@
+"""Benchmark: diffrl's rollout sampler vs diffusers' `StableDiffusion3Pipeline` on SD3.5-Medium.
+
+Random weights at real size (SD3.5-Medium transformer, 16-channel SD3 VAE) in bf16; text encoding is
+excluded: both sides get the same random prompt embeddings of the real shapes (CLIP-L+G 77 tokens + T5
+256 tokens = 333 x 4096, pooled 2048). Both sample 512x512, 10 steps, CFG 4.5, batch 16 after warm-up
+and decode to uint8/np images. Our engine is timed as the RL rollout runs it (SDE noise level 0.7 on
+every step but the last, log-probs, fp32 latents copied to CPU) and also at noise level 0.
+
+    python benchmarks/sampler_vs_diffusers.py                      # GPU: writes benchmarks/results/...json
+    python benchmarks/sampler_vs_diffusers.py --tiny --device cpu  # smoke check (nothing recorded)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel  # noqa: E402
+from diffusers import StableDiffusion3Pipeline  # noqa: E402
+
+from engines.rollout import RolloutEngine, SamplingConfig  # noqa: E402
+from models.sd3 import SD3Adapter  # noqa: E402
+
+# stabilityai/stable-diffusion-3.5-medium transformer/config.json, written out.
+SD35_MEDIUM_TRANSFORMER = dict(
+    sample_size=128, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64, num_attention_heads=24,
+    joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048, out_channels=16,
+    pos_embed_max_size=384, dual_attention_layers=tuple(range(13)), qk_norm="rms_norm")
+# The SD3 / SD3.5 VAE (vae/config.json): 16 latent channels, no quant convs, scale 1.5305, shift 0.0609.
+SD3_VAE = dict(
+    in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+    up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+    act_fn="silu", latent_channels=16, norm_num_groups=32, sample_size=1024, scaling_factor=1.5305,
+    shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False)
+SD3_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0)
+TEXT_TOKENS = 77 + 256  # CLIP + T5 at the pipeline's default max_sequence_length
+
+# --tiny: the same classes at smoke-test size.
+TINY_TRANSFORMER = dict(SD35_MEDIUM_TRANSFORMER, num_layers=2, attention_head_dim=8, num_attention_heads=2,
+                        joint_attention_dim=32, caption_projection_dim=16, pooled_projection_dim=24,
+                        sample_size=32, pos_embed_max_size=64, dual_attention_layers=(0,))
+TINY_VAE = dict(SD3_VAE, block_out_channels=(8, 16, 16, 16), layers_per_block=1, norm_num_groups=4)
+
+
+class RandomEmbeddings:
+    """A prompt-embedding cache that already holds every prompt (text encoding is not benchmarked)."""
+
+    def __init__(self, table: dict[str, dict[str, torch.Tensor]]):
+        self.table = table
+
+    def get(self, fingerprint: str, prompts: list[str]) -> dict:
+        return {p: self.table[p] for p in prompts}
+
+    def put(self, fingerprint: str, encodings: dict) -> None:
+        raise AssertionError("the benchmark must not encode prompts")
+
+
+def build_pipeline(tiny: bool, device: str, dtype: torch.dtype) -> StableDiffusion3Pipeline:
+    torch.manual_seed(0)
+    with torch.device(device):  # random init on the GPU: seconds instead of minutes for 2.2 B params
+        transformer = SD3Transformer2DModel(**(TINY_TRANSFORMER if tiny else SD35_MEDIUM_TRANSFORMER))
+        vae = AutoencoderKL(**(TINY_VAE if tiny else SD3_VAE))
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**SD3_SCHEDULER), vae=vae,
+        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None, text_encoder_3=None,
+        tokenizer_3=None)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe.to(device=device, dtype=dtype)
+
+
+def random_embeddings(pipe, batch: int, device: str, dtype: torch.dtype):
+    """(B, 333, D) prompt and negative embeddings and their (B, P) pooled ones, seeded."""
+    cfg = pipe.transformer.config
+    g = torch.Generator().manual_seed(1)
+    shapes = [(batch, TEXT_TOKENS, cfg.joint_attention_dim), (batch, cfg.pooled_projection_dim)] * 2
+    return [torch.randn(s, generator=g).to(device=device, dtype=dtype) for s in shapes]
+
+
+def time_interleaved(fns: dict, repeats: int, device: str) -> dict[str, float]:
+    """Median seconds of each fn() over `repeats` rounds; rounds interleave the fns so that clock or
+    thermal drift affects all of them alike (synchronised on CUDA)."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="tiny random model (smoke check; nothing recorded)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--resolution", type=int, default=512)
+    parser.add_argument("--guidance-scale", type=float, default=4.5)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = parser.parse_args(argv)
+    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    resolution = 64 if args.tiny else args.resolution
+    pipe = build_pipeline(args.tiny, args.device, dtype)
+    pos, pooled, neg, neg_pooled = random_embeddings(pipe, args.batch, args.device, dtype)
+    seeds = list(range(args.batch))
+
+    def run_pipeline():
+        pipe(prompt_embeds=pos, pooled_prompt_embeds=pooled, negative_prompt_embeds=neg,
+             negative_pooled_prompt_embeds=neg_pooled, guidance_scale=args.guidance_scale,
+             num_inference_steps=args.steps, height=resolution, width=resolution, output_type="np",
+             generator=[torch.Generator().manual_seed(s) for s in seeds])
+
+    prompts = [f"prompt {i}" for i in range(args.batch)]
+    table = {p: {"prompt_embeds": pos[i:i + 1], "pooled_prompt_embeds": pooled[i:i + 1]} for i, p in enumerate(prompts)}
+    table[""] = {"prompt_embeds": neg[:1], "pooled_prompt_embeds": neg_pooled[:1]}
+    engine = RolloutEngine(SD3Adapter(pipe, device=args.device, dtype=dtype), cache=RandomEmbeddings(table),
+                           progress=False)
+
+    def run_engine(noise_level: float):
+        cfg = SamplingConfig(num_inference_steps=args.steps, height=resolution, width=resolution,
+                             guidance_scale=args.guidance_scale, noise_level=noise_level, batch_size=args.batch)
+        engine.generate(prompts, prompts, [0] * args.batch, seeds, cfg)
+
+    for fn in (run_pipeline, lambda: run_engine(0.7), lambda: run_engine(0.0)):  # warm-up
+        fn()
+    seconds = time_interleaved({"diffusers": run_pipeline, "diffrl_sde": lambda: run_engine(0.7),
+                                "diffrl_ode": lambda: run_engine(0.0)}, args.repeats, args.device)
+    ips = {k: args.batch / v for k, v in seconds.items()}
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    import diffusers
+
+    result = {
+        "device": device_name, "torch": torch.__version__, "diffusers": diffusers.__version__,
+        "model": "tiny SD3 (smoke check)" if args.tiny else "SD3.5-Medium size, random weights, bf16",
+        "resolution": resolution, "steps": args.steps, "guidance_scale": args.guidance_scale,
+        "batch": args.batch, "repeats": args.repeats,
+        "images_per_s": {"diffusers_pipeline": ips["diffusers"], "diffrl_rollout_sde_0.7": ips["diffrl_sde"],
+                         "diffrl_rollout_ode": ips["diffrl_ode"]},
+        "ratio": ips["diffrl_sde"] / ips["diffusers"], "ratio_ode": ips["diffrl_ode"] / ips["diffusers"],
+        "command": " ".join(["python", *sys.argv]) if argv is None else " ".join(["python", __file__, *argv]),
+    }
+    print(json.dumps(result, indent=2))
+    if not args.tiny:
+        slug = re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
+        os.makedirs(args.out_dir, exist_ok=True)
+        path = os.path.join(args.out_dir, f"sampler_vs_diffusers_{slug}.json")
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {path}", file=sys.stderr)
+    return result
+
+
+if __name__ == "__main__":
+    main()
