@@ -95,6 +95,13 @@ def select(encoding: Encoding, index: torch.Tensor | slice | list[int]) -> Encod
     return {k: v[index] for k, v in encoding.items()}
 
 
+def images_to_uint8(images_B3HW: torch.Tensor) -> torch.Tensor:
+    """Postprocessed images in [0, 1] (B, 3, H, W) -> uint8 (B, H, W, 3) on the host, rounded exactly
+    as the pipelines' "np" output then `numpy_to_pil` round them (fp32 x 255, half-to-even). Done on
+    the images' device so only uint8 crosses to the host."""
+    return (images_B3HW.permute(0, 2, 3, 1).float() * 255).round().to(torch.uint8).cpu()
+
+
 @dataclass(frozen=True)
 class SampleShape:
     """Resolution of one generated sample; num_frames is 1 for images."""

@@ -28,8 +28,8 @@ from diffusers import FluxPipeline
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 from diffusers.utils.torch_utils import randn_tensor
 
-from models.base import Encoding, ModelAdapter, SampleShape, register_adapter
-from models.sd3 import load_pipeline, to_uint8, warn_if_truncated
+from models.base import Encoding, ModelAdapter, SampleShape, images_to_uint8, register_adapter
+from models.sd3 import load_pipeline, warn_if_truncated
 
 
 @register_adapter
@@ -142,4 +142,4 @@ class FluxAdapter(ModelAdapter):
                                       self.pipe.vae_scale_factor)
         x = x / vae.config.scaling_factor + vae.config.shift_factor
         images = vae.decode(x, return_dict=False)[0]
-        return to_uint8(self.pipe.image_processor.postprocess(images, output_type="np"))
+        return images_to_uint8(self.pipe.image_processor.postprocess(images, output_type="pt"))

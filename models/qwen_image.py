@@ -32,7 +32,7 @@ from diffusers import QwenImagePipeline
 from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
 from diffusers.utils.torch_utils import randn_tensor
 
-from models.base import Encoding, ModelAdapter, SampleShape, pad_and_cat, register_adapter
+from models.base import Encoding, ModelAdapter, SampleShape, images_to_uint8, pad_and_cat, register_adapter
 
 # QwenImagePipeline.check_inputs refuses longer text; the tokenizer keeps at most this + the template.
 _MAX_SEQUENCE_LENGTH_LIMIT = 1024
@@ -180,8 +180,7 @@ class QwenImageAdapter(ModelAdapter):
         mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(z.device, z.dtype)
         inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(z.device, z.dtype)
         image = vae.decode(z / inv_std + mean, return_dict=False)[0][:, :, 0]
-        image = self.pipe.image_processor.postprocess(image, output_type="pt")  # (B, 3, H, W) in [0, 1]
-        return (image.permute(0, 2, 3, 1).float() * 255).round().to(torch.uint8).cpu()
+        return images_to_uint8(self.pipe.image_processor.postprocess(image, output_type="pt"))
 
 
 def true_cfg(cond: torch.Tensor, uncond: torch.Tensor, guidance_scale: float) -> torch.Tensor:

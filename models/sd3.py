@@ -20,14 +20,13 @@ import os
 import re
 import warnings
 
-import numpy as np
 import torch
 from diffusers import StableDiffusion3Pipeline
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import (calculate_shift,
                                                                          retrieve_timesteps)
 from diffusers.utils.torch_utils import randn_tensor
 
-from models.base import Encoding, ModelAdapter, SampleShape, register_adapter
+from models.base import Encoding, ModelAdapter, SampleShape, images_to_uint8, register_adapter
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
@@ -54,11 +53,6 @@ def warn_if_truncated(prompts: list[str], tokenizer, limit: int, what: str) -> N
             warnings.warn(f"prompt {i} has {n} {what} tokens, more than the limit of {limit}; it is truncated "
                           f"to {limit} tokens as the upstream pipeline does (prompt starts {prompt[:40]!r})",
                           stacklevel=4)  # the caller of encode_prompt (past torch.no_grad)
-
-
-def to_uint8(images_np: np.ndarray) -> torch.Tensor:
-    """Pipeline `output_type="np"` images in [0, 1] -> uint8, rounded as `VaeImageProcessor.numpy_to_pil`."""
-    return torch.from_numpy((images_np * 255).round().astype("uint8"))
 
 
 @register_adapter
@@ -172,4 +166,4 @@ class SD3Adapter(ModelAdapter):
         vae = self.pipe.vae
         x = latents.to(self.device, self.dtype) / vae.config.scaling_factor + vae.config.shift_factor
         images = vae.decode(x, return_dict=False)[0]
-        return to_uint8(self.pipe.image_processor.postprocess(images, output_type="np"))
+        return images_to_uint8(self.pipe.image_processor.postprocess(images, output_type="pt"))

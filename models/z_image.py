@@ -37,7 +37,7 @@ from diffusers.pipelines.z_image.pipeline_z_image import (
 )
 from diffusers.utils.torch_utils import randn_tensor
 
-from models.base import Encoding, ModelAdapter, SampleShape, pad_and_cat, register_adapter
+from models.base import Encoding, ModelAdapter, SampleShape, images_to_uint8, pad_and_cat, register_adapter
 
 
 @register_adapter
@@ -190,8 +190,7 @@ class ZImageAdapter(ModelAdapter):
         vae = self.pipe.vae
         z = latents.to(device=self.device, dtype=vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
         image = vae.decode(z, return_dict=False)[0]
-        image = self.pipe.image_processor.postprocess(image, output_type="pt")  # (B, 3, H, W) in [0, 1]
-        return (image.permute(0, 2, 3, 1).float() * 255).round().to(torch.uint8).cpu()
+        return images_to_uint8(self.pipe.image_processor.postprocess(image, output_type="pt"))
 
 
 def z_image_cfg(cond: torch.Tensor, uncond: torch.Tensor, scale_B: torch.Tensor,
