@@ -75,7 +75,7 @@ class RolloutConfig:
 
 @dataclass
 class DataConfig:
-    train: str = "generator:ocr"   # parquet / jsonl / txt path, or generator:ocr | generator:compositional
+    train: str = "generator:ocr"   # parquet / jsonl / txt path, or generator:ocr | compositional | shapes
     val: str | None = None         # same forms; None = a held-out slice of the train generator
     num_generated: int = 1000      # prompts a generator makes
     num_val_prompts: int = 8

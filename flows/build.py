@@ -14,8 +14,9 @@ from engines.reward.multi import MultiReward
 from engines.rollout.engine import RolloutEngine
 from engines.store.embeddings import EmbeddingCache
 from engines.store.prompts import PromptDataset, PromptSampler, compositional_prompts, ocr_prompts
+from engines.store.scenes import shapes_prompts
 from engines.store.trajectories import TrajectoryStore
-from engines.train.trainer import PolicyTrainer
+from flows.build_preference import build_preference_cache, check_preference_config, train_prompts, trainer_class
 from models.base import load_adapter
 
 log = logging.getLogger("diffrl")
@@ -66,7 +67,7 @@ def load_prompts(source: str, data: DataConfig, *, seed: int) -> PromptDataset:
     """A prompt dataset from a file or a `generator:<name>` source."""
     if source.startswith("generator:"):
         name = source.split(":", 1)[1]
-        generators = {"ocr": ocr_prompts, "compositional": compositional_prompts}
+        generators = {"ocr": ocr_prompts, "compositional": compositional_prompts, "shapes": shapes_prompts}
         if name not in generators:
             raise ValueError(f"data source {source!r}: unknown generator; choose one of "
                              f"{['generator:' + g for g in generators]}")
@@ -74,30 +75,63 @@ def load_prompts(source: str, data: DataConfig, *, seed: int) -> PromptDataset:
     return PromptDataset.load(source, storage_options=data.storage_options or None)
 
 
-def build_engines(cfg: ExperimentConfig) -> cluster.Engines:
-    """Load the model once and build every engine of the run; registered under the run name."""
-    train_set = load_prompts(cfg.data.train, cfg.data, seed=cfg.run.seed)
+def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | None = None):
+    """Load the model once and build the engines of the run; registered under the run name.
+
+    `cluster.mode: ray` (called with actor="local" by the flow): the engines are built inside the run's
+    named Ray actors instead (each calls back here with its actor name) and a handle is registered.
+    Actors: "local"/"engine" build everything but the reward pool when it has its own actor.
+    """
+    extras = dict(extras or {})
+    check_preference_config(cfg)  # a direct-preference setting that cannot train fails before any work
+    if actor == "local" and cfg.cluster.mode == "ray":
+        return _start_ray(cfg, extras)
+    needs_model = actor in ("local", "engine", "rollout", "trainer")
+    offline = cfg.data.sample_source == "offline"
+    train_set = train_prompts(cfg) if offline else load_prompts(cfg.data.train, cfg.data, seed=cfg.run.seed)
     val_source = cfg.data.val
     val_set = load_prompts(val_source, cfg.data, seed=cfg.run.seed + 10_000) if val_source else train_set
     sampler = PromptSampler(train_set, batch=cfg.rollout.prompts_per_step, seed=cfg.run.seed)
-    reward = MultiReward(cfg.reward)  # missing reward weights fail here, before the model loads
-    device, dtype = device_and_dtype(cfg)
-    model_path = resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed)
-    adapter = load_adapter(model_path, device=device, dtype=dtype)
-    adapter.check_shape(_shape(cfg))
+    # missing reward weights fail here, before the model loads
+    reward = MultiReward(cfg.reward) if actor in ("local", "reward") else None
     run_dir = cfg.run_dir
     storage = cfg.run.storage_options or None
     store = TrajectoryStore(os.path.join(run_dir, "trajectories.lance"), storage_options=storage)
-    embed_cache = EmbeddingCache(os.path.join(run_dir, "embeddings.lance"), storage_options=storage)
-    rollout = RolloutEngine(adapter, cache=embed_cache, progress=False)
-    trainer = PolicyTrainer(adapter, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size,
-                            device=device)
+    adapter = rollout = trainer = None
+    if needs_model:
+        device, dtype = device_and_dtype(cfg)
+        extras["model_path"] = resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed)
+        adapter = load_adapter(extras["model_path"], device=device, dtype=dtype)
+        adapter.check_shape(_shape(cfg))
+        embed_cache = EmbeddingCache(os.path.join(run_dir, "embeddings.lance"), storage_options=storage)
+        rollout = RolloutEngine(adapter, cache=embed_cache, progress=False)
+    if actor in ("local", "engine", "trainer"):
+        trainer = trainer_class(cfg)(adapter, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size,
+                                device=device)
+        if offline:  # offline DPO: the pairs' VAE latents, encoded once (runs/<name>/preferences.lance)
+            extras["preferences"] = build_preference_cache(cfg, adapter)
     val_prompts = [val_set[i] for i in range(min(cfg.data.num_val_prompts, len(val_set)))]
     engines = cluster.Engines(config=cfg, adapter=adapter, rollout=rollout, trainer=trainer, reward=reward,
-                              store=store, prompts=sampler, val_prompts=val_prompts,
-                              extras={"model_path": model_path})
-    cluster.put(cfg.run.name, engines)
+                              store=store, prompts=sampler, val_prompts=val_prompts, extras=extras)
+    if actor == "local":
+        cluster.put(cfg.run.name, engines)
     return engines
+
+
+def _start_ray(cfg: ExperimentConfig, extras: dict) -> cluster.RayEngines:
+    """Ray mode: create-or-get the run's actors on the cluster (paths made absolute: actors have their own cwd)."""
+    import dataclasses
+
+    cluster.require_prefect_server()
+    MultiReward(cfg.reward)  # bad reward settings fail here, before any actor starts
+    if "://" not in cfg.run.root:
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, root=os.path.abspath(cfg.run.root)))
+    cluster.connect(cfg.cluster.address)
+    handle = cluster.start_actors(cfg, build_engines, extras)
+    handle.store = TrajectoryStore(os.path.join(cfg.run_dir, "trajectories.lance"),
+                                   storage_options=cfg.run.storage_options or None)
+    cluster.put(cfg.run.name, handle)
+    return handle
 
 
 def _shape(cfg: ExperimentConfig):

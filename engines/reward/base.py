@@ -34,6 +34,7 @@ _BUILTIN_MODULES = (
     "engines.reward.pickscore",
     "engines.reward.aesthetic",
     "engines.reward.http_scorer",
+    "engines.reward.geneval_lite",
 )
 
 

@@ -1,0 +1,68 @@
+"""Reference shapes model pretraining: text encoding matches the pipeline, a short CPU run lowers the
+flow-matching loss and saves a folder that diffusers and our SD3 adapter load offline."""
+
+import json
+import os
+
+import pytest
+import torch
+from diffusers import StableDiffusion3Pipeline
+
+from models.base import SampleShape, load_adapter
+from models.reference.pretrain_shapes import (PretrainConfig, build_pipeline, encode_text, logit_normal_sigmas,
+                                              parse_args, run, tokenize)
+
+TINY = dict(device="cpu", seed=0, batch_size=8, lr=2e-3, warmup=5, width=32, layers=1, text_width=16,
+            text_layers=2, num_images=64, vae_steps=10, vae_batch=8, eval_prompts=2, eval_steps=2, workers=1,
+            log_every=10)
+
+
+def test_encode_text_equals_the_pipeline_and_t5_outputs_zeros():
+    pipe = build_pipeline(PretrainConfig(out="", **TINY))
+    prompts = ["two red circles", "a square to the left of a triangle", ""]
+    ids = [tokenize(tok, prompts) for tok in (pipe.tokenizer, pipe.tokenizer_2)]
+    with torch.no_grad():
+        ours = encode_text(pipe, *ids, num_zero_tokens=8)
+        theirs = pipe.encode_prompt(prompt=prompts, prompt_2=None, prompt_3=None, device="cpu",
+                                    do_classifier_free_guidance=False, max_sequence_length=8)
+    assert ours[0].shape == (3, 77 + 8, 32)
+    torch.testing.assert_close(ours[0], theirs[0], rtol=0, atol=0)
+    torch.testing.assert_close(ours[1], theirs[2], rtol=0, atol=0)
+
+
+def test_logit_normal_sigmas_shift_maps_the_median():
+    g = torch.Generator().manual_seed(0)
+    s = logit_normal_sigmas(20000, 3.0, g, "cpu")
+    # median of sigmoid(N(0,1)) is 0.5; the shift maps it to 3 * 0.5 / (1 + 2 * 0.5) = 0.75.
+    assert 0 < s.min() and s.max() < 1 and s.median().item() == pytest.approx(0.75, abs=0.01)
+
+
+def test_bad_flags_are_named():
+    with pytest.raises(ValueError, match="--device must be cpu or cuda"):
+        PretrainConfig(out="x", device="tpu")
+    with pytest.raises(ValueError, match="--width must be a multiple of 32"):
+        PretrainConfig(out="x", device="cpu", width=48)
+
+
+@pytest.mark.slow
+def test_short_cpu_run_lowers_loss_and_saves_a_loadable_pipeline(tmp_path):
+    out = str(tmp_path / "shapes")
+    cfg = parse_args(["--out", out, "--steps", "40"] + [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()])
+    summary = run(cfg)
+    assert summary["final_loss"] < 0.8 * summary["first_loss"], summary
+    with open(os.path.join(out, "pretrain_summary.json")) as f:
+        saved = json.load(f)
+    assert saved["steps"] == 40 and saved["device"] == "cpu" and 0 <= saved["eval/accuracy"] <= 1
+    assert set(saved) >= {"eval/accuracy/single_object", "eval/reward", "seconds", "safetensors_mb"}
+
+    pipe = StableDiffusion3Pipeline.from_pretrained(out, local_files_only=True)
+    assert pipe.vae_scale_factor == 1 and not pipe.text_encoder_3.encoder.final_layer_norm.weight.any()
+    assert pipe.vae.config.scaling_factor == pytest.approx(saved["vae_scaling_factor"])
+    image = pipe("two red circles", num_inference_steps=2, guidance_scale=4.5, height=64, width=64,
+                 generator=torch.Generator().manual_seed(0), output_type="np").images
+    assert image.shape == (1, 64, 64, 3)
+
+    adapter = load_adapter(out)  # the SD3 adapter takes it as any SD3 folder
+    adapter.check_shape(SampleShape(height=64, width=64))
+    encoding = adapter.encode_prompt(["a blue square"], max_sequence_length=32)
+    assert encoding["prompt_embeds"].shape == (1, 77 + 32, 32)
