@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from algorithms.catalog import Algorithm, get_algorithm
-from configs.loader import ConfigError, build, load, to_dict
+from configs.loader import ConfigError, apply_overrides, build, parse_override, to_dict
 from engines.reward.multi import RewardComponent, RewardConfig
 from engines.rollout.config import SamplingConfig
 from engines.train.config import TrainConfig
@@ -189,36 +189,23 @@ def load_experiment(name_or_path: str | None = None, overrides: list[str] | None
 
     path = config_path(name_or_path)
     with open(path) as f:
-        raw = yaml.safe_load(f) or {}
+        try:
+            raw = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
     algo_raw = raw.pop("algorithm", {}) or {}
-    algo_over = [o for o in (overrides or []) if o.startswith("algorithm.")]
-    rest_over = [o for o in (overrides or []) if not o.startswith("algorithm.")]
-    cfg = load(_WithoutAlgorithm, None, rest_over, text=yaml.safe_dump(raw))
     if isinstance(algo_raw, str):
         algo_raw = {"name": algo_raw}
+    algo_over = [o for o in (overrides or []) if o.startswith("algorithm.")]
+    raw = apply_overrides(raw, [o for o in (overrides or []) if not o.startswith("algorithm.")], ExperimentConfig)
     for text in algo_over:
-        keys, value = text.split("=", 1)[0].split(".")[1:], yaml.safe_load(text.split("=", 1)[1])
+        keys, value = parse_override(text)
         node = algo_raw
-        for k in keys[:-1]:
+        for k in keys[1:-1]:
             node = node.setdefault(k, {})
         node[keys[-1]] = value
-    algorithm = _algorithm_from_mapping(algo_raw, "algorithm")
-    try:
-        return ExperimentConfig(algorithm=algorithm, **{f.name: getattr(cfg, f.name)
-                                                        for f in dataclasses.fields(_WithoutAlgorithm)})
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
-@dataclass
-class _WithoutAlgorithm:
-    """ExperimentConfig less the algorithm section, which is built from a named bundle."""
-
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    reward: RewardConfig = field(default_factory=lambda: RewardConfig(
-        components=[RewardComponent(name="jpeg_compressibility")]))
-    data: DataConfig = field(default_factory=DataConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    # the algorithm section is a named bundle plus overrides, built here; the loader takes the instance
+    raw["algorithm"] = _algorithm_from_mapping(algo_raw, "algorithm")
+    return build(ExperimentConfig, raw)
