@@ -1,0 +1,491 @@
+"""GPU RL-step benchmark: images/GPU/s of a whole policy-gradient step at real model size (issue 11).
+
+Builds the recipe's pipeline with random weights at real size on the device (benchmarks/common.py: real
+transformer and VAE; no text encoder -- random prompt embeddings of the real shapes are read through the
+engine's persistent embedding-cache path, as a run reads cached prompts), then drives the engine code the
+flows call, for `--warmup` + `--steps` RL steps:
+
+    traj = RolloutEngine.generate(...)            # rollout, VAE decode included
+    out  = reward(traj.images, ...)               # rule reward (jpeg_compressibility), timed apart
+    adv  = algorithms.advantages.group_advantages(out.scores, traj.group_ids)
+    PolicyTrainer.update(traj, adv, rollout)      # replay + loss + backward + optimizer steps
+    PolicyTrainer.sync_weights(rollout)
+
+images/GPU/s = images per step / (rollout + advantages + update + sync seconds x GPUs); text encoding
+and the reward are excluded (the reward's cost is reported separately). Before the steps, probes time
+single forwards/backwards (CFG batching, SDPA backends, micro-batch x activation checkpointing, VAE decode,
+FLOPs per forward); `auto` levers are set from them. After the main measurement, variants change one
+lever each (old-log-prob recompute, full checkpointing, no KL, torch.compile) and are timed the same way.
+
+MFU counts model FLOPs (torch.utils.flop_counter on one conditional forward of one image):
+per image and step, rollout N x c x F, training T x c x 2F (LoRA: forward + input-gradient backward),
+reference T x c x F when KL > 0, old-log-prob recompute T x c x F when on, plus one VAE decode; c = 2
+with CFG. Checkpointing recompute is not counted (it is overhead, not model work).
+
+    python benchmarks/rl_step.py --recipe qwen_image_ocr_lora --quick      # GPU -> benchmarks/results/...json
+    python benchmarks/rl_step.py --recipe sd35m_flow_grpo --tiny --device cpu --out /tmp/x.json  # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402  (also puts the repository root on sys.path)
+
+from algorithms.advantages import group_advantages  # noqa: E402
+from algorithms.catalog import Algorithm, get_algorithm  # noqa: E402
+from engines.reward.jpeg import JpegOptions, jpeg_compressibility  # noqa: E402
+from engines.rollout import RolloutEngine, SamplingConfig  # noqa: E402
+from engines.train.config import TrainConfig  # noqa: E402
+from engines.train.trainer import PolicyTrainer  # noqa: E402
+from models.base import SampleShape, pad_and_cat  # noqa: E402
+
+DATASHEET_TFLOPS = 989.4   # H100/H200 SXM dense bf16 (datasheet); the measured matmul rate is recorded too
+PUBLISHED = {"qwen_image_ocr_lora": {"verl_omni_4xH800": 0.305}, "sd35m_flow_grpo": {"flow_grpo_reference": 1.1}}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One published training recipe (what the step does); the levers say how fast it runs."""
+
+    arch: str
+    algorithm: Algorithm
+    guidance_scale: float
+    negative_prompt: str
+    group_size: int
+    prompts_per_step: int
+    mini_batch_prompts: int
+    lora_rank: int
+    lora_alpha: int
+    text_tokens: int             # tokens of a prompt's embedding (after the template drop)
+    negative_tokens: int
+    rollout_batch: int
+    train_candidates: tuple      # (checkpointing fraction, micro-batch) pairs the probes try
+    resolution: int = 512
+    num_inference_steps: int = 10
+    lr: float = 3e-4
+
+
+RECIPES = {
+    # VeRL-Omni run_qwen_image_ocr_lora: true CFG 4 with negative " ", noise 1.2, a 2-step SDE window
+    # starting in [0, 5), group 16, 32 prompts (512 images), one optimizer step per 16 prompts,
+    # LoRA r64/a128 on the 12 attention + MLP projections, lr 3e-4, clip 1e-5.
+    "qwen_image_ocr_lora": Recipe(
+        arch="qwen_image", guidance_scale=4.0, negative_prompt=" ", group_size=16, prompts_per_step=32,
+        mini_batch_prompts=16, lora_rank=64, lora_alpha=128, text_tokens=32, negative_tokens=6, rollout_batch=16,
+        algorithm=get_algorithm("flow_grpo_fast", noise_level=1.2, window={"start_range": (0, 5)}, clip_ratio=1e-5),
+        train_candidates=((1.0, 4), (1.0, 8), (0.5, 4), (0.0, 1), (0.0, 2), (0.0, 4))),
+    # flow_grpo SD3.5-Medium: CFG 4.5, noise 0.7, group 24, LoRA r32/a64, 9 trained steps, KL 0.04.
+    "sd35m_flow_grpo": Recipe(
+        arch="sd3", guidance_scale=4.5, negative_prompt="", group_size=24, prompts_per_step=48,
+        mini_batch_prompts=24, lora_rank=32, lora_alpha=64, text_tokens=77 + 256, negative_tokens=77 + 256,
+        rollout_batch=24, algorithm=get_algorithm("flow_grpo"),
+        train_candidates=((1.0, 12), (0.0, 4), (0.0, 8), (0.0, 12), (0.5, 24))),
+}
+VARIANTS = {  # name -> lever overrides of the main measurement (one "before" state each)
+    "recompute_old_log_probs": {"old_log_probs": "recompute"},
+    "full_checkpointing": {"checkpointing": 1.0},
+    "no_kl": {"kl": False},
+    "sdpa_default": {"sdpa": "default"},
+    "compile": {"compile": True},   # last: compilation cannot be undone
+}
+
+
+@dataclass(frozen=True)
+class Levers:
+    rollout_batch: int
+    micro_batch: int
+    checkpointing: float
+    sdpa: str = "default"
+    compile: bool = False
+    old_log_probs: str = "auto"
+    kl: bool = True
+
+
+class Bench:
+    """Owns the adapter, engines and reward of one benchmark run, and applies levers between phases."""
+
+    def __init__(self, recipe: Recipe, args):
+        self.recipe, self.args, self.device = recipe, args, args.device
+        dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+        self.adapter = common.build_adapter(recipe.arch, tiny=args.tiny, device=args.device, dtype=dtype)
+        self.prompts = [f"prompt {i}" for i in range(recipe.prompts_per_step)]
+        gen = torch.Generator().manual_seed(1)
+        table = {p: common.random_encoding(self.adapter, recipe.text_tokens, gen) for p in self.prompts}
+        table[recipe.negative_prompt] = common.random_encoding(self.adapter, recipe.negative_tokens, gen)
+        self.table = table
+        self.engine = RolloutEngine(self.adapter, cache=common.PrecomputedEmbeddings(table), progress=False)
+        alg = recipe.algorithm
+        self.sampling = SamplingConfig(
+            num_inference_steps=recipe.num_inference_steps, height=recipe.resolution, width=recipe.resolution,
+            guidance_scale=recipe.guidance_scale, negative_prompt=recipe.negative_prompt,
+            noise_level=alg.noise_level, sde_type=alg.sde_type, window=alg.window, batch_size=recipe.rollout_batch)
+        cfg = TrainConfig(lora_rank=recipe.lora_rank, lora_alpha=recipe.lora_alpha, lr=recipe.lr,
+                          mini_batch_prompts=recipe.mini_batch_prompts, micro_batch_size=4)
+        self.trainer = PolicyTrainer(self.adapter, alg, cfg, self.sampling, group_size=recipe.group_size)
+        self.reward = jpeg_compressibility(JpegOptions())
+        self.compiled = False
+
+    @property
+    def shape(self) -> SampleShape:
+        return SampleShape(self.recipe.resolution, self.recipe.resolution)
+
+    def apply(self, levers: Levers) -> None:
+        """Set the levers on the engines (trainer config fields are read at every update)."""
+        self.sampling = dataclasses.replace(self.sampling, batch_size=levers.rollout_batch)
+        self.trainer.cfg.micro_batch_size = levers.micro_batch
+        self.trainer.cfg.old_log_probs = levers.old_log_probs
+        self.trainer.algorithm = dataclasses.replace(self.recipe.algorithm,
+                                                     kl_coef=self.recipe.algorithm.kl_coef if levers.kl else 0.0)
+        common.set_checkpointing(self.adapter.transformer, levers.checkpointing)
+        if levers.compile and not self.compiled:
+            common.compile_blocks(self.adapter.transformer)
+            self.compiled = True
+
+    def step(self, step: int) -> dict[str, float]:
+        """One RL step; returns seconds per stage (reward apart)."""
+        recipe, sync = self.recipe, lambda: common.synchronize(self.device)
+        prompts = [p for p in self.prompts for _ in range(recipe.group_size)]
+        index = [i for _ in self.prompts for i in range(recipe.group_size)]
+        seeds = [step * 1_000_003 + i for i in range(len(prompts))]
+        sync()
+        t0 = time.perf_counter()
+        traj = self.engine.generate(prompts, prompts, index, seeds, self.sampling, step=step,
+                                    policy_version=self.trainer.policy_version)
+        sync()
+        t1 = time.perf_counter()
+        scored = self.reward(traj.images, traj.prompts, traj.metadata)
+        t2 = time.perf_counter()
+        alg = self.trainer.algorithm
+        adv = group_advantages(scored.scores, traj.group_ids, norm_by_std=alg.norm_by_std,
+                               global_std=alg.global_std, eps=alg.adv_eps)
+        t3 = time.perf_counter()
+        metrics = self.trainer.update(traj, adv, self.engine)
+        sync()
+        t4 = time.perf_counter()
+        self.trainer.sync_weights(self.engine)
+        t5 = time.perf_counter()
+        gap = metrics.get("rollout_corr/logprob_abs_diff_mean", float("nan"))
+        return {"rollout": t1 - t0, "reward": t2 - t1, "advantages": t3 - t2, "update": t4 - t3, "sync": t5 - t4,
+                "logprob_gap": gap}
+
+
+# ---- probes ----------------------------------------------------------------------------------------
+def _inputs(bench: Bench, batch: int):
+    """(latents, sigma, positive, negative) for `batch` samples at the recipe's second sigma."""
+    adapter, shape = bench.adapter, bench.shape
+    latents = adapter.prepare_latents(shape, [torch.Generator().manual_seed(i) for i in range(batch)])
+    sigma = adapter.sigmas(bench.recipe.num_inference_steps, shape)[1].expand(batch).to(bench.device)
+    prompts = [bench.prompts[i % len(bench.prompts)] for i in range(batch)]
+    positive = pad_and_cat([bench.table[p] for p in prompts])
+    negative = pad_and_cat([bench.table[bench.recipe.negative_prompt]] * batch)
+    return latents.to(bench.device), sigma, positive, negative
+
+
+def _rows(enc, n):
+    return {k: v[:n] for k, v in enc.items()}
+
+
+def probe_forwards(bench: Bench) -> dict:
+    """Rollout forward (CFG batched vs two forwards) per SDPA backend, VAE decode and FLOPs, per image."""
+    a, g, shape, dev = bench.adapter, bench.recipe.guidance_scale, bench.shape, bench.device
+    b = bench.recipe.rollout_batch
+    x, sigma, pos, neg = _inputs(bench, b)
+    reps = dict(repeats=3, warmup=1, device=dev)
+    out: dict = {"rollout_batch": b}
+    with torch.no_grad():
+        def batched():
+            return a.velocity(x, sigma, pos, neg, guidance_scale=g, shape=shape)
+
+        def two_forwards():
+            a.velocity(x, sigma, pos, None, guidance_scale=1.0, shape=shape)
+            a.velocity(x, sigma, neg, None, guidance_scale=1.0, shape=shape)
+        out["cfg_two_forwards_ms_per_image"] = 1e3 * common.time_median(two_forwards, **reps) / b
+        out["sdpa_ms_per_image"] = {}
+        for name in common.SDPA_BACKENDS[:4]:   # math materialises the attention matrix: never the fastest
+            try:
+                with common.sdpa_backend(name, strict=True):
+                    out["sdpa_ms_per_image"][name] = 1e3 * common.time_median(batched, **reps) / b
+            except RuntimeError as err:  # a backend that does not support these inputs (e.g. a mask)
+                out["sdpa_ms_per_image"][name] = f"unsupported: {str(err).splitlines()[0][:160]}"
+        out["cfg_batched_ms_per_image"] = out["sdpa_ms_per_image"]["default"]
+        latents_b = x[:b]
+        out["decode_ms_per_image"] = 1e3 * common.time_median(lambda: a.decode(latents_b, shape), **reps) / b
+        out["forward_flops"] = common.forward_flops(
+            lambda: a.velocity(x[:1], sigma[:1], _rows(pos, 1), None, guidance_scale=1.0, shape=shape))
+        out["decode_flops"] = common.forward_flops(lambda: a.decode(x[:1], shape))
+    return out
+
+
+def probe_training(bench: Bench, sdpa_names: list[str]) -> dict:
+    """Replay-style forward + backward (CFG, LoRA) per image for each (checkpointing, micro-batch) candidate
+    and, at the smallest micro-batch, per SDPA backend; OOM is recorded, not raised."""
+    cands = bench.recipe.train_candidates
+    x, sigma, pos, neg = _inputs(bench, max(mb for _, mb in cands))
+    results, by_backend = [], {}
+    for fraction, mb in cands:
+        results.append({"checkpointing": fraction, "micro_batch": mb,
+                        **_time_train(bench, fraction, mb, x, sigma, pos, neg, "default")})
+    fraction, mb = min(cands, key=lambda c: c[1])
+    for name in sdpa_names:
+        by_backend[name] = _time_train(bench, fraction, mb, x, sigma, pos, neg, name)
+    return {"candidates": results, "sdpa_train_smallest_micro_batch": by_backend}
+
+
+def _time_train(bench, fraction, mb, x, sigma, pos, neg, backend) -> dict:
+    a, g, shape = bench.adapter, bench.recipe.guidance_scale, bench.shape
+    common.set_checkpointing(a.transformer, fraction)
+
+    def fwd_bwd():
+        v = a.velocity(x[:mb], sigma[:mb], _rows(pos, mb), _rows(neg, mb), guidance_scale=g, shape=shape)
+        v.square().mean().backward()
+    common.reset_peak(bench.device)
+    try:
+        with common.sdpa_backend(backend, strict=True):
+            seconds = common.time_median(fwd_bwd, repeats=2, warmup=1, device=bench.device)
+        result = {"ms_per_image": 1e3 * seconds / mb, "peak_gib": common.peak_gib(bench.device)}
+    except torch.OutOfMemoryError:
+        result = {"ms_per_image": None, "peak_gib": None, "error": "out of memory"}
+    except RuntimeError as err:
+        result = {"ms_per_image": None, "peak_gib": None, "error": str(err).splitlines()[0][:160]}
+    for p in bench.trainer.params:
+        p.grad = None
+    common.reset_peak(bench.device)
+    return result
+
+
+def choose_levers(args, recipe: Recipe, probes: dict) -> list[Levers]:
+    """Levers of the main measurement, best first: given values, or for `auto` the probed settings that fit
+    in 85% of the GPU's memory, fastest first (the largest micro-batch is not always the fastest)."""
+    sdpa = args.sdpa
+    if sdpa == "auto":
+        times = probes["forward"]["sdpa_ms_per_image"]
+        trains = probes["training"]["sdpa_train_smallest_micro_batch"]
+        ok = [n for n, t in times.items() if isinstance(t, float) and trains.get(n, {}).get("ms_per_image")]
+        sdpa = min(ok, key=lambda n: times[n] + trains[n]["ms_per_image"]) if ok else "default"
+    fraction, micro = args.checkpointing, args.micro_batch
+    if "auto" in (fraction, micro):
+        cuda = args.device.startswith("cuda")
+        limit = 0.85 * torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None
+        fits = [c for c in probes["training"]["candidates"] if c["ms_per_image"] is not None
+                and (limit is None or c["peak_gib"] <= limit)
+                and fraction in ("auto", float(c["checkpointing"])) and micro in ("auto", int(c["micro_batch"]))]
+        if not fits:
+            raise ValueError(f"no probed (checkpointing, micro_batch) setting ran for --checkpointing {fraction} "
+                             f"--micro-batch {micro}; give both explicitly")
+        ranked = [(c["checkpointing"], c["micro_batch"]) for c in sorted(fits, key=lambda c: c["ms_per_image"])]
+    else:
+        ranked = [(fraction, micro)]
+    return [Levers(rollout_batch=args.rollout_batch or recipe.rollout_batch, micro_batch=int(m),
+                   checkpointing=float(f), sdpa=sdpa, compile=args.compile, old_log_probs=args.old_log_probs)
+            for f, m in ranked]
+
+
+# ---- phases and the result -------------------------------------------------------------------------
+def run_phase(bench: Bench, name: str, levers: Levers, warmup: int, steps: int) -> dict:
+    """Apply the levers, run warm-up + timed RL steps; per-stage mean seconds over the timed steps."""
+    started = time.perf_counter()
+    bench.apply(levers)
+    common.reset_peak(bench.device)
+    records = []
+    with common.sdpa_backend(levers.sdpa):
+        for i in range(warmup + steps):
+            records.append(bench.step(bench.args.step_offset + i))
+    bench.args.step_offset += warmup + steps
+    timed = records[warmup:]
+    images = len(bench.prompts) * bench.recipe.group_size
+    stages = {k: sum(r[k] for r in timed) / len(timed) for k in ("rollout", "reward", "advantages", "update", "sync")}
+    step_s = stages["rollout"] + stages["advantages"] + stages["update"] + stages["sync"]
+    first = records[0]
+    first_s = first["rollout"] + first["advantages"] + first["update"] + first["sync"]
+    return {
+        "name": name, "levers": dataclasses.asdict(levers), "images_per_step": images, "warmup_steps": warmup,
+        "timed_steps": steps, "images_per_gpu_s": images / step_s, "seconds_per_step": step_s,
+        "step_seconds_each": [r["rollout"] + r["advantages"] + r["update"] + r["sync"] for r in timed],
+        "stage_seconds": stages, "stage_ms_per_image": {k: 1e3 * v / images for k, v in stages.items()},
+        "first_step_seconds": first_s, "peak_memory_gib": common.peak_gib(bench.device),
+        "logprob_gap_mean": timed[-1]["logprob_gap"], "phase_wall_seconds": time.perf_counter() - started}
+
+
+def flop_model(recipe: Recipe, probes: dict, levers: Levers) -> dict:
+    """Model FLOPs per image of one RL step (see the module docstring)."""
+    f, c = probes["forward"]["forward_flops"], 2 if recipe.guidance_scale > 1 else 1
+    trained = recipe.algorithm.window.size if recipe.algorithm.window.kind == "random_start" else \
+        recipe.num_inference_steps - 1
+    parts = {"rollout": recipe.num_inference_steps * c * f, "decode": probes["forward"]["decode_flops"],
+             "train": trained * c * 2 * f,
+             "reference": trained * c * f if recipe.algorithm.kl_coef > 0 and levers.kl else 0,
+             "old_log_prob_recompute": trained * c * f if levers.old_log_probs == "recompute" else 0}
+    return {"forward_flops_per_image": f, "cfg_multiplier": c, "trained_steps_per_sample": trained,
+            "flops_per_image": parts, "total_flops_per_image": sum(parts.values())}
+
+
+def add_mfu(phase: dict, flops: dict, measured_tflops: float | None) -> None:
+    achieved = flops["total_flops_per_image"] * phase["images_per_gpu_s"] / 1e12
+    phase["achieved_tflops"] = achieved
+    phase["mfu_datasheet"] = achieved / DATASHEET_TFLOPS if measured_tflops else None
+    phase["mfu_measured_matmul"] = achieved / measured_tflops if measured_tflops else None
+    phase["ceiling_images_per_s"] = (measured_tflops * 1e12 / flops["total_flops_per_image"]
+                                     if measured_tflops else None)
+
+
+def parse_args(argv: list[str] | None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", required=True, choices=sorted(RECIPES))
+    parser.add_argument("--quick", action="store_true", help="one prompt (one group) per step instead of the recipe's")
+    parser.add_argument("--tiny", action="store_true", help="tiny models, 64x64 (CPU smoke test)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--rollout-batch", type=int, default=None, help="samples per rollout forward (CFG doubles it)")
+    parser.add_argument("--micro-batch", default="auto", help="trainer micro-batch, or auto (fastest probed that fits)")
+    parser.add_argument("--checkpointing", default="auto", help="fraction of blocks checkpointed (0..1) or auto")
+    parser.add_argument("--sdpa", default="default", choices=[*common.SDPA_BACKENDS, "auto"])
+    parser.add_argument("--compile", action="store_true", help="torch.compile the transformer blocks")
+    parser.add_argument("--old-log-probs", default="auto", choices=["auto", "recompute"])
+    parser.add_argument("--variants", default="recompute_old_log_probs,full_checkpointing,no_kl,sdpa_default,compile",
+                        help=f"comma list of {sorted(VARIANTS)} (or empty), each timed after the main measurement")
+    parser.add_argument("--variant-steps", type=int, default=1)
+    parser.add_argument("--time-limit", type=float, default=480.0, help="skip variants that would end past this (s)")
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<recipe>_<device>.json)")
+    args = parser.parse_args(argv)
+    for name in ("micro_batch", "checkpointing"):
+        value = getattr(args, name)
+        if value != "auto":
+            setattr(args, name, int(value) if name == "micro_batch" else float(value))
+    unknown = [v for v in filter(None, args.variants.split(",")) if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"--variants {unknown} unknown; choose from {sorted(VARIANTS)}")
+    args.step_offset = 0
+    return args
+
+
+def scaled_recipe(args) -> Recipe:
+    """The recipe at the requested size: --quick keeps one prompt; --tiny shrinks everything for the CPU."""
+    recipe = RECIPES[args.recipe]
+    if args.quick or args.tiny:
+        recipe = dataclasses.replace(recipe, prompts_per_step=1, mini_batch_prompts=1)
+    if args.tiny:
+        tokens = 8 if recipe.arch == "qwen_image" else recipe.text_tokens
+        window = recipe.algorithm.window
+        if window.kind == "random_start":  # the window must fit in the 4 tiny steps
+            window = dataclasses.replace(window, start_range=(0, 3))
+        recipe = dataclasses.replace(recipe, resolution=64, num_inference_steps=4, group_size=2, rollout_batch=2,
+                                     text_tokens=tokens, negative_tokens=min(recipe.negative_tokens, tokens),
+                                     algorithm=dataclasses.replace(recipe.algorithm, window=window),
+                                     train_candidates=((1.0, 2), (0.0, 2), (0.5, 2)))
+    return recipe
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    recipe = scaled_recipe(args)
+    started = time.perf_counter()
+    slug = common.device_slug(args.device)
+    out = args.out or (None if args.tiny else os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                           f"{args.recipe}_{slug}.json"))
+    import diffusers
+
+    result: dict = {
+        "recipe": args.recipe, "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "device_slug": slug, "gpus": 1, "quick": args.quick, "tiny": args.tiny, "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
+        "command": " ".join(["python", "benchmarks/rl_step.py", *(argv or sys.argv[1:])]),
+        "settings": {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
+                     for k, v in dataclasses.asdict(recipe).items()},
+        "text_side": "random prompt embeddings of the real shapes via the engine's embedding-cache path; "
+                     "no text encoder on the GPU", "reward": "jpeg_compressibility (rule reward, CPU)",
+        "published_images_per_gpu_s": PUBLISHED[args.recipe]}
+    bench = Bench(recipe, args)
+    result["build_seconds"] = time.perf_counter() - started
+    result["matmul_tflops_measured"] = common.matmul_tflops(args.device)
+    probes = {"forward": probe_forwards(bench)}
+    probes["training"] = probe_training(bench, [n for n, t in probes["forward"]["sdpa_ms_per_image"].items()
+                                                 if isinstance(t, float) and n != "default"])
+    result["probes"] = probes
+    _write(out, result)
+    main_phase, levers, result["main_attempts"] = None, None, []
+    for levers in choose_levers(args, recipe, probes):
+        try:
+            main_phase = run_phase(bench, "main", levers, args.warmup, args.steps)
+            break
+        except torch.OutOfMemoryError:  # recorded: the next-fastest probed setting is tried
+            result["main_attempts"].append({"levers": dataclasses.asdict(levers), "error": "out of memory"})
+            common.reset_peak(args.device)
+    if main_phase is None:
+        raise RuntimeError(f"every probed setting ran out of memory in a full step: {result['main_attempts']}")
+    result["flops"] = flop_model(recipe, probes, levers)
+    add_mfu(main_phase, result["flops"], result["matmul_tflops_measured"])
+    result.update(images_per_gpu_s=main_phase["images_per_gpu_s"], seconds_per_step=main_phase["seconds_per_step"],
+                  stage_seconds=main_phase["stage_seconds"], stage_ms_per_image=main_phase["stage_ms_per_image"],
+                  peak_memory_gib=main_phase["peak_memory_gib"], mfu=main_phase["mfu_datasheet"],
+                  main=main_phase, variants=[])
+    _write(out, result)
+    for name in filter(None, args.variants.split(",")):
+        _run_variant(bench, result, name, levers, main_phase, started)
+        _write(out, result)
+    result["total_wall_seconds"] = time.perf_counter() - started
+    _write(out, result)
+    _print_summary(result)
+    return result
+
+
+def _run_variant(bench: Bench, result: dict, name: str, levers: Levers, main_phase: dict, started: float) -> None:
+    args, overrides = bench.args, VARIANTS[name]
+    changed = dataclasses.replace(levers, **overrides)
+    if changed == levers or (name == "no_kl" and bench.recipe.algorithm.kl_coef == 0):
+        result["variants"].append({"name": name, "skipped": "same as the main levers"})
+        return
+    warmup = 1 if name == "compile" else 0
+    # Compilation costs several steps' worth of time; others about one step each.
+    expected = main_phase["seconds_per_step"] * (args.variant_steps + warmup * 4)
+    if time.perf_counter() - started + expected > args.time_limit:
+        result["variants"].append({"name": name, "skipped": f"time limit {args.time_limit:.0f} s"})
+        return
+    try:
+        phase = run_phase(bench, name, changed, warmup, args.variant_steps)
+    except (torch.OutOfMemoryError, RuntimeError) as err:  # recorded in the result; the main figure stands
+        result["variants"].append({"name": name, "levers": dataclasses.asdict(changed),
+                                   "error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"})
+        common.reset_peak(args.device)
+        bench.apply(levers)
+        return
+    add_mfu(phase, flop_model(bench.recipe, result["probes"], changed), result["matmul_tflops_measured"])
+    if name == "compile":
+        phase["compile_seconds_estimate"] = phase["first_step_seconds"] - phase["seconds_per_step"]
+    result["variants"].append(phase)
+    bench.apply(levers)  # back to the main levers (compilation stays)
+
+
+def _write(path: str | None, result: dict) -> None:
+    if path is None:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def _print_summary(result: dict) -> None:
+    print(json.dumps({k: result[k] for k in ("probes", "flops")}, indent=1, default=str))
+    print(f"{'phase':<26}{'img/GPU/s':>10}{'s/step':>9}{'rollout':>9}{'update':>9}{'peak GiB':>9}{'MFU':>7}")
+    for phase in [result["main"], *result["variants"]]:
+        if "skipped" in phase or "error" in phase:
+            print(f"{phase['name']:<26} {phase.get('skipped') or phase.get('error')}")
+            continue
+        st, mfu, peak = phase["stage_seconds"], phase.get("mfu_datasheet"), phase["peak_memory_gib"]
+        print(f"{phase['name']:<26}{phase['images_per_gpu_s']:>10.3f}{phase['seconds_per_step']:>9.2f}"
+              f"{st['rollout']:>9.2f}{st['update']:>9.2f}{(peak or 0):>9.1f}{(mfu or 0):>7.3f}")
+
+
+if __name__ == "__main__":
+    main()
