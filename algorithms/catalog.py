@@ -102,18 +102,21 @@ ALGORITHMS: dict[str, Algorithm] = {
             global_std=False,
         ),
         Algorithm("flow_dppo", loss="flow_dppo_loss", kl_threshold=1e-5),
-        Algorithm("dpo", family="direct_preference", noise_level=0.0, loss="dpo_loss", beta=5000.0),
+        Algorithm("dpo", family="direct_preference", noise_level=0.0, loss="dpo_loss", beta=5000.0,
+                  window=WindowPolicy("final", size=1)),
         Algorithm(
             "diffusion_nft",
             family="direct_preference",
             noise_level=0.0,
             loss="diffusion_nft_loss",
+            window=WindowPolicy("final", size=1),
             mix_beta=1.0,
             ref_coef=1e-4,
             old_policy_decay_ramp=0.001,
             old_policy_decay_max=0.5,
         ),
-        Algorithm("awm", family="direct_preference", noise_level=0.0, loss="awm_loss", ref_coef=0.1),
+        Algorithm("awm", family="direct_preference", noise_level=0.0, loss="awm_loss", ref_coef=0.1,
+                  window=WindowPolicy("final", size=1)),
     )
 }
 

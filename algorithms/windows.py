@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-WINDOW_KINDS = ("all_but_last", "random_start", "mix_random", "mix_progressive", "dance_fraction")
+WINDOW_KINDS = ("all_but_last", "final", "random_start", "mix_random", "mix_progressive", "dance_fraction")
 
 # Keeps the window draw independent of the noise that the same seed draws in the rollout.
 _WINDOW_SALT = 0x5DEECE66D
@@ -104,7 +104,7 @@ def _check(policy: WindowPolicy, num_steps: int, seeds: torch.Tensor) -> torch.T
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1; got {num_steps}")
     seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
-    if policy.kind in ("random_start", "mix_random", "mix_progressive") and policy.size > num_steps:
+    if policy.kind in ("final", "random_start", "mix_random", "mix_progressive") and policy.size > num_steps:
         raise ValueError(f"WindowPolicy.size {policy.size} > num_steps {num_steps}")
     if policy.kind == "all_but_last" and num_steps < 2:
         raise ValueError(f"kind 'all_but_last' needs num_steps >= 2; got {num_steps}")
@@ -129,6 +129,10 @@ def sample_windows(policy: WindowPolicy, num_steps: int, seeds: torch.Tensor, st
     if policy.kind == "dance_fraction":
         return _dance_windows(policy, num_steps, seeds)
     size = policy.size
+    if policy.kind == "final":
+        # the last `size` steps (direct-preference training reads the final sample, latents[:, -1])
+        starts = torch.full((batch,), num_steps - size, dtype=torch.int64)
+        return Windows(starts, size, torch.ones(batch, size, dtype=torch.bool))
     if policy.kind == "random_start":
         lo, hi = _start_bounds(policy, size, num_steps)
         draws = [

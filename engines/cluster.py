@@ -1,15 +1,42 @@
-"""Where the engines of a run live. Embedded default: in-process objects in this registry, found by
-run name, so a Prefect task only carries (run, step, chunk) and calls the warm engine it finds here.
+"""Where the engines of a run live.
+
+Embedded default (`cluster.mode: local`): in-process objects in this registry, found by run name, so
+a Prefect task only carries (run, step, chunk) and runs its stage function on the warm engines here.
+
+Ray mode (`cluster.mode: ray`): the engines are named, detached Ray actors in the "diffrl"
+namespace, created once per run name and found again by later flow runs (warm models across steps
+and across runs). Each actor holds one role's engines (see ROLES) and runs stage functions on them;
+callers wait at most `cluster.actor_timeout_s`, so a dead or stuck actor fails the caller with the
+actor's error instead of hanging. Both kinds of handle expose the same `run(role, fn, *args)`.
+
+    colocated: <run>/engine  (adapter + rollout + trainer on the same GPUs: weights shared, no copy)
+               <run>/reward  (reward pool + store, on CPUs)
+    split:     <run>/rollout (its own adapter copy, own GPU)   <run>/trainer (adapter + trainer, own GPU)
+               <run>/reward
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 _LOCK = threading.Lock()
-_ENGINES: dict[str, "Engines"] = {}
+_ENGINES: dict[str, Any] = {}
+
+NAMESPACE = "diffrl"
+# Which actor of a placement plays each role (a role is what a stage function needs).
+ROLES = {
+    "colocated": {"rollout": "engine", "trainer": "engine", "reward": "reward"},
+    "split": {"rollout": "rollout", "trainer": "trainer", "reward": "reward"},
+}
+# Environment the Ray side needs from the driver (tasks report to the same Prefect server).
+FORWARDED_ENV = ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_LOGGING_LEVEL", "DIFFRL_CACHE",
+                 "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM")
+_BUILDS = 0  # engine builds in this process (an actor process: 1 while it stays warm)
 
 
 @dataclass
@@ -25,23 +52,299 @@ class Engines:
     prompts: Any                # engines.store.prompts.PromptSampler
     val_prompts: list = field(default_factory=list)  # fixed PromptRecords for validation
     extras: dict = field(default_factory=dict)
+    split = False               # one process: the rollout always samples with the trainer's adapter
+
+    def run(self, role: str, fn: Callable, *args: Any) -> Any:
+        """Run `fn(engines, *args)` here (every role lives in this process)."""
+        return fn(self, *args)
+
+    def share_extras(self) -> None:
+        """Nothing to share: the tasks run in this process."""
+
+    @property
+    def policy_version(self) -> int:
+        """The policy version the rollout samples with (split rollout actors have no trainer)."""
+        if self.trainer is not None:
+            return self.trainer.policy_version
+        return int(self.extras.get("policy_version", 0))
 
 
-def put(run_name: str, engines: Engines) -> None:
-    """Register the engines of a run in this process (replacing any previous ones)."""
+def put(run_name: str, engines: Any) -> None:
+    """Register the engines (or the Ray handle) of a run in this process (replacing any previous ones)."""
     with _LOCK:
         _ENGINES[run_name] = engines
 
 
-def get(run_name: str) -> Engines:
-    """The engines of a run; a clear error when the run's engines were never built in this process."""
+def get(run_name: str) -> Any:
+    """The engines of a run: registered in this process, else (inside a Ray worker) its named actors."""
     with _LOCK:
-        if run_name not in _ENGINES:
-            raise RuntimeError(f"no engines for run {run_name!r} in this process: run it with `diffrl train` "
-                               f"(known runs here: {sorted(_ENGINES)})")
-        return _ENGINES[run_name]
+        if run_name in _ENGINES:
+            return _ENGINES[run_name]
+    if _in_ray_worker():
+        return RayEngines.find(run_name)
+    raise RuntimeError(f"no engines for run {run_name!r} in this process: run it with `diffrl train` "
+                       f"(known runs here: {sorted(_ENGINES)})")
 
 
 def drop(run_name: str) -> None:
     with _LOCK:
         _ENGINES.pop(run_name, None)
+
+
+def _in_ray_worker() -> bool:
+    try:
+        import ray
+    except ImportError:
+        return False
+    return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+
+
+# ---- ray mode ------------------------------------------------------------------------------------
+
+def actor_name(run_name: str, actor: str) -> str:
+    return f"{run_name}/{actor}"
+
+
+def forwarded_env() -> dict[str, str]:
+    """The driver's settings the Ray workers and actors need (runtime_env env_vars)."""
+    return {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+
+
+def require_prefect_server() -> str:
+    """Ray mode reports task states from Ray workers: an ephemeral per-process Prefect server won't do."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    if not url:
+        raise ValueError("cluster.mode=ray needs a running Prefect server that the Ray workers can reach: "
+                         "start one with `prefect server start --host 127.0.0.1` and set "
+                         "PREFECT_API_URL=http://127.0.0.1:4200/api (or use cluster.mode=local)")
+    os.environ.setdefault("PREFECT_API_URL", url)  # forwarded to the Ray workers below
+    return url
+
+
+def connect(address: str | None) -> None:
+    """Join the Ray cluster at `address` (None: RAY_ADDRESS or a local `ray start --head`)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", namespace=NAMESPACE,
+             runtime_env={"env_vars": forwarded_env()}, log_to_driver=False)
+
+
+class EngineHost:
+    """The body of one named detached actor: builds its role's engines once, then runs stage functions.
+
+    `build(config, actor)` is passed by reference (flows.build.build_engines), so this module stays
+    free of model code; Ray ships functions of importable modules by name, never their bytecode.
+    """
+
+    def __init__(self, build: Callable, config: Any, actor: str, extras: dict):
+        global _BUILDS
+        self.actor = actor
+        self.engines = build(config, actor)
+        self.engines.extras.update(extras)
+        self.created = time.time()
+        _BUILDS += 1
+
+    def attach(self, config: Any, extras: dict) -> dict:
+        """A later flow run of the same run name: same model and training setup, fresh run settings."""
+        ours = _comparable(self.engines.config)
+        if ours != _comparable(config):
+            raise ValueError(f"the warm actors of run {config.run.name!r} were built from another config "
+                             f"(model/train/rollout/reward/data differ); remove them with "
+                             f"`diffrl cluster stop {config.run.name}` or use another run.name")
+        self.engines.config = config
+        self.engines.extras.update(extras)
+        return self.describe()
+
+    def run(self, fn: Callable, *args: Any) -> Any:
+        return fn(self.engines, *args)
+
+    def describe(self) -> dict:
+        """What `diffrl cluster status` shows: role, process, devices and what the actor holds."""
+        import ray
+
+        e = self.engines
+        holds = [name for name in ("adapter", "rollout", "trainer", "reward", "store") if getattr(e, name) is not None]
+        return {"actor": self.actor, "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
+                "gpus": [str(g) for g in ray.get_gpu_ids()], "device": str(getattr(e.adapter, "device", "cpu")),
+                "holds": holds, "model": e.extras.get("model_path", "") if e.adapter is not None else "",
+                "builds": _BUILDS, "policy_version": e.policy_version if e.adapter is not None else None,
+                "created": self.created, "config": e.config, "extras": dict(e.extras)}
+
+
+def _comparable(config: Any) -> Any:
+    """The config minus what may change between flow runs of one run name (length, logging, timeouts)."""
+    run = dataclasses.replace(config.run, steps=1, validate_every=0, log_images=0, checkpoint_every=1,
+                              keep_latents_steps=0)
+    return dataclasses.replace(config, run=run, cluster=dataclasses.replace(config.cluster, actor_timeout_s=1.0))
+
+
+def _resources(config: Any, actors: list[str]) -> dict[str, float]:
+    """GPUs each actor asks for: 1 for a model holder when the cluster has GPUs and the model is not on CPU."""
+    import ray
+
+    has_gpus = ray.cluster_resources().get("GPU", 0) >= 1 and config.model.device != "cpu"
+    return {a: (1.0 if has_gpus and a in ("engine", "rollout", "trainer") else 0.0) for a in actors}
+
+
+def _placement_group(run_name: str, gpus: dict[str, float], timeout_s: float):
+    """One detached placement group per run reserving the model holders' GPUs (None without GPUs)."""
+    import ray
+    from ray.util.placement_group import get_placement_group, placement_group
+
+    bundles = [{"GPU": g} for g in gpus.values() if g > 0]
+    if not bundles:
+        return None
+    name = actor_name(run_name, "gpus")
+    try:
+        pg = get_placement_group(name)
+    except ValueError:
+        pg = placement_group(bundles, strategy="PACK", name=name, lifetime="detached")
+    if not pg.wait(timeout_seconds=timeout_s):
+        raise RuntimeError(f"run {run_name!r}: the Ray cluster cannot place {bundles} within {timeout_s:.0f} s "
+                           f"(cluster resources: {ray.cluster_resources()})")
+    return pg
+
+
+class RayEngines:
+    """A run's engines living in named detached Ray actors: the handle flows and Ray-run tasks hold.
+
+    `config`, `val_prompts` and `extras` are copies; `store` is this process's own view of the run's
+    trajectory table (reads for logging and retention); models never leave their actors.
+    """
+
+    def __init__(self, run_name: str, config: Any, actors: dict[str, Any], extras: dict, store: Any = None,
+                 val_prompts: list | None = None):
+        self.run_name, self.config, self.actors, self.extras = run_name, config, actors, extras
+        self.store, self.val_prompts = store, val_prompts or []
+        self.split = config.cluster.placement == "split"
+
+    @classmethod
+    def find(cls, run_name: str) -> "RayEngines":
+        """The live actors of `run_name` (from any process connected to the cluster)."""
+        import ray
+
+        actors = {}
+        for actor in ("engine", "rollout", "trainer", "reward"):
+            try:
+                actors[actor] = ray.get_actor(actor_name(run_name, actor), namespace=NAMESPACE)
+            except ValueError:
+                continue
+        if "reward" not in actors:
+            raise RuntimeError(f"run {run_name!r} has no actors on this Ray cluster (namespace {NAMESPACE!r}): "
+                               f"start it with `diffrl train ... cluster.mode=ray run.name={run_name}`")
+        info = ray.get(actors["reward"].describe.remote(), timeout=60)
+        return cls(run_name, info["config"], actors, info["extras"])
+
+    def share_extras(self) -> None:
+        """Push `extras` (the run uid keying the task caches) to every actor of the run."""
+        for name, actor in self.actors.items():
+            self.wait(actor.attach.remote(self.config, self.extras), f"{name}.attach")
+
+    def actor_for(self, role: str) -> Any:
+        actor = ROLES[self.config.cluster.placement][role]
+        if actor not in self.actors:
+            raise RuntimeError(f"run {self.run_name!r}: its {actor_name(self.run_name, actor)} actor is not alive "
+                               f"(it died or was stopped); `diffrl cluster stop {self.run_name}` and rerun "
+                               "`diffrl train` to start fresh actors from the last checkpoint")
+        return self.actors[actor]
+
+    def run(self, role: str, fn: Callable, *args: Any) -> Any:
+        """`fn(engines, *args)` inside the actor playing `role`; its error (or a timeout) fails the caller."""
+        actor = self.actor_for(role)
+        return self.wait(actor.run.remote(fn, *args), f"{role} ({getattr(fn, '__name__', fn)})")
+
+    def pipe(self, first: tuple[str, Callable], second: tuple[str, Callable], *args: Any) -> Any:
+        """second_fn(engines2, first_fn(engines1, *args)): the intermediate goes actor to actor, not via here."""
+        ref = self.actor_for(first[0]).run.remote(first[1], *args)
+        return self.wait(self.actor_for(second[0]).run.remote(second[1], ref), f"{first[0]} -> {second[0]}")
+
+    def wait(self, ref: Any, what: str) -> Any:
+        import ray
+
+        timeout = self.config.cluster.actor_timeout_s
+        try:
+            return ray.get(ref, timeout=timeout)
+        except ray.exceptions.GetTimeoutError as e:
+            ray.cancel(ref, force=False)
+            raise TimeoutError(f"run {self.run_name!r}: actor call {what} did not answer within "
+                               f"cluster.actor_timeout_s={timeout:g} s (stuck or overloaded actor; "
+                               f"`diffrl cluster status` shows the actors)") from e
+        except ray.exceptions.RayActorError as e:
+            raise RuntimeError(f"run {self.run_name!r}: the actor for {what} died: {e}") from e
+
+    def describe(self) -> list[dict]:
+        import ray
+
+        return [self.wait(a.describe.remote(), f"{name}.describe") for name, a in self.actors.items()] \
+            if ray.is_initialized() else []
+
+
+def start_actors(config: Any, build: Callable, extras: dict) -> RayEngines:
+    """Create-or-get the run's named detached actors on the connected cluster (model built once per actor)."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    run_name, timeout = config.run.name, config.cluster.actor_timeout_s
+    names = sorted(set(ROLES[config.cluster.placement].values()))
+    gpus = _resources(config, names)
+    pg = _placement_group(run_name, gpus, timeout)
+    host = ray.remote(EngineHost)
+    actors, bundle = {}, 0
+    env = {"env_vars": forwarded_env()}
+    for actor in names:
+        options = dict(name=actor_name(run_name, actor), namespace=NAMESPACE, lifetime="detached",
+                       get_if_exists=True, num_cpus=0, num_gpus=gpus[actor], runtime_env=env, max_restarts=0)
+        if gpus[actor] > 0:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle)
+            bundle += 1
+        actors[actor] = host.options(**options).remote(build, config, actor, extras)
+    handle = RayEngines(run_name, config, actors, dict(extras))
+    # a warm actor from an earlier flow run answers `attach`; a new one answers once its build is done
+    infos = [handle.wait(a.attach.remote(config, extras), f"{name} (build/attach)") for name, a in actors.items()]
+    handle.extras.update(infos[0]["extras"])
+    return handle
+
+
+def list_actors(run_name: str | None = None) -> list[dict]:
+    """diffrl's live actors on the connected cluster (all runs, or one run's), each with its description."""
+    import ray
+
+    out = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        name = entry["name"]
+        if entry["namespace"] != NAMESPACE or (run_name and name.rsplit("/", 1)[0] != run_name):
+            continue
+        handle = ray.get_actor(name, namespace=NAMESPACE)
+        try:
+            info = ray.get(handle.describe.remote(), timeout=30)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as e:
+            info = {"error": f"{type(e).__name__}: {e}"}
+        info.pop("config", None)
+        out.append({"name": name, "actor_id": handle._actor_id.hex(), **info})
+    return sorted(out, key=lambda a: a["name"])
+
+
+def stop_actors(run_name: str) -> list[str]:
+    """Kill the run's actors and free its placement group; returns the names removed."""
+    import ray
+    from ray.util.placement_group import get_placement_group, remove_placement_group
+
+    removed = []
+    for actor in ("engine", "rollout", "trainer", "reward"):
+        try:
+            handle = ray.get_actor(actor_name(run_name, actor), namespace=NAMESPACE)
+        except ValueError:
+            continue
+        ray.kill(handle, no_restart=True)
+        removed.append(actor_name(run_name, actor))
+    try:
+        remove_placement_group(get_placement_group(actor_name(run_name, "gpus")))
+        removed.append(actor_name(run_name, "gpus"))
+    except ValueError:
+        pass
+    drop(run_name)
+    return removed

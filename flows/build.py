@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import sys
 
 import torch
 
@@ -104,7 +105,7 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | No
         adapter = load_adapter(extras["model_path"], device=device, dtype=dtype)
         adapter.check_shape(_shape(cfg))
         embed_cache = EmbeddingCache(os.path.join(run_dir, "embeddings.lance"), storage_options=storage)
-        rollout = RolloutEngine(adapter, cache=embed_cache, progress=False)
+        rollout = RolloutEngine(adapter, cache=embed_cache, progress=sys.stderr.isatty())
     if actor in ("local", "engine", "trainer"):
         trainer = trainer_class(cfg)(adapter, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size,
                                 device=device)

@@ -13,7 +13,7 @@ import sys
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict]:
-    from flows.commands import sample, score, tiny_model, train
+    from flows.commands import cluster, sample, score, tiny_model, train
 
     parser = argparse.ArgumentParser(
         prog="diffrl",
@@ -22,7 +22,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train.add_parser(sub)  # train and config set their own handlers
     handlers = {}
-    for name, module in (("sample", sample), ("score", score), ("tiny-model", tiny_model)):
+    for name, module in (("sample", sample), ("score", score), ("tiny-model", tiny_model), ("cluster", cluster)):
         module.add_parser(sub)
         handlers[name] = module.run
     return parser, handlers
@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     # transformers warns on import that torchvision is missing (CPU installs): not actionable here
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # the temporary Prefect server would try to send telemetry: this machine may have no network
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     logging.getLogger("diffrl").setLevel(logging.INFO)
     parser, handlers = _parser()

@@ -15,27 +15,29 @@ from prefect import flow
 
 from engines import cluster
 from tasks.advantages import compute_advantages
+from tasks.common import call_stage, submit_stage
 from tasks.generate import generate_chunk, num_chunks
 from tasks.score import score_chunk
 from tasks.sync import sync_weights
 from tasks.update import update_actor
 
 
-@flow(name="rl_step", flow_run_name="{run_name}-step-{step}", log_prints=True)
+@flow(name="rl_step", flow_run_name="{run_name}-step-{step}", log_prints=False)
 def rl_step(run_name: str, step: int) -> dict:
     """Run step `step` of run `run_name` on its registered engines; returns the step's metrics."""
     engines = cluster.get(run_name)
+    cfg = engines.config  # cluster.mode ray: each stage runs as a Ray task calling the run's actors
     t_start = time.perf_counter()
     generated, scores = [], []
     for chunk in range(num_chunks(engines)):
-        generated.append(generate_chunk(run_name, step, chunk))
-        scores.append(score_chunk.submit(run_name, step, chunk))  # overlaps with the next chunk
+        generated.append(call_stage(cfg, generate_chunk, run_name, step, chunk))
+        scores.append(submit_stage(cfg, score_chunk, run_name, step, chunk))  # overlaps with the next chunk
     t_rollout_done = time.perf_counter()
     scored = [future.result() for future in scores]
     t_scores_done = time.perf_counter()
-    reward_stats = compute_advantages(run_name, step)
-    update_metrics = update_actor(run_name, step)
-    sync_metrics = sync_weights(run_name, step)
+    reward_stats = call_stage(cfg, compute_advantages, run_name, step)
+    update_metrics = call_stage(cfg, update_actor, run_name, step)
+    sync_metrics = call_stage(cfg, sync_weights, run_name, step)
     step_seconds = time.perf_counter() - t_start
     return _step_metrics(engines, generated, scored, reward_stats, update_metrics, sync_metrics,
                          step_seconds=step_seconds, reward_wait=t_scores_done - t_rollout_done)

@@ -45,16 +45,19 @@ class Tracker:
     """Owns the MLflow run of a diffrl run; its id is kept in runs/<name>/run.json for resume."""
 
     def __init__(self, *, experiment: str, run_name: str, state_path: str):
-        mlflow.set_tracking_uri(tracking_uri())
-        self.client = MlflowClient()
+        # an explicit client, not mlflow.set_tracking_uri: that exports MLFLOW_TRACKING_URI, so a later
+        # run in the same process from another working directory would log into this run's database
+        self.uri = tracking_uri()
+        self.client = MlflowClient(tracking_uri=self.uri)
         self.state_path = state_path
         state = self._read_state()
-        exp = mlflow.set_experiment(experiment)
+        exp = self.client.get_experiment_by_name(experiment)
+        experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
         if state.get("mlflow_run_id"):
             self.run_id = state["mlflow_run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
         else:
-            self.run_id = self.client.create_run(exp.experiment_id, run_name=run_name).info.run_id
+            self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
             state["mlflow_run_id"] = self.run_id
             self._write_state(state)
         self._logged_steps = {int(m.step) for m in self.client.get_metric_history(self.run_id, "perf/time_per_step")}
@@ -111,7 +114,7 @@ class Tracker:
 
     @property
     def ui_hint(self) -> str:
-        return f"mlflow ui --backend-store-uri {tracking_uri()}  (run id {self.run_id})"
+        return f"mlflow ui --backend-store-uri {self.uri}  (run id {self.run_id})"
 
 
 def image_grid(images_BHW3: np.ndarray, cols: int = 4) -> np.ndarray:

@@ -26,9 +26,12 @@ from configs.loader import to_dict
 from configs.schema import ExperimentConfig, load_experiment
 from engines import cluster
 from flows.build import build_engines
+from flows.dp_step import dp_step
 from flows.rl_step import rl_step
 from flows.tracking import Tracker, image_grid
-from tasks.update import checkpoint_dir, latest_checkpoint
+from tasks.common import step_runner
+from tasks.sync import sync_engines
+from tasks.update import checkpoint_dir, latest_checkpoint, load_checkpoint_impl
 
 log = logging.getLogger("diffrl")
 
@@ -53,23 +56,34 @@ def _run_state(cfg: ExperimentConfig) -> dict:
     return state
 
 
-def validate(engines: cluster.Engines, tracker: Tracker, step: int) -> dict:
-    """ODE sampling (noise level 0) on the fixed validation prompts; logs val/reward and a grid."""
+def validation_samples(engines: cluster.Engines, step: int):
+    """ODE samples (noise level 0) of the fixed validation prompts (runs where the rollout lives)."""
     cfg = engines.config
     records = engines.val_prompts
-    if not records:
-        return {}
     sampling = dataclasses.replace(cfg.sampling, noise_level=0.0)
-    traj = engines.rollout.generate(
+    return engines.rollout.generate(
         [r.prompt for r in records], [r.uid for r in records], [0] * len(records),
         [cfg.run.seed + 7 + i for i in range(len(records))], sampling, step=step,
         metadata=[{"ground_truth": r.ground_truth, **r.metadata} for r in records])
+
+
+def validation_scores(engines: cluster.Engines, traj) -> dict:
+    """val/reward and val/<component> of validation samples (runs where the reward pool lives)."""
     out = engines.reward(traj.images, traj.prompts, traj.metadata)
     valid = out.valid
     metrics = {"val/reward": float(out.scores[valid].mean()) if valid.any() else float("nan")}
     for name, values in out.info.items():
         if isinstance(values, torch.Tensor) and values.shape == out.scores.shape:
             metrics[f"val/{name}"] = float(values[valid].float().mean())
+    return metrics
+
+
+def validate(engines: cluster.Engines, tracker: Tracker, step: int) -> dict:
+    """ODE sampling (noise level 0) on the fixed validation prompts; logs val/reward and a grid."""
+    if not engines.config.data.num_val_prompts:
+        return {}
+    traj = engines.run("rollout", validation_samples, step)
+    metrics = engines.run("reward", validation_scores, traj)
     images = traj.images.numpy() if isinstance(traj.images, torch.Tensor) else traj.images
     tracker.log_image(image_grid(images), f"validation/step_{step:05d}.png")
     return metrics
@@ -85,7 +99,7 @@ def _log_rollout_images(engines: cluster.Engines, tracker: Tracker, step: int) -
     tracker.log_image(image_grid(images), f"rollout/step_{step:05d}.png")
 
 
-@flow(name="train", log_prints=True)
+@flow(name="train", log_prints=False)
 def train(config: str | None = None, overrides: list[str] | None = None) -> dict:
     """Train the experiment `config` (a shipped name or a YAML path; default: the quickstart)."""
     cfg = load_experiment(config, overrides or [])
@@ -93,6 +107,7 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
          f"({cfg.rollout.samples_per_step} images/step) in {cfg.run_dir}")
     engines = build_engines(cfg)  # bad data, model or reward paths fail here, before any work
     engines.extras["run_uid"] = _run_state(cfg)["uid"]
+    engines.share_extras()  # ray mode: the actors (and the Ray workers running tasks) key caches by it
     tracker = Tracker(experiment=cfg.run.experiment, run_name=cfg.run.name,
                       state_path=os.path.join(cfg.run_dir, "run.json"))
     tracker.log_config(to_dict(cfg), yaml.safe_dump(to_dict(cfg), sort_keys=False))
@@ -101,10 +116,12 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
     last = latest_checkpoint(cfg.run_dir)
     start = 0 if last is None else last + 1
     if last is not None:
-        engines.trainer.load_checkpoint(checkpoint_dir(cfg.run_dir, last))
-        engines.trainer.sync_weights(engines.rollout)
+        engines.run("trainer", load_checkpoint_impl, checkpoint_dir(engines.config.run_dir, last))
+        sync_engines(engines, None)
         _say(f"resuming after step {last} (checkpoint {checkpoint_dir(cfg.run_dir, last)})")
-    step_flow = rl_step.with_options(result_storage=Path(os.path.abspath(os.path.join(cfg.run_dir, "prefect"))))
+    one_step = dp_step if cfg.algorithm.family == "direct_preference" else rl_step
+    step_flow = one_step.with_options(result_storage=Path(os.path.abspath(os.path.join(cfg.run_dir, "prefect"))),
+                                      **step_runner(cfg))
     # MLflow step = global step (RL steps done): step k's metrics at k + 1, validation before training at 0
     if last is not None and not tracker.has_step(last + 1):
         # the checkpoint committed but its metrics never reached MLflow: every stage is Cached

@@ -138,7 +138,7 @@ class FluxAdapter(ModelAdapter):
     def decode(self, latents: torch.Tensor, shape: SampleShape) -> torch.Tensor:
         """(B, H, W, 3) uint8: unpack, unscale/unshift, VAE decode, postprocess as the pipeline's "np"."""
         vae = self.pipe.vae
-        x = self.pipe._unpack_latents(latents.to(self.device, self.dtype), shape.height, shape.width,
+        x = self.pipe._unpack_latents(latents.to(self.device, vae.dtype), shape.height, shape.width,
                                       self.pipe.vae_scale_factor)
         x = x / vae.config.scaling_factor + vae.config.shift_factor
         images = vae.decode(x, return_dict=False)[0]

@@ -164,6 +164,7 @@ class SD3Adapter(ModelAdapter):
     def decode(self, latents: torch.Tensor, shape: SampleShape) -> torch.Tensor:
         """(B, H, W, 3) uint8: unscale/unshift, VAE decode, postprocess as the pipeline's "np" output."""
         vae = self.pipe.vae
-        x = latents.to(self.device, self.dtype) / vae.config.scaling_factor + vae.config.shift_factor
+        # the VAE's own dtype: the trainer may run the transformer in another one
+        x = latents.to(self.device, vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
         images = vae.decode(x, return_dict=False)[0]
         return images_to_uint8(self.pipe.image_processor.postprocess(images, output_type="pt"))

@@ -10,10 +10,8 @@ from engines import cluster
 from tasks.common import STAGE, inject_fault, stage_cache_key
 
 
-@task(name="advantages", cache_key_fn=stage_cache_key("advantages"), **STAGE)
-def compute_advantages(run_name: str, step: int) -> dict:
+def advantages_impl(engines: cluster.Engines, step: int, chunk: int = 0) -> dict:
     """Excluded samples (a failed optional reward) get no advantage and are not trained on."""
-    engines = cluster.get(run_name)
     inject_fault("advantages", step)
     algo = engines.config.algorithm
     rewards, components, valid = engines.store.read_rewards(step)
@@ -29,3 +27,9 @@ def compute_advantages(run_name: str, step: int) -> dict:
     for name, scores in components.items():  # reward/<name>: each component over the kept samples
         stats[f"reward/{name}"] = scores[kept].float().mean()
     return {k: float(v) for k, v in stats.items()}
+
+
+@task(name="advantages", cache_key_fn=stage_cache_key("advantages"), **STAGE)
+def compute_advantages(run_name: str, step: int) -> dict:
+    """Table work only: runs beside the reward pool (this process, or the run's reward actor)."""
+    return cluster.get(run_name).run("reward", advantages_impl, step)

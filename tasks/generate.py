@@ -30,10 +30,8 @@ def num_chunks(engines: cluster.Engines) -> int:
     return -(-cfg.rollout.samples_per_step // cfg.rollout.chunk_size)
 
 
-@task(name="generate", cache_key_fn=stage_cache_key("generate"), **STAGE)
-def generate_chunk(run_name: str, step: int, chunk: int) -> dict:
+def generate_impl(engines: cluster.Engines, step: int, chunk: int) -> dict:
     """Roll out one chunk and commit it; a chunk already committed is not generated again."""
-    engines = cluster.get(run_name)
     if engines.store.has_chunk(step, chunk):
         return {"step": step, "chunk": chunk, "rows": None, "seconds": 0.0, "reused": True}
     inject_fault("generate", step, chunk)
@@ -42,8 +40,14 @@ def generate_chunk(run_name: str, step: int, chunk: int) -> dict:
     t0 = time.perf_counter()
     traj = engines.rollout.generate(
         [r.prompt for r in records], [r.uid for r in records], plan["sample_index"], plan["seeds"],
-        engines.config.sampling, step=step, policy_version=engines.trainer.policy_version,
+        engines.config.sampling, step=step, policy_version=engines.policy_version,
         metadata=[{"ground_truth": r.ground_truth, **r.metadata} for r in records])
     seconds = time.perf_counter() - t0
-    engines.store.append(traj, run=run_name, step=step, chunk=chunk)
+    engines.store.append(traj, run=engines.config.run.name, step=step, chunk=chunk)
     return {"step": step, "chunk": chunk, "rows": len(traj), "seconds": seconds, "reused": False}
+
+
+@task(name="generate", cache_key_fn=stage_cache_key("generate"), **STAGE)
+def generate_chunk(run_name: str, step: int, chunk: int) -> dict:
+    """Runs where the run's rollout lives (this process, or its Ray actor)."""
+    return cluster.get(run_name).run("rollout", generate_impl, step, chunk)

@@ -11,10 +11,8 @@ from engines import cluster
 from tasks.common import STAGE, inject_fault, stage_cache_key
 
 
-@task(name="score", cache_key_fn=stage_cache_key("score"), **STAGE)
-def score_chunk(run_name: str, step: int, chunk: int) -> dict:
-    """Score a chunk's images with the run's reward; runs while the next chunk is generated."""
-    engines = cluster.get(run_name)
+def score_impl(engines: cluster.Engines, step: int, chunk: int) -> dict:
+    """Score a chunk's images with the run's reward and write the rewards beside the trajectories."""
     inject_fault("score", step, chunk)
     traj = engines.store.read_chunk(step, chunk, with_latents=False)
     t0 = time.perf_counter()
@@ -24,3 +22,9 @@ def score_chunk(run_name: str, step: int, chunk: int) -> dict:
     engines.store.write_rewards(step, traj, out.scores, components, out.valid)
     return {"step": step, "chunk": chunk, "seconds": seconds, "rows": len(traj),
             "excluded": int((~out.valid).sum())}
+
+
+@task(name="score", cache_key_fn=stage_cache_key("score"), **STAGE)
+def score_chunk(run_name: str, step: int, chunk: int) -> dict:
+    """Runs on the reward pool (this process, or the run's reward actor) while the next chunk generates."""
+    return cluster.get(run_name).run("reward", score_impl, step, chunk)

@@ -50,10 +50,8 @@ def _commit_checkpoint(engines: cluster.Engines, step: int, metrics: dict) -> st
     return final
 
 
-@task(name="update_actor", cache_key_fn=stage_cache_key("update_actor"), **STAGE)
-def update_actor(run_name: str, step: int) -> dict:
-    """Never retried automatically: an optimizer step is not idempotent (the checkpoint is)."""
-    engines = cluster.get(run_name)
+def update_impl(engines: cluster.Engines, step: int, chunk: int = 0) -> dict:
+    """The policy update of `step` and its checkpoint; a step already checkpointed returns its saved metrics."""
     done = checkpoint_dir(engines.config.run_dir, step)
     if latest_checkpoint(engines.config.run_dir) == step and os.path.isdir(done):
         with open(os.path.join(done, "update_metrics.json")) as f:
@@ -71,3 +69,14 @@ def update_actor(run_name: str, step: int) -> dict:
     _commit_checkpoint(engines, step, metrics)
     metrics["timing_s/checkpoint"] = time.perf_counter() - t1
     return metrics
+
+
+def load_checkpoint_impl(engines: cluster.Engines, path: str) -> int:
+    """Resume: the trainer takes the weights and optimizer state of checkpoint `path`."""
+    return engines.trainer.load_checkpoint(path)
+
+
+@task(name="update_actor", cache_key_fn=stage_cache_key("update_actor"), **STAGE)
+def update_actor(run_name: str, step: int) -> dict:
+    """Never retried automatically: an optimizer step is not idempotent (the checkpoint is)."""
+    return cluster.get(run_name).run("trainer", update_impl, step)

@@ -11,6 +11,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Prefect's temporary server logs "Stopping temporary server" at interpreter exit, after pytest has
 # closed its capture streams; at WARNING that line (and a logging traceback after the summary) goes.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
 @pytest.fixture(scope="session")

@@ -45,7 +45,7 @@ class TrainConfig:
     micro_batch_size: int = 8
     ppo_epochs: int = 1
     shuffle: bool = True
-    param_dtype: str = "auto"       # auto = bf16 on cuda, fp32 on cpu | fp32 | bf16
+    param_dtype: str = "auto"       # auto = the model's loaded dtype (model.dtype) | fp32 | bf16
     gradient_checkpointing: bool = False
     offload_optimizer: bool = False  # FSDP2 CPUOffloadPolicy (world size > 1 only)
     offload_reference: bool = False  # full fine-tuning: keep the frozen reference copy on CPU
@@ -89,9 +89,12 @@ class TrainConfig:
                 f"lr_schedule 'warmup_cosine' needs total_steps > warmup_steps; got total_steps={self.total_steps}, "
                 f"warmup_steps={self.warmup_steps}")
 
-    def torch_param_dtype(self, device: torch.device) -> torch.dtype:
-        """The dtype of the denoiser's frozen/compute weights: "auto" = bf16 on cuda, fp32 elsewhere."""
+    def torch_param_dtype(self, device: torch.device, model_dtype: torch.dtype | None = None) -> torch.dtype:
+        """The dtype of the denoiser's frozen/compute weights. "auto" = the dtype the model was loaded
+        in (model.dtype) when given -- so an fp32 model stays fp32 on a GPU -- else bf16 on cuda, fp32."""
         if self.param_dtype == "auto":
+            if model_dtype is not None:
+                return model_dtype
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return {"fp32": torch.float32, "bf16": torch.bfloat16}[self.param_dtype]
 

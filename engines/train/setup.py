@@ -66,7 +66,7 @@ def add_lora(transformer: nn.Module, cfg: TrainConfig, targets: tuple[str, ...],
 
 def prepare_denoiser(adapter: ModelAdapter, cfg: TrainConfig, device: torch.device) -> list[nn.Parameter]:
     """Move/cast the denoiser, add LoRA or unfreeze everything, enable checkpointing; returns trainable params."""
-    dtype = cfg.torch_param_dtype(device)
+    dtype = cfg.torch_param_dtype(device, adapter.dtype)
     transformer = adapter.transformer
     if len(adapter.denoisers()) > 1:
         raise ValueError(f"{adapter.arch}: training several denoisers ({len(adapter.denoisers())}) is not "
@@ -100,7 +100,7 @@ def shard(adapter: ModelAdapter, cfg: TrainConfig, device: torch.device, module:
     _, size = world()
     root = module if module is not None else adapter.transformer
     mesh = init_device_mesh(device.type, (size,))
-    compute = cfg.torch_param_dtype(device)
+    compute = cfg.torch_param_dtype(device, adapter.dtype)
     # Gradients are reduced in fp32 whatever the compute dtype; params all-gather in the compute dtype.
     mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy() if cfg.offload_optimizer else OffloadPolicy()

@@ -84,3 +84,12 @@ def test_deterministic_and_inside(kind, num_steps, step, seed):
     assert a.starts.dtype == torch.int64 and a.trained.dtype == torch.bool
     assert torch.all(a.starts + a.size <= num_steps) and torch.all(a.starts >= 0)
     assert a.trained.shape == (5, a.size) and a.trained.any(1).all()
+
+
+def test_final_window_is_the_last_steps():
+    from algorithms.windows import WindowPolicy, sample_windows
+
+    w = sample_windows(WindowPolicy("final", size=2), 10, torch.tensor([1, 2, 3]), step=0)
+    assert w.size == 2 and w.starts.tolist() == [8, 8, 8] and bool(w.trained.all())
+    with pytest.raises(ValueError, match="size 11 > num_steps 10"):
+        sample_windows(WindowPolicy("final", size=11), 10, torch.tensor([1]), step=0)

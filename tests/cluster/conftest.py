@@ -1,0 +1,65 @@
+"""A Prefect server on loopback and a local Ray cluster (2 CPUs, 2 fake GPUs), started by the tests.
+
+Both are started once per session and stopped at the end, by the processes this file started.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "e2e"))
+from e2e_settings import TINY  # noqa: E402,F401  (re-exported for tests)
+from servers import start_prefect_server  # noqa: E402
+
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """PREFECT_API_URL of a fresh loopback server, set for this process and its children."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    home = str(tmp_path_factory.mktemp("prefect_home"))
+    proc, url = start_prefect_server(home)
+    old = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = url
+    try:
+        with temporary_settings({PREFECT_API_URL: url}):
+            yield url
+    finally:
+        if old is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = old
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def diffrl_cache(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("diffrl_cache"))
+    os.environ["DIFFRL_CACHE"] = path
+    return path
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(prefect_server, diffrl_cache, tmp_path_factory):
+    """A local Ray cluster owned by this process: 2 CPUs, 2 fake GPUs (placement is real, devices are CPU)."""
+    ray = pytest.importorskip("ray")
+    # the raylet and its workers inherit this environment: the Prefect server and the tiny-model cache
+    ctx = ray.init(num_cpus=2, num_gpus=2, namespace="diffrl", include_dashboard=False, log_to_driver=False,
+                   _temp_dir=str(tmp_path_factory.mktemp("ray")))
+    try:
+        yield ctx.address_info["gcs_address"]
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, diffrl_cache):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("DIFFRL_INJECT_FAULT", raising=False)
+    return tmp_path

@@ -1,0 +1,146 @@
+"""Ray mode on a local Ray cluster (2 CPUs, 2 fake GPUs) with a loopback Prefect server: the same
+metrics as local mode, warm actors across flow runs, a dead actor failing the step within the
+timeout, `diffrl cluster status/stop`, and the refusal without a Prefect server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import lance
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import TINY
+
+ray = pytest.importorskip("ray")
+
+RAY = ["cluster.mode=ray", "cluster.actor_timeout_s=60", "model.device=auto"]
+
+
+def _metrics(workdir, run_name: str) -> dict[str, list[float]]:
+    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              filter_string=f"tags.`diffrl.run_name` = '{run_name}'")
+    run = runs[0]
+    return {k: [m.value for m in sorted(client.get_metric_history(run.info.run_id, k), key=lambda m: m.step)]
+            for k in run.data.metrics}
+
+
+def _gone(run_name: str) -> None:
+    from engines import cluster
+
+    deadline = time.time() + 20  # ray.kill is asynchronous: the names go once the actors are dead
+    while cluster.list_actors(run_name) and time.time() < deadline:
+        time.sleep(0.2)
+    assert cluster.list_actors(run_name) == []
+
+
+@pytest.mark.slow
+def test_ray_mode_matches_local_and_keeps_actors_warm(ray_cluster, workdir):
+    from engines import cluster
+    from flows.train import train
+
+    two_steps = TINY + ["run.steps=2", "model.device=auto"]
+    train(config=None, overrides=two_steps + ["run.name=local"])
+    train(config=None, overrides=two_steps + RAY + ["run.name=remote"])
+    local, remote = _metrics(workdir, "local"), _metrics(workdir, "remote")
+    for key in ("critic/rewards/mean", "critic/advantages/max", "actor/pg_loss", "actor/grad_norm", "val/reward",
+                "reward/jpeg_compressibility"):
+        assert remote[key] == pytest.approx(local[key], rel=1e-5, abs=1e-6), key
+
+    actors = {a["name"]: a for a in cluster.list_actors("remote")}
+    assert sorted(actors) == ["remote/engine", "remote/reward"]
+    engine = actors["remote/engine"]
+    assert len(engine["gpus"]) == 1 and actors["remote/reward"]["gpus"] == []  # placement: 1 (fake) GPU
+    assert engine["holds"] == ["adapter", "rollout", "trainer", "store"] and engine["policy_version"] == 2
+
+    # a later flow run of the same run name finds the warm actors: the model is not built again
+    train(config=None, overrides=TINY + RAY + ["run.name=remote", "run.steps=3"])
+    again = {a["name"]: a for a in cluster.list_actors("remote")}
+    assert again["remote/engine"]["actor_id"] == engine["actor_id"]
+    assert again["remote/engine"]["pid"] == engine["pid"] and again["remote/engine"]["builds"] == 1
+    # the step-2 checkpoint holds version 1 (saved before its sync); + the resume sync + step 3 sync
+    assert again["remote/engine"]["policy_version"] == 3
+    assert len(_metrics(workdir, "remote")["perf/time_per_step"]) == 3
+    cluster.stop_actors("remote")
+
+
+@pytest.mark.slow
+def test_killed_actor_fails_the_step_within_the_timeout(ray_cluster, workdir):
+    from engines import cluster
+    from flows.train import train
+
+    overrides = TINY + RAY + ["run.name=victim", "run.steps=2", "cluster.actor_timeout_s=30"]
+    table = os.path.join(workdir, "runs/victim/trajectories.lance")
+    killed = {}
+
+    def kill_mid_step():  # once step 1's first chunk is committed, the engine actor dies
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            if os.path.exists(table) and lance.dataset(table).count_rows("step = 1") > 0:
+                ray.kill(ray.get_actor("victim/engine", namespace="diffrl"), no_restart=True)
+                killed["at"] = time.time()
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=kill_mid_step, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(Exception, match="victim.*(died|not alive)"):
+            train(config=None, overrides=overrides)
+        failed_at = time.time()
+        thread.join(timeout=5)
+        assert "at" in killed and failed_at - killed["at"] < 30
+    finally:
+        cluster.stop_actors("victim")
+
+
+def test_stalled_actor_call_times_out_with_a_clear_error(ray_cluster, workdir):
+    from engines import cluster
+    from flows.build import build_engines
+    from configs.schema import load_experiment
+    import tests_cluster_helpers as helpers
+
+    ray.cloudpickle.register_pickle_by_value(helpers)
+    cfg = load_experiment(None, TINY + RAY + ["run.name=stall", "model.device=cpu"])
+    handle = build_engines(cfg)  # building may take longer than a stage's timeout: it waits 60 s
+    handle.config.cluster.actor_timeout_s = 2.0
+    started = time.time()
+    with pytest.raises(TimeoutError, match="cluster.actor_timeout_s=2"):
+        handle.run("rollout", helpers.stall, 30.0)
+    assert time.time() - started < 10
+    assert cluster.stop_actors("stall") == ["stall/engine", "stall/reward"]
+    _gone("stall")
+
+
+def test_cluster_status_and_stop_commands(ray_cluster, workdir):
+    from configs.schema import load_experiment
+    from flows.build import build_engines
+
+    build_engines(load_experiment(None, TINY + RAY + ["run.name=cli", "model.device=cpu"]))
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster}
+    status = subprocess.run([sys.executable, "-m", "flows.cli", "cluster", "status"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert "cli/engine" in status.stdout and "cli/reward" in status.stdout and "trainer" in status.stdout
+    stop = subprocess.run([sys.executable, "-m", "flows.cli", "cluster", "stop", "cli"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert stop.returncode == 0, stop.stderr
+    assert "cli/engine" in stop.stdout
+    _gone("cli")
+
+
+def test_ray_mode_without_a_prefect_server_is_refused(workdir, monkeypatch):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from configs.schema import load_experiment
+    from flows.build import build_engines
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with temporary_settings({PREFECT_API_URL: None}):
+        with pytest.raises(ValueError, match="prefect server start"):
+            build_engines(load_experiment(None, TINY + RAY + ["run.name=noserver"]))

@@ -1,0 +1,92 @@
+"""prefect.yaml end to end on a loopback Prefect server: `prefect deploy`, a process worker running the
+train deployment, an injected update_actor failure, and `prefect flow-run retry` of that flow run
+rerunning only update_actor and what follows (generate/score/advantages come back Cached, their Lance
+rows reused). These are the commands docs/operations.md shows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import lance
+import pytest
+
+from e2e_settings import TINY
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "cluster"))
+from servers import VENV_BIN, start_prefect_server  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def _prefect(env: dict, *args: str, timeout: float = 300) -> str:
+    out = subprocess.run([os.path.join(VENV_BIN, "prefect"), *args], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == 0, f"prefect {' '.join(args)}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout
+
+
+async def _task_states(url: str, flow_run_id: str) -> dict:
+    """{rl_step subflow name: {task name: state name of its latest run}} of one train flow run."""
+    from prefect.client.orchestration import PrefectClient
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId, TaskRunFilter
+    from prefect.client.schemas.filters import TaskRunFilterFlowRunId
+
+    async with PrefectClient(url) as client:
+        parent_tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_run_id]}))
+        subflows = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_task_run_id={"any_": [t.id for t in parent_tasks]}))
+        out = {}
+        for sub in subflows:
+            tasks = await client.read_task_runs(task_run_filter=TaskRunFilter(
+                flow_run_id=TaskRunFilterFlowRunId(any_=[sub.id])))
+            out.setdefault(sub.name, []).append(
+                {t.name.rsplit("-", 1)[0]: t.state.name for t in tasks} | {"_state": sub.state.name})
+        return out
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "known gap (issue 8): after `prefect flow-run retry` of the train run through a process worker, "
+    "generate/score/advantages come back Completed rather than Cached (the local resume path is Cached, "
+    "tests/e2e/test_train_flow.py); Lance rows are still not rewritten"))
+def test_train_deployment_fails_in_update_actor_and_a_retry_reruns_only_what_follows(tmp_path, diffrl_cache):
+    home = tmp_path / "prefect_home"
+    home.mkdir()
+    server, url = start_prefect_server(str(home))
+    env = {**os.environ, "PREFECT_API_URL": url, "PREFECT_HOME": str(home), "PREFECT_LOGGING_LEVEL": "WARNING",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "DIFFRL_CACHE": diffrl_cache}
+    env.pop("DIFFRL_INJECT_FAULT", None)
+    try:
+        _prefect(env, "work-pool", "create", "diffrl", "--type", "process")
+        _prefect(env, "--no-prompt", "deploy", "--all")
+        params = {"config": "quickstart", "overrides": TINY + [f"run.root={tmp_path}/runs", "run.name=nightly"]}
+        run = _prefect(env, "deployment", "run", "train/train", "--params", json.dumps(params))
+        flow_run_id = next(w for w in run.split() if len(w) == 36 and w.count("-") == 4)
+        # the first attempt dies in update_actor of step 1, as an out-of-memory would
+        subprocess.run([os.path.join(VENV_BIN, "prefect"), "worker", "start", "--pool", "diffrl", "--run-once"],
+                       cwd=REPO, env={**env, "DIFFRL_INJECT_FAULT": "update_actor@1"}, timeout=300,
+                       capture_output=True)
+        table = f"{tmp_path}/runs/nightly/trajectories.lance"
+        before = lance.dataset(table).to_table(filter="step = 1", columns=["write_id"]).column("write_id").to_pylist()
+        assert len(before) == 8 and lance.dataset(table).count_rows("step = 2") == 0
+
+        _prefect(env, "flow-run", "retry", flow_run_id)  # the UI's "Retry" button does the same
+        _prefect(env, "worker", "start", "--pool", "diffrl", "--run-once")
+        states = asyncio.run(_task_states(url, flow_run_id))
+        attempts = {a["_state"]: a for a in states["nightly-step-1"]}
+        assert sorted(attempts) == ["Completed", "Failed"], states["nightly-step-1"]
+        first, retried = attempts["Failed"], attempts["Completed"]
+        assert first["update_actor"] == "Failed"
+        assert {retried[k] for k in ("generate", "score", "advantages")} == {"Cached"}
+        assert retried["update_actor"] == "Completed" and retried["sync_weights"] == "Completed"
+        after = lance.dataset(table).to_table(filter="step = 1", columns=["write_id"]).column("write_id").to_pylist()
+        assert after == before  # step 1's rows were reused, not rewritten
+        assert lance.dataset(table).count_rows("step = 2") == 8
+        assert os.path.isdir(f"{tmp_path}/runs/nightly/checkpoints/step_2")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -1,0 +1,58 @@
+"""A real crash: `diffrl train` killed mid-step (os._exit, as SIGKILL), then the same command again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import lance
+import pytest
+from mlflow.tracking import MlflowClient
+
+import mlflow
+from e2e_settings import TINY
+
+
+def _diffrl(args: list[str], cwd, **env) -> subprocess.CompletedProcess:
+    """Run `diffrl train` in its own process group; output goes to files, not pipes: a process killed
+    with os._exit leaves its temporary Prefect server behind, which would hold pipes open. The group
+    (that server included) is removed afterwards."""
+    out_path, err_path = os.path.join(cwd, "stdout.txt"), os.path.join(cwd, "stderr.txt")
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "train", *args], cwd=cwd, stdout=out,
+                                stderr=err, env={**os.environ, **env}, start_new_session=True)
+        try:
+            code = proc.wait(timeout=600)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    with open(out_path) as out, open(err_path) as err:
+        return subprocess.CompletedProcess(proc.args, code, out.read(), err.read())
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_with_every_step_once(workdir):
+    killed = _diffrl(TINY, workdir, DIFFRL_INJECT_FAULT="update_actor@1:exit")
+    assert killed.returncode == 137, killed.stderr[-2000:]
+    done = _diffrl(TINY, workdir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resuming after step 0" in done.stderr
+    rows = lance.dataset(f"{workdir}/runs/quickstart/trajectories.lance").to_table(columns=["step"])
+    counts = {s: rows.column("step").to_pylist().count(s) for s in range(3)}
+    assert counts == {0: 8, 1: 8, 2: 8}  # step 1's chunks were reused, not written again
+    mlflow.set_tracking_uri(f"sqlite:///{workdir}/mlflow.db")
+    client = MlflowClient()
+    runs = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    steps = sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "critic/rewards/mean"))
+    assert steps == [1, 2, 3]
+
+
+def test_bad_config_key_exits_2_with_one_line(workdir):
+    bad = _diffrl(["train.lrr=1"], workdir)
+    assert bad.returncode == 2
+    assert "did you mean 'lr'" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,61 @@
+"""Direct-preference stages: which rows each algorithm trains on, and DiffusionNFT's rollout with the old adapter."""
+
+from __future__ import annotations
+
+import torch
+
+from algorithms.catalog import get_algorithm
+from configs.schema import load_experiment
+from engines import cluster
+from engines.train.preference import lora_pairs
+from flows.build import build_engines
+from tasks.generate import chunk_plan
+from tasks.preference import generate_with_old_policy_impl, training_rows
+
+GROUPS = ["a", "a", "a", "b", "b", "c", "c"]
+REWARDS = torch.tensor([0.1, 0.9, 0.5, 0.3, 0.3, 0.2, 0.7])
+
+
+def test_dpo_trains_on_the_best_and_worst_valid_sample_of_each_group():
+    valid = torch.tensor([True, False, True, True, True, True, True])  # sample 1 (the best of "a") is excluded
+    advantages = REWARDS - 0.4
+    rows, stats = training_rows(get_algorithm("dpo"), REWARDS, advantages, GROUPS, valid)
+    assert rows == [2, 0, 6, 5]  # "b" ties and is skipped; chosen before rejected
+    assert stats["dp/num_pairs"] == 2
+    assert stats["dp/chosen_reward"] == torch.tensor([0.5, 0.7]).mean().item()
+    assert stats["dp/rejected_reward"] == torch.tensor([0.1, 0.2]).mean().item()
+
+
+def test_nft_and_awm_train_on_every_valid_sample():
+    valid = torch.tensor([True, True, False, True, True, True, True])
+    for name in ("diffusion_nft", "awm"):
+        rows, stats = training_rows(get_algorithm(name), REWARDS, REWARDS, GROUPS, valid)
+        assert rows == [0, 1, 3, 4, 5, 6] and stats == {"dp/num_samples": 6.0}
+
+
+def test_nft_rollout_samples_with_the_old_adapter(tmp_path, tiny_model):
+    cfg = load_experiment("quick_nft", [
+        f"model.path={tiny_model('sd3')}", f"run.root={tmp_path}/runs", "run.name=nft_old",
+        "rollout.num_inference_steps=2", "rollout.height=32", "rollout.width=32", "rollout.group_size=2",
+        "rollout.prompts_per_step=2", "rollout.chunk_size=4", "train.mini_batch_prompts=2",
+        "algorithm.window={kind: random_start, size: 1, start_range: [1, 2]}", "data.num_generated=8"])
+    engines = build_engines(cfg)
+    try:
+        with torch.no_grad():  # move the policy away from the old adapter (as training does)
+            gen = torch.Generator().manual_seed(0)
+            for new, _ in lora_pairs(engines.adapter.transformer):
+                new.add_(0.5 * torch.randn(new.shape, generator=gen))
+        generate_with_old_policy_impl(engines, 0, 0)
+        stored = engines.store.read_chunk(0, 0)
+        plan = chunk_plan(engines, 0, 0)
+        args = ([r.prompt for r in plan["records"]], [r.uid for r in plan["records"]], plan["sample_index"],
+                plan["seeds"], cfg.sampling)
+        with engines.trainer.old_policy():
+            old = engines.rollout.generate(*args)
+        current = engines.rollout.generate(*args)
+        assert torch.equal(stored.latents, old.latents)
+        assert not torch.allclose(stored.latents, current.latents, atol=1e-3)
+        trainable = {n for n, p in engines.adapter.transformer.named_parameters() if p.requires_grad}
+        assert trainable and all(".default." in n for n in trainable)  # back on the trained adapter
+    finally:
+        cluster.drop(cfg.run.name)
