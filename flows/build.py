@@ -30,8 +30,20 @@ def cache_dir() -> str:
     return os.environ.get("DIFFRL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "diffrl"))
 
 
+REFERENCE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", "reference")
+
+
 def resolve_model_path(path: str, *, seed: int = 0) -> str:
-    """`tiny:<arch>` -> a tiny offline pipeline folder, built on first use (file-locked) and cached."""
+    """`tiny:<arch>` -> a tiny offline pipeline folder, built on first use (file-locked) and cached;
+    `reference:<name>` -> a model shipped in models/reference/<name> (e.g. reference:shapes)."""
+    if path.startswith("reference:"):
+        name = path.split(":", 1)[1]
+        folder = os.path.join(REFERENCE_DIR, name)
+        if not os.path.isfile(os.path.join(folder, "model_index.json")):
+            shipped = sorted(d for d in os.listdir(REFERENCE_DIR) if os.path.isfile(
+                os.path.join(REFERENCE_DIR, d, "model_index.json")))
+            raise ValueError(f"model.path {path!r}: no shipped reference model {name!r}; shipped: {shipped}")
+        return folder
     if not path.startswith("tiny:"):
         return path
     from models.tiny import build_tiny, tiny_architectures
@@ -73,6 +85,9 @@ def load_prompts(source: str, data: DataConfig, *, seed: int) -> PromptDataset:
             raise ValueError(f"data source {source!r}: unknown generator; choose one of "
                              f"{['generator:' + g for g in generators]}")
         return generators[name](data.num_generated, seed=seed)
+    shipped = os.path.join(os.path.dirname(REFERENCE_DIR), "..", source)
+    if "://" not in source and not os.path.isabs(source) and not os.path.exists(source) and os.path.exists(shipped):
+        source = os.path.normpath(shipped)  # a data file shipped with diffrl (data/shapes_heldout.jsonl)
     return PromptDataset.load(source, storage_options=data.storage_options or None)
 
 

@@ -73,9 +73,23 @@ def validation_scores(engines: cluster.Engines, traj) -> dict:
     valid = out.valid
     metrics = {"val/reward": float(out.scores[valid].mean()) if valid.any() else float("nan")}
     for name, values in out.info.items():
-        if isinstance(values, torch.Tensor) and values.shape == out.scores.shape:
-            metrics[f"val/{name}"] = float(values[valid].float().mean())
+        numbers = _per_sample_numbers(values, len(valid))
+        if numbers is not None and name != "excluded":
+            # a component's own info ("geneval_lite/accuracy") is logged under its last part (val/accuracy)
+            key = name.rsplit("/", 1)[-1] if "/" in name else name
+            kept = numbers[valid & ~torch.isnan(numbers)]
+            metrics[f"val/{key}"] = float(kept.mean()) if kept.numel() else float("nan")
     return metrics
+
+
+def _per_sample_numbers(values, count: int) -> torch.Tensor | None:
+    """Reward info that is one number (or bool) per sample as a float tensor; None otherwise."""
+    if isinstance(values, torch.Tensor):
+        return values.float() if values.shape == (count,) else None
+    if isinstance(values, list) and len(values) == count and all(
+            isinstance(v, (bool, int, float)) for v in values):
+        return torch.tensor([float(v) for v in values])
+    return None
 
 
 def validate(engines: cluster.Engines, tracker: Tracker, step: int) -> dict:

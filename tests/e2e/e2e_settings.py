@@ -2,6 +2,8 @@
 
 # 2 prompts x 4 samples, 2 chunks, 2 denoising steps at 32x32: a step takes seconds on CPU.
 TINY = [
+    "model.path=tiny:sd3", "reward.components=[{name: jpeg_compressibility}]", "data.train=generator:ocr",
+    "data.val=null", "rollout.max_sequence_length=null", "rollout.guidance_scale=4.5",
     "run.steps=3", "run.validate_every=0", "run.checkpoint_every=2", "run.log_images=2",
     "rollout.num_inference_steps=2", "rollout.height=32", "rollout.width=32", "rollout.group_size=4",
     "rollout.prompts_per_step=2", "rollout.chunk_size=4", "rollout.batch_size=8",

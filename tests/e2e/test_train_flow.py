@@ -99,3 +99,14 @@ def test_bad_input_fails_before_any_work(workdir, overrides, message):
     with pytest.raises((ConfigError, ValueError), match=message):
         train(config=None, overrides=TINY + overrides)
     assert not os.path.exists("runs/quickstart/trajectories.lance")
+
+
+@pytest.mark.slow
+def test_quickstart_config_runs_on_the_shipped_reference_model(workdir):
+    """The embedded default as `make quickstart` runs it, cut to 2 steps: the shipped shapes model,
+    geneval_lite, held-out validation with val/reward and val/accuracy in MLflow."""
+    result = train(config=None, overrides=["run.steps=2", "data.num_val_prompts=8"])
+    assert result["last_step"] == 1
+    assert _history(workdir, "val/reward") == [0, 2]
+    assert _history(workdir, "val/accuracy") == [0, 2]
+    assert _history(workdir, "reward/geneval_lite") == [1, 2]
