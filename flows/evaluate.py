@@ -18,18 +18,24 @@ from tasks.sync import sync_engines
 from tasks.update import checkpoint_dir, latest_checkpoint, load_checkpoint_impl
 
 
-@flow(name="evaluate", log_prints=False)
-def evaluate(config: str | None = None, overrides: list[str] | None = None, checkpoint: str | None = None) -> dict:
-    """Evaluate `checkpoint` (default: the run's latest) of experiment `config`; returns the val/* metrics."""
-    cfg = load_experiment(config, overrides or [])
+def resolve_checkpoint(cfg, checkpoint: str | None) -> str:
+    """The checkpoint folder to evaluate: `checkpoint`, or the run's latest; ValueError when there is none."""
     if checkpoint is None:
         last = latest_checkpoint(cfg.run_dir)
         if last is None:
             raise ValueError(f"checkpoint: run {cfg.run.name!r} has no checkpoint in {cfg.run_dir}; train it first "
-                             "or pass checkpoint=<path to a checkpoints/step_<k> folder>")
+                             "or pass --checkpoint <path to a checkpoints/step_<k> folder>")
         checkpoint = checkpoint_dir(cfg.run_dir, last)
     if not os.path.isdir(checkpoint):
         raise ValueError(f"checkpoint {checkpoint!r} is not a folder (expected runs/<name>/checkpoints/step_<k>)")
+    return checkpoint
+
+
+@flow(name="evaluate", log_prints=False)
+def evaluate(config: str | None = None, overrides: list[str] | None = None, checkpoint: str | None = None) -> dict:
+    """Evaluate `checkpoint` (default: the run's latest) of experiment `config`; returns the val/* metrics."""
+    cfg = load_experiment(config, overrides or [])
+    checkpoint = resolve_checkpoint(cfg, checkpoint)
     engines = build_engines(cfg)
     step = engines.run("trainer", load_checkpoint_impl, os.path.abspath(checkpoint))
     sync_engines(engines, None)

@@ -1,4 +1,4 @@
-"""`diffrl train [CONFIG] [overrides]` and `diffrl config show CONFIG [overrides]`."""
+"""`diffrl train [CONFIG] [overrides]`, `diffrl evaluate`, and `diffrl config show|list`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,15 @@ def add_parser(subparsers) -> None:
     p.add_argument("config", nargs="?", default=None, help="config name or YAML path (default: quickstart)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.name=my-run train.lr=1e-4")
     p.set_defaults(run=run_train)
+
+    e = subparsers.add_parser(
+        "evaluate", help="score a checkpoint on the validation prompts (ODE sampling), logged to MLflow",
+        description="Load a run's checkpoint (default: its latest), ODE-sample the validation prompts, score them "
+                    "with the run's reward and log val/* to an MLflow run named <run>-eval.")
+    e.add_argument("config", nargs="?", default=None, help="config name or YAML path (default: quickstart)")
+    e.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.name=my-run")
+    e.add_argument("--checkpoint", default=None, help="a checkpoints/step_<k> folder (default: the run's latest)")
+    e.set_defaults(run=run_evaluate)
 
     c = subparsers.add_parser("config", help="show or list experiment configs",
                               description="`diffrl config show CONFIG [overrides]` prints the resolved config; "
@@ -55,6 +64,17 @@ def run_list(args: argparse.Namespace) -> int:
 
     for name in sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml")):
         print(name)
+    return 0
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from configs.schema import load_experiment
+    from flows.evaluate import evaluate, resolve_checkpoint
+
+    config, overrides = _split(args)
+    # bad input (config, no checkpoint) fails before Prefect or any model starts
+    resolve_checkpoint(load_experiment(config, overrides), args.checkpoint)
+    evaluate(config=config, overrides=overrides, checkpoint=args.checkpoint)
     return 0
 
 

@@ -56,3 +56,14 @@ def test_bad_config_key_exits_2_with_one_line(workdir):
     bad = _diffrl(["train.lrr=1"], workdir)
     assert bad.returncode == 2
     assert "did you mean 'lr'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _cli(command: str, args: list[str], cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", command, *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"},
+                          stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def test_evaluate_without_a_checkpoint_is_a_clear_error(workdir):
+    bad = _cli("evaluate", ["run.name=never-trained"], workdir)
+    assert bad.returncode == 2 and "has no checkpoint" in bad.stderr and "Traceback" not in bad.stderr
