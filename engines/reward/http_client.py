@@ -111,3 +111,17 @@ def map_concurrently(function: Callable[[int], T], count: int, concurrency: int)
             for future in futures:
                 future.cancel()
             raise
+
+
+def score_each_concurrently(name: str, images, prompts: list[str], metadata: list[dict],
+                            score_one: Callable[[np.ndarray, str, dict], tuple[float | None, Any]],
+                            concurrency: int, info_key: str):
+    """A reward's output from one request per sample (`score_one(image, prompt, metadata)` ->
+    (score or None for an excluded sample, info)), at most `concurrency` requests at once."""
+    from engines.reward.base import RewardOutput, to_uint8_numpy
+
+    array = to_uint8_numpy(images)
+    if not len(array) == len(prompts) == len(metadata):
+        raise ValueError(f"{name}: got {len(array)} images, {len(prompts)} prompts, {len(metadata)} metadata")
+    results = map_concurrently(lambda i: score_one(array[i], prompts[i], metadata[i]), len(array), concurrency)
+    return RewardOutput.from_lists([score for score, _ in results], info={info_key: [x for _, x in results]})

@@ -26,9 +26,14 @@ from engines.reward.base import (
     check_positive,
     register_reward,
     sample_frames,
-    to_uint8_numpy,
 )
-from engines.reward.http_client import MalformedAnswer, api_key_from_env, encode_image, map_concurrently, post_with_retries
+from engines.reward.http_client import (
+    MalformedAnswer,
+    api_key_from_env,
+    encode_image,
+    post_with_retries,
+    score_each_concurrently,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -97,13 +102,8 @@ class HttpScorerReward:
             return None, f"malformed: {e}"
 
     def __call__(self, images, prompts: list[str], metadata: list[dict]) -> RewardOutput:
-        array = to_uint8_numpy(images)
-        if not len(array) == len(prompts) == len(metadata):
-            raise ValueError(f"http_scorer: got {len(array)} images, {len(prompts)} prompts, {len(metadata)} metadata")
-        results = map_concurrently(
-            lambda i: self.score_one(array[i], prompts[i], metadata[i]), len(array), self.options.concurrency
-        )
-        return RewardOutput.from_lists([s for s, _ in results], info={"error": [e for _, e in results]})
+        return score_each_concurrently("http_scorer", images, prompts, metadata, self.score_one,
+                                       self.options.concurrency, info_key="error")
 
 
 @register_reward("http_scorer", options=HttpScorerOptions)

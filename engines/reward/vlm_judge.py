@@ -24,14 +24,13 @@ from engines.reward.base import (
     check_positive,
     register_reward,
     sample_frames,
-    to_uint8_numpy,
 )
 from engines.reward.http_client import (
     MalformedAnswer,
     api_key_from_env,
     data_url,
-    map_concurrently,
     post_with_retries,
+    score_each_concurrently,
 )
 from engines.reward.text import target_text, text_similarity
 
@@ -149,13 +148,8 @@ class VlmJudgeReward:
         return score, answer
 
     def __call__(self, images, prompts: list[str], metadata: list[dict]) -> RewardOutput:
-        array = to_uint8_numpy(images)
-        if not len(array) == len(prompts) == len(metadata):
-            raise ValueError(f"vlm_judge: got {len(array)} images, {len(prompts)} prompts, {len(metadata)} metadata")
-        results = map_concurrently(
-            lambda i: self.judge_one(array[i], prompts[i], metadata[i]), len(array), self.options.concurrency
-        )
-        return RewardOutput.from_lists([score for score, _ in results], info={"answer": [a for _, a in results]})
+        return score_each_concurrently("vlm_judge", images, prompts, metadata, self.judge_one,
+                                       self.options.concurrency, info_key="answer")
 
 
 @register_reward("vlm_judge", options=VlmJudgeOptions)
