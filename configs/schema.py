@@ -136,6 +136,15 @@ class ExperimentConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
+        import torch
+
+        from algorithms.windows import sample_windows
+
+        try:  # the algorithm's window must fit the number of denoising steps: fail now, not mid-run
+            sample_windows(self.algorithm.window, self.rollout.num_inference_steps, torch.zeros(1, dtype=torch.long), 0)
+        except ValueError as e:
+            raise ValueError(f"algorithm.window {self.algorithm.window.kind!r} does not fit "
+                             f"rollout.num_inference_steps={self.rollout.num_inference_steps}: {e}") from None
         if self.train.mini_batch_prompts > self.rollout.prompts_per_step:
             raise ValueError(f"train.mini_batch_prompts ({self.train.mini_batch_prompts}) exceeds "
                              f"rollout.prompts_per_step ({self.rollout.prompts_per_step})")

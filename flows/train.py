@@ -167,12 +167,14 @@ def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: i
         t0 = time.perf_counter()
         metrics = step_flow(cfg.run.name, step)
         _log_rollout_images(engines, tracker, step)
+        _retention(engines, step)
+        # the whole step as the run sees it (subflow run, stages, images, retention), without validation
+        metrics["timing_s/step_total"] = time.perf_counter() - t0
         every = cfg.run.validate_every
         if (every and (step + 1) % every == 0) or step == cfg.run.steps - 1:
             val = validate(engines, tracker, step + 1)
             metrics.update(val)
         tracker.log_metrics(metrics, step + 1)
-        _retention(engines, step)
         _say(f"step {step + 1}/{cfg.run.steps}: reward {metrics.get('critic/rewards/mean', float('nan')):.4f} "
              f"{metrics.get('perf/throughput', 0):.2f} images/s ({time.perf_counter() - t0:.1f} s)"
              + (f" | {_fmt(val)}" if val else ""))

@@ -44,6 +44,7 @@ def test_algorithm_bundle_with_overrides():
     (["rollout.chunk_size=3"], r"multiple or a divisor"),
     (["model.dtype=fp8"], r"model.dtype must be one of"),
     (["cluster.mode=k8s"], r"cluster.mode must be"),
+    (["rollout.num_inference_steps=1"], r"algorithm.window 'all_but_last' does not fit rollout.num_inference_steps=1"),
 ])
 def test_bad_values_are_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
