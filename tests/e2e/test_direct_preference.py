@@ -88,7 +88,9 @@ def test_offline_dpo_learns_the_labels_and_resumes_after_a_failed_update(workdir
 
 
 @pytest.mark.parametrize("config, overrides, message", [
-    ("quick_dpo", ["rollout.num_inference_steps=3"], r"start_range: \[2, 3\]"),
+    # the config's window ends at step 4 of 4: with 3 steps it no longer fits, caught at config load
+    ("quick_dpo", ["rollout.num_inference_steps=3"], r"algorithm.window 'random_start' does not fit "
+                                                     r"rollout.num_inference_steps=3"),
     ("quick_nft", ["data.sample_source=offline"], r"needs algorithm: dpo"),
     ("quick_dpo", ["data.sample_source=replay"], r"data.sample_source must be 'online' or 'offline'"),
     ("quick_dpo_offline", ["data.train=/nonexistent/prefs.parquet"], r"/nonexistent/prefs.parquet"),
