@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import pathlib
 
 import numpy as np
+import parity
 import pytest
 import torch
 from diffusers import FluxPipeline
@@ -35,17 +37,8 @@ def pipe(path):
     return pipe
 
 
-def euler_sample(adapter, prompts, seeds, *, steps=4, guidance_scale=GUIDANCE, shape=SHAPE):
-    """The plain noise-level-0 loop of the adapter contract (FLUX needs no negative prompt)."""
-    enc = adapter.encode_prompt(prompts)
-    neg = None
-    x = adapter.prepare_latents(shape, [torch.Generator().manual_seed(s) for s in seeds])
-    s = adapter.sigmas(steps, shape)
-    with torch.no_grad():
-        for i in range(steps):
-            v = adapter.velocity(x, s[i].expand(len(prompts)), enc, neg, guidance_scale=guidance_scale, shape=shape)
-            x = x + (s[i + 1] - s[i]) * v
-    return adapter.decode(x, shape)
+# this architecture's defaults for the shared noise-level-0 loop
+euler_sample = functools.partial(parity.euler_sample, guidance_scale=GUIDANCE, shape=SHAPE, negative=None)
 
 
 def pipeline_uint8(pipe, prompt, seed, *, steps=4, guidance_scale=GUIDANCE, shape=SHAPE):

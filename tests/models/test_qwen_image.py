@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+
+import parity
 import pytest
 import torch
 from diffusers import QwenImagePipeline
@@ -32,17 +35,8 @@ def pipe(path):
     return pipe
 
 
-def euler_sample(adapter, prompts, seeds, *, steps=4, guidance_scale=TRUE_CFG, shape=SHAPE, negative=NEGATIVE):
-    """The plain noise-level-0 loop of the adapter contract (negative=None: no negative prompt)."""
-    enc = adapter.encode_prompt(prompts)
-    neg = None if negative is None else adapter.encode_prompt([negative] * len(prompts))
-    x = adapter.prepare_latents(shape, [torch.Generator().manual_seed(s) for s in seeds])
-    s = adapter.sigmas(steps, shape)
-    with torch.no_grad():
-        for i in range(steps):
-            v = adapter.velocity(x, s[i].expand(len(prompts)), enc, neg, guidance_scale=guidance_scale, shape=shape)
-            x = x + (s[i + 1] - s[i]) * v
-    return adapter.decode(x, shape)
+# this architecture's defaults for the shared noise-level-0 loop
+euler_sample = functools.partial(parity.euler_sample, guidance_scale=TRUE_CFG, shape=SHAPE, negative=NEGATIVE)
 
 
 def pipeline_uint8(pipe, prompt, seed, *, steps=4, true_cfg_scale=TRUE_CFG, shape=SHAPE, negative=NEGATIVE):
