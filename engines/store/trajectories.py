@@ -46,6 +46,7 @@ class TrajectoryStore:
         self.uri = str(uri)
         self.png_compress_level = png_compress_level
         self._table = LanceTable(self.uri, storage_options=storage_options)
+        self._keys_memo: dict[tuple[int, int], pa.Table] = {}
         self._rewards = SampleTable(sibling_uri(self.uri, "rewards"), REWARD_FIELDS, storage_options=storage_options)
         self._advantages = SampleTable(sibling_uri(self.uri, "advantages"), ADVANTAGE_FIELDS,
                                        storage_options=storage_options)
@@ -75,7 +76,18 @@ class TrajectoryStore:
 
     # ----------------------------------------------------------------------------- keys
     def _step_keys(self, step: int, extra: Sequence[str] = ()) -> pa.Table:
-        """Committed rows of `step` (first write per chunk), key columns only, in table order."""
+        """Committed rows of `step` (first write per chunk), key columns only, in table order.
+
+        Memoised per (step, table version): every stage reads the step's keys, and any commit (ours
+        or another process's) makes a new version, so a memoised answer is never stale."""
+        if extra:
+            return self._scan_step_keys(step, extra)
+        key = (int(step), self._table.version())
+        if key not in self._keys_memo:
+            self._keys_memo = {key: self._scan_step_keys(step, ())}  # keep only the latest
+        return self._keys_memo[key]
+
+    def _scan_step_keys(self, step: int, extra: Sequence[str]) -> pa.Table:
         rows = self._table.scan(KEY_COLUMNS + list(extra), filter=f"step = {int(step)}")
         if rows is None:
             return pa.table({c: pa.array([], t) for c, t in
