@@ -125,3 +125,18 @@ def score_each_concurrently(name: str, images, prompts: list[str], metadata: lis
         raise ValueError(f"{name}: got {len(array)} images, {len(prompts)} prompts, {len(metadata)} metadata")
     results = map_concurrently(lambda i: score_one(array[i], prompts[i], metadata[i]), len(array), concurrency)
     return RewardOutput.from_lists([score for score, _ in results], info={info_key: [x for _, x in results]})
+
+
+def check_request_options(options, owner: str, url_field: str) -> None:
+    """The request options every HTTP reward shares: the URL's scheme, image format, concurrency,
+    timeout, frame stride, batch size (> 0), retries and backoff (>= 0). ValueError naming the option."""
+    from engines.reward.base import check_choice, check_positive
+
+    url = getattr(options, url_field)
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"{owner}: option '{url_field}' must start with http:// or https://, got {url!r}")
+    check_choice(options.image_format, "image_format", owner, ("png", "jpeg"))
+    for name in ("concurrency", "timeout_s", "frame_stride", "batch_size"):
+        check_positive(getattr(options, name), name, owner)
+    check_positive(options.retries, "retries", owner, allow_zero=True)
+    check_positive(options.backoff_s, "backoff_s", owner, allow_zero=True)

@@ -22,14 +22,13 @@ import requests
 
 from engines.reward.base import (
     RewardOutput,
-    check_choice,
-    check_positive,
     register_reward,
     sample_frames,
 )
 from engines.reward.http_client import (
     MalformedAnswer,
     api_key_from_env,
+    check_request_options,
     encode_image,
     post_with_retries,
     score_each_concurrently,
@@ -54,14 +53,7 @@ class HttpScorerOptions:
     batch_size: int = 32
 
     def __post_init__(self):
-        owner = "http_scorer"
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"{owner}: option 'url' must start with http:// or https://, got {self.url!r}")
-        check_choice(self.image_format, "image_format", owner, ("png", "jpeg"))
-        for name in ("concurrency", "timeout_s", "frame_stride", "batch_size"):
-            check_positive(getattr(self, name), name, owner)
-        check_positive(self.retries, "retries", owner, allow_zero=True)
-        check_positive(self.backoff_s, "backoff_s", owner, allow_zero=True)
+        check_request_options(self, "http_scorer", url_field="url")
 
 
 class HttpScorerReward:

@@ -28,6 +28,7 @@ from engines.reward.base import (
 from engines.reward.http_client import (
     MalformedAnswer,
     api_key_from_env,
+    check_request_options,
     data_url,
     post_with_retries,
     score_each_concurrently,
@@ -70,15 +71,9 @@ class VlmJudgeOptions:
     batch_size: int = 32
 
     def __post_init__(self):
-        owner = "vlm_judge"
-        check_choice(self.parser, "parser", owner, PARSERS)
-        check_choice(self.image_format, "image_format", owner, ("png", "jpeg"))
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"{owner}: option 'base_url' must start with http:// or https://, got {self.base_url!r}")
-        for name in ("max_tokens", "concurrency", "timeout_s", "frame_stride", "batch_size"):
-            check_positive(getattr(self, name), name, owner)
-        check_positive(self.retries, "retries", owner, allow_zero=True)
-        check_positive(self.backoff_s, "backoff_s", owner, allow_zero=True)
+        check_choice(self.parser, "parser", "vlm_judge", PARSERS)
+        check_request_options(self, "vlm_judge", url_field="base_url")
+        check_positive(self.max_tokens, "max_tokens", "vlm_judge")
 
 
 def parse_rating(answer: str) -> float:
