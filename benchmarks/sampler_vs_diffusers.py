@@ -127,18 +127,21 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = [f"prompt {i}" for i in range(args.batch)]
     table = {p: {"prompt_embeds": pos[i:i + 1], "pooled_prompt_embeds": pooled[i:i + 1]} for i, p in enumerate(prompts)}
     table[""] = {"prompt_embeds": neg[:1], "pooled_prompt_embeds": neg_pooled[:1]}
-    engine = RolloutEngine(SD3Adapter(pipe, device=args.device, dtype=dtype), cache=RandomEmbeddings(table),
-                           progress=False)
+    adapter = SD3Adapter(pipe, device=args.device, dtype=dtype)
+    engine = RolloutEngine(adapter, cache=RandomEmbeddings(table), progress=False)
 
-    def run_engine(noise_level: float):
+    def run_engine(noise_level: float, attention: str = "default"):
+        adapter.attention = attention
         cfg = SamplingConfig(num_inference_steps=args.steps, height=resolution, width=resolution,
                              guidance_scale=args.guidance_scale, noise_level=noise_level, batch_size=args.batch)
         engine.generate(prompts, prompts, [0] * args.batch, seeds, cfg)
 
-    for fn in (run_pipeline, lambda: run_engine(0.7), lambda: run_engine(0.0)):  # warm-up
+    runs = {"diffusers": run_pipeline, "diffrl_sde": lambda: run_engine(0.7), "diffrl_ode": lambda: run_engine(0.0),
+            # the same engine with cuDNN attention first (model.attention: cudnn)
+            "diffrl_sde_cudnn_attention": lambda: run_engine(0.7, "cudnn")}
+    for fn in runs.values():  # warm-up
         fn()
-    seconds = time_interleaved({"diffusers": run_pipeline, "diffrl_sde": lambda: run_engine(0.7),
-                                "diffrl_ode": lambda: run_engine(0.0)}, args.repeats, args.device)
+    seconds = time_interleaved(runs, args.repeats, args.device)
     ips = {k: args.batch / v for k, v in seconds.items()}
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     import diffusers
@@ -149,8 +152,10 @@ def main(argv: list[str] | None = None) -> dict:
         "resolution": resolution, "steps": args.steps, "guidance_scale": args.guidance_scale,
         "batch": args.batch, "repeats": args.repeats,
         "images_per_s": {"diffusers_pipeline": ips["diffusers"], "diffrl_rollout_sde_0.7": ips["diffrl_sde"],
-                         "diffrl_rollout_ode": ips["diffrl_ode"]},
+                         "diffrl_rollout_ode": ips["diffrl_ode"],
+                         "diffrl_rollout_sde_0.7_cudnn_attention": ips["diffrl_sde_cudnn_attention"]},
         "ratio": ips["diffrl_sde"] / ips["diffusers"], "ratio_ode": ips["diffrl_ode"] / ips["diffusers"],
+        "ratio_cudnn_attention": ips["diffrl_sde_cudnn_attention"] / ips["diffusers"],
         "command": " ".join(["python", *sys.argv]) if argv is None else " ".join(["python", __file__, *argv]),
     }
     print(json.dumps(result, indent=2))

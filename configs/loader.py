@@ -32,7 +32,7 @@ def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
-def _coerce(value: Any, tp: Any, where: str) -> Any:
+def coerce(value: Any, tp: Any, where: str) -> Any:
     """Convert a YAML value to the annotated type `tp` (dataclasses, Optional, tuples, lists, dicts, scalars)."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -44,7 +44,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
-                return _coerce(value, arg, where)
+                return coerce(value, arg, where)
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0] if errors else f"{where}: cannot use {value!r}")
@@ -64,9 +64,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(args) != len(value):
                 raise ConfigError(f"{where}: expected {len(args)} values, got {len(value)}")
-            return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+            return tuple(coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
         item = args[0] if args else Any
-        seq = [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        seq = [coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
         return tuple(seq) if origin is tuple else seq
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
@@ -105,7 +105,7 @@ def build(cls: type[T], data: dict, *, where: str = "") -> T:
         path = f"{where}.{key}" if where else str(key)
         if key not in fields:
             raise ConfigError(f"unknown config key {path!r}{_suggest(str(key), list(fields))}")
-        kwargs[key] = _coerce(value, hints[key], path)
+        kwargs[key] = coerce(value, hints[key], path)
     try:
         return cls(**kwargs)
     except ConfigError:

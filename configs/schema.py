@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from dataclasses import dataclass, field
 
 from algorithms.catalog import Algorithm, get_algorithm
-from configs.loader import ConfigError, apply_overrides, build, parse_override, to_dict
+from configs.loader import ConfigError, coerce, apply_overrides, build, parse_override, to_dict
 from engines.reward.multi import RewardComponent, RewardConfig
 from engines.rollout.config import SamplingConfig
 from engines.train.config import TrainConfig
+from models.base import ATTENTION_BACKENDS
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -24,10 +26,13 @@ class ModelConfig:
     dtype: str = "auto"      # auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16
     device: str = "auto"     # auto | cpu | cuda | cuda:N
     tiny_seed: int = 0       # seed of the random weights of a tiny:<arch> model
+    attention: str = "default"  # SDPA backend first tried on CUDA: default (PyTorch's) | cudnn | flash | efficient | math
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "fp32", "bf16", "fp16"):
             raise ValueError(f"model.dtype must be one of auto, fp32, bf16, fp16; got {self.dtype!r}")
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"model.attention must be one of {', '.join(ATTENTION_BACKENDS)}; got {self.attention!r}")
 
 
 @dataclass
@@ -165,13 +170,19 @@ def _algorithm_from_mapping(data: dict, where: str) -> Algorithm:
     try:
         base = get_algorithm(name)
         overrides = {}
+        fields = {f.name: f for f in dataclasses.fields(Algorithm)}
+        hints = typing.get_type_hints(Algorithm)
         for key, value in data.items():
-            fields = {f.name: f for f in dataclasses.fields(Algorithm)}
             if key not in fields:
                 get_algorithm(name, **{key: value})  # raises with the valid fields listed
             current = getattr(base, key)
-            overrides[key] = (build(type(current), {**to_dict(current), **value}, where=f"{where}.{key}")
-                              if dataclasses.is_dataclass(current) and isinstance(value, dict) else value)
+            if dataclasses.is_dataclass(current) and isinstance(value, dict):
+                overrides[key] = build(type(current), {**to_dict(current), **value}, where=f"{where}.{key}")
+            elif hints[key] in (float, int, bool):
+                # typed like every other section: YAML reads `1e-4` (no dot) as a string
+                overrides[key] = coerce(value, hints[key], f"{where}.{key}")
+            else:
+                overrides[key] = value
         return get_algorithm(name, **overrides)
     except ConfigError:
         raise

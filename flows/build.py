@@ -118,6 +118,7 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | No
         device, dtype = device_and_dtype(cfg)
         extras["model_path"] = resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed)
         adapter = load_adapter(extras["model_path"], device=device, dtype=dtype)
+        adapter.attention = cfg.model.attention
         adapter.check_shape(_shape(cfg))
         embed_cache = EmbeddingCache(os.path.join(run_dir, "embeddings.lance"), storage_options=storage)
         rollout = RolloutEngine(adapter, cache=embed_cache, progress=sys.stderr.isatty())

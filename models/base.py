@@ -11,6 +11,7 @@ Wan: (B, C, F, H, W)); the engines treat them as opaque fp32 tensors with a fixe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -111,6 +112,31 @@ class SampleShape:
     num_frames: int = 1
 
 
+ATTENTION_BACKENDS = ("default", "cudnn", "flash", "efficient", "math")
+
+
+def attention_context(backend: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The scaled-dot-product-attention backend for the denoiser forwards (`model.attention`).
+
+    "default" leaves PyTorch's own choice (what diffusers' pipelines get). "cudnn" / "flash" /
+    "efficient" / "math" put that backend first on CUDA (PyTorch falls back to the others when it
+    cannot take the inputs); on CPU every setting is PyTorch's own choice. Measured on an H200 for
+    SD3.5-Medium sampling, cuDNN first and the default ran at the same speed (5.115 vs 5.121 images/s,
+    benchmarks/results/sampler_vs_diffusers_nvidia_h200.json), so the default stays. The backward
+    reuses the kernel family the forward chose, so only forwards need the context.
+    """
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}; got {backend!r}")
+    if backend == "default" or device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+    first = order.pop(backend)
+    return sdpa_kernel([first, *order.values()], set_priority=True)
+
+
 class ModelAdapter(ABC):
     """One architecture. Subclasses live in one file each (models/sd3.py, ...), decorated with
     @register_adapter, and must reproduce the upstream diffusers pipeline exactly at noise level 0."""
@@ -127,6 +153,11 @@ class ModelAdapter(ABC):
         self.device = torch.device(device)
         self.dtype = dtype
         self.source = ""  # path or hub id it was loaded from (set by from_pretrained)
+        self.attention = "default"  # SDPA backend of the denoiser forwards (see attention_context)
+
+    def attention_context(self) -> contextlib.AbstractContextManager:
+        """Enter around denoiser forwards: selects the SDPA backend `self.attention` names."""
+        return attention_context(self.attention, self.device)
 
     # ---- loading -------------------------------------------------------------------------------
     @classmethod

@@ -43,6 +43,7 @@ def denoise_step(
         prev_sample: the stored sample whose log-prob is returned (replay). Autograd is left on:
             the trainer differentiates log_prob and prev_sample_mean w.r.t. the transformer.
     """
-    velocity = adapter.velocity(latents, sigma, encoding, negative, guidance_scale=guidance_scale, shape=shape)
+    with adapter.attention_context():
+        velocity = adapter.velocity(latents, sigma, encoding, negative, guidance_scale=guidance_scale, shape=shape)
     return sde_step(latents, velocity, sigma, sigma_prev, noise_level=noise_level, sde_type=sde_type,
                     noise=noise, generator=generator, prev_sample=prev_sample, sigma_max=sigma_max)

@@ -105,7 +105,8 @@ class DirectPreferenceTrainer(PolicyTrainer):
         return torch.stack(sig).to(dev), torch.stack(x_t).to(dev), torch.stack(target).to(dev)
 
     def _velocity(self, x_t, sigma, encoding, shape: SampleShape) -> torch.Tensor:
-        return self.adapter.velocity(x_t, sigma, encoding, None, guidance_scale=1.0, shape=shape)
+        with self.adapter.attention_context():
+            return self.adapter.velocity(x_t, sigma, encoding, None, guidance_scale=1.0, shape=shape)
 
     def update(self, traj: Trajectories, advantages: torch.Tensor, rollout=None) -> dict[str, float]:
         """One pass of the algorithm's loss over the step's final samples (pairs for DPO); returns metrics."""

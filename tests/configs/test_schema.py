@@ -36,7 +36,16 @@ def test_algorithm_bundle_with_overrides():
     assert cfg.sampling.sde_type == cfg.algorithm.sde_type and cfg.sampling.window == cfg.algorithm.window
 
 
+def test_scientific_notation_without_a_dot_is_a_number_everywhere():
+    """YAML 1.1 (PyYAML) reads `1e-4` as a string; typed fields, the algorithm's included, take it as a float."""
+    cfg = load_experiment(None, ["algorithm.clip_ratio=1e-4", "algorithm.kl_coef=4e-2", "train.lr=3e-4"])
+    assert (cfg.algorithm.clip_ratio, cfg.algorithm.kl_coef, cfg.train.lr) == (1e-4, 0.04, 3e-4)
+    assert isinstance(cfg.algorithm.clip_ratio, float)
+
+
 @pytest.mark.parametrize("overrides, message", [
+    (["algorithm.clip_ratio=tiny"], r"algorithm.clip_ratio: expected a number, got 'tiny'"),
+    (["model.attention=sage"], r"model.attention must be one of default, cudnn, flash, efficient, math"),
     (["algorithm.name=flow_grpoo"], r"unknown algorithm 'flow_grpoo'"),
     (["algorithm.clip_ratoi=0.1"], r"unknown Algorithm field"),
     (["rollout.same_noise_per_group=true", "rollout.chunk_size=4"], r"whole groups per chunk"),
