@@ -1,4 +1,7 @@
-"""Run by test_fsdp.py, under torchrun (gloo, 2 processes) or plainly (1 process).
+"""Run by test_fsdp.py, under torchrun (gloo, 2 processes) or plainly (1 process); also by
+benchmarks/fsdp_equivalence.py on GPUs (NCCL, bf16):
+
+    python fsdp_worker.py MODEL OUT_DIR [cpu|cuda] [fp32|bf16]
 
 Generates the same trajectories in every process (before sharding), trains two RL steps with FSDP2 when
 the world size is > 1, and has rank 0 write the updated trainable weights (safetensors) and the metrics (JSON).
@@ -25,11 +28,14 @@ from engines.train.trainer import PolicyTrainer  # noqa: E402
 from models.base import load_adapter  # noqa: E402
 
 
-def main(model_path: str, out_dir: str) -> None:
+def main(model_path: str, out_dir: str, device: str = "cpu", dtype: str = "fp32") -> None:
+    if device == "cuda":
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     torch.manual_seed(0)
-    adapter = load_adapter(model_path)
+    adapter = load_adapter(model_path, device=device, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
     sampling = SamplingConfig(num_inference_steps=3, height=32, width=32, noise_level=0.7, batch_size=4)
     engine = RolloutEngine(adapter, progress=False)
     traj = engine.generate(["a red cube", "a red cube", "two cats", "two cats"], ["g0", "g0", "g1", "g1"],
@@ -37,7 +43,7 @@ def main(model_path: str, out_dir: str) -> None:
     advantages = torch.tensor([1.0, -1.0, 0.7, -0.7])
     cfg = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=1, micro_batch_size=1, seed=3)
     trainer = PolicyTrainer(adapter, get_algorithm("flow_grpo", kl_coef=0.04, clip_ratio=0.2), cfg, sampling,
-                            group_size=2)
+                            group_size=2, device=torch.device(device))
     metrics = [trainer.update(traj, advantages, engine) for _ in range(2)]
     weights = trainable_state(trainer)
     if not dist.is_initialized() or dist.get_rank() == 0:
@@ -49,4 +55,4 @@ def main(model_path: str, out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:5])

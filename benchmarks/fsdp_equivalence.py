@@ -1,0 +1,99 @@
+"""FSDP2 equivalence on GPUs: 2 processes (NCCL) train to the same LoRA weights and metrics as 1 process.
+
+The GPU counterpart of tests/engines/train/test_fsdp.py (CPU, gloo, fp32, <= 1e-5): the same worker
+(tests/engines/train/fsdp_worker.py: a tiny SD3 model, 4 trajectories, two FlowGRPO updates with KL,
+mini-batches of one prompt, micro-batches of one sample) run once plainly and once under torchrun with 2
+GPUs, in `--dtype` (bf16 by default). Records the largest weight and metric differences, next to the
+size of the weight change itself, and whether they are within tolerance (metrics: --atol relative;
+LoRA update: --rtol-update of its norm).
+
+    python benchmarks/fsdp_equivalence.py --out benchmarks/results/fsdp_equivalence_h200x2.json   # 2 GPUs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+from safetensors.torch import load_file
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(REPO, "tests", "engines", "train", "fsdp_worker.py")
+sys.path.insert(0, REPO)
+
+METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/ratio_mean")
+
+
+def _run(args: list[str]) -> None:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+                              [REPO, os.environ.get("PYTHONPATH", "")])})
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{done.stderr[-4000:]}")
+
+
+def compare(one: str, two: str) -> dict:
+    """Largest |w2 - w1| over the trainable tensors, the largest |w1| of LoRA B (the update's size:
+    B starts at 0), and per metric the largest relative difference over the two updates."""
+    w1, w2 = load_file(os.path.join(one, "weights.safetensors")), load_file(os.path.join(two, "weights.safetensors"))
+    if w1.keys() != w2.keys() or not w1:
+        raise SystemExit("the two runs saved different (or no) trainable tensors")
+    weight_diff = max(float((w2[k].float() - w1[k].float()).abs().max()) for k in w1)
+    lora_b = [k for k in w1 if "lora_B" in k]
+    update = max(float(w1[k].float().abs().max()) for k in lora_b)
+    # B starts at 0, so |B| is the update: the difference relative to it, over all B tensors together
+    diff_norm = sum(float((w2[k].float() - w1[k].float()).norm()) ** 2 for k in lora_b) ** 0.5
+    update_norm = sum(float(w1[k].float().norm()) ** 2 for k in lora_b) ** 0.5
+    with open(os.path.join(one, "metrics.json")) as f1, open(os.path.join(two, "metrics.json")) as f2:
+        m1, m2 = json.load(f1), json.load(f2)
+    metric_diff = {name: max(abs(a[name] - b[name]) / max(1.0, abs(a[name])) for a, b in zip(m1, m2))
+                   for name in METRICS}
+    return {"max_abs_weight_diff": weight_diff, "max_abs_lora_B": update,
+            "lora_B_rel_norm_diff": diff_norm / update_norm, "metric_max_rel_diff": metric_diff,
+            "metrics_1_process": m1, "metrics_2_processes": m2}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    parser.add_argument("--atol", type=float, default=1e-2, help="largest relative metric difference")
+    parser.add_argument("--rtol-update", type=float, default=0.1,
+                        help="largest |B_2 - B_1| / |B_1| over the LoRA B weights (B starts at 0)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and torch.cuda.device_count() < 2:
+        raise SystemExit(f"needs 2 GPUs; torch sees {torch.cuda.device_count()}")
+    from models.tiny import build_tiny
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "tiny-sd3")
+        build_tiny("sd3", model, seed=0)
+        one, two = os.path.join(tmp, "one"), os.path.join(tmp, "two")
+        os.makedirs(one), os.makedirs(two)
+        _run([sys.executable, WORKER, model, one, args.device, args.dtype])
+        _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+              WORKER, model, two, args.device, args.dtype])
+        result = compare(one, two)
+    # Elementwise, Adam's first steps move each weight by about +-lr whatever its gradient's size, so a
+    # near-zero gradient whose sign the reduction order flips (bf16) moves a weight the other way: the
+    # tolerance is on the update as a whole (relative norm) and on the metrics.
+    result["within_atol"] = (result["lora_B_rel_norm_diff"] <= args.rtol_update
+                             and all(v <= args.atol for v in result["metric_max_rel_diff"].values()))
+    result.update(device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+                  backend="nccl" if args.device == "cuda" else "gloo", dtype=args.dtype, atol=args.atol, rtol_update=args.rtol_update,
+                  torch=torch.__version__, command=" ".join(["python", "benchmarks/fsdp_equivalence.py", *(argv or sys.argv[1:])]))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(json.dumps({k: v for k, v in result.items() if not k.startswith("metrics_")}, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
