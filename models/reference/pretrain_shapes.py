@@ -58,11 +58,11 @@ class PretrainConfig:
     """All knobs of one pretraining run (the CLI flags, --snake-case)."""
 
     out: str
-    steps: int = 4000
+    steps: int = 6500
     device: str = "cuda"
     seed: int = 0
     batch_size: int = 256
-    lr: float = 5e-4
+    lr: float = 7e-4
     warmup: int = 200
     width: int = 128
     layers: int = 8
@@ -73,12 +73,13 @@ class PretrainConfig:
     vae_batch: int = 64
     caption_dropout: float = 0.1
     ema_decay: float = 0.999
-    shift: float = 1.0
+    shift: float = 3.0
     eval_prompts: int = 0
     eval_steps: int = 10
     guidance_scale: float = 4.5
     workers: int = 0
     log_every: int = 100
+    max_seconds: float = 0.0
     heldout: str = HELDOUT
 
     def __post_init__(self):
@@ -93,6 +94,8 @@ class PretrainConfig:
         if self.width % 32 or self.text_width % 16:
             raise ValueError(f"--width must be a multiple of 32 (heads of 32) and --text-width of 16; "
                              f"got {self.width}, {self.text_width}")
+        if self.max_seconds < 0:
+            raise ValueError(f"--max-seconds must be >= 0 (0: no limit), got {self.max_seconds}")
         if not 0 <= self.caption_dropout < 1 or not 0 <= self.ema_decay < 1:
             raise ValueError("--caption-dropout and --ema-decay must be in [0, 1)")
 
@@ -238,7 +241,9 @@ def train_vae(vae: AutoencoderKL, images: torch.Tensor, cfg: PretrainConfig) -> 
 def train_flow(pipe: StableDiffusion3Pipeline, images: torch.Tensor, ids: tuple[torch.Tensor, torch.Tensor],
                cfg: PretrainConfig) -> list[float]:
     """Joint flow-matching training of transformer + both text encoders; EMA weights are copied in at
-    the end. Returns the loss every step (synchronised with the GPU only every `log_every` steps)."""
+    the end. Returns the loss every step (synchronised with the GPU only every `log_every` steps).
+    With `max_seconds` > 0 it stops at the first log point past that much training time (the summary
+    records the steps done; rerunning with `--steps` set to them reproduces the run)."""
     device = images.device
     modules = [pipe.transformer, pipe.text_encoder, pipe.text_encoder_2]
     params = [p for m in modules for p in m.train().parameters()]
@@ -274,6 +279,9 @@ def train_flow(pipe: StableDiffusion3Pipeline, images: torch.Tensor, ids: tuple[
             recent = torch.stack(losses[-cfg.log_every:]).mean().item()
             rate = (step + 1) / (time.perf_counter() - start)
             print(f"step {step + 1:6d}/{cfg.steps}  loss {recent:.4f}  {rate:.2f} steps/s", flush=True)
+            if cfg.max_seconds and time.perf_counter() - start > cfg.max_seconds:
+                print(f"stopping after {step + 1} steps: --max-seconds {cfg.max_seconds:g} reached", flush=True)
+                break
     with torch.no_grad():
         for p, e in zip(params, ema):
             p.copy_(e)
@@ -335,7 +343,7 @@ def run(cfg: PretrainConfig) -> dict:
     heldout = PromptDataset.load(cfg.heldout)
     evaluation = evaluate(pipe, heldout, cfg)
     summary = {
-        "steps": cfg.steps, "first_loss": float(np.mean(losses[:min(10, len(losses))])),
+        "steps": len(losses), "first_loss": float(np.mean(losses[:min(10, len(losses))])),
         "final_loss": float(np.mean(losses[-min(100, len(losses)):])), **vae_metrics,
         "heldout": os.path.relpath(cfg.heldout), **{f"eval/{k}": v for k, v in evaluation.items()},
         "seconds": {"data": data_s, "vae": vae_s, "train": train_s, "total": time.perf_counter() - begin},

@@ -1,0 +1,168 @@
+"""RL on the shipped reference shapes model, engines driven directly: held-out accuracy per category
+before and after training (the table of docs/reference-model.md).
+
+It runs an experiment config's RL loop with the same engine calls the `rl_step` flow's tasks make
+(rollout.generate -> reward -> group advantages -> trainer.update -> sync_weights), without Prefect,
+Lance or MLflow, so it also runs on machines that have only torch + diffusers (the GPU machine).
+Evaluation is the flow's validation: ODE (noise level 0) samples of the fixed held-out prompts
+(`data.val`, the first `data.num_val_prompts`), scored by the config's reward; strict accuracy per
+GenEval category from `geneval_lite`'s info.
+
+    python benchmarks/shapes_rl.py --config configs/shapes_flow_grpo.yaml          # GPU
+    python benchmarks/shapes_rl.py --config configs/shapes_quick.yaml run.steps=2  # CPU smoke run
+Writes benchmarks/results/shapes_rl_<config>_<device>.json (and a reward-curve PNG beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from algorithms.advantages import group_advantages  # noqa: E402
+from configs.schema import ExperimentConfig, load_experiment  # noqa: E402
+from engines.reward.multi import MultiReward  # noqa: E402
+from engines.rollout import RolloutEngine  # noqa: E402
+from engines.store.prompts import PromptDataset, PromptSampler  # noqa: E402
+from engines.store.scenes import TAGS, shapes_prompts  # noqa: E402
+from engines.train.trainer import PolicyTrainer  # noqa: E402
+from models.base import load_adapter  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sample_seed(run_seed: int, step: int, index: int) -> int:
+    """tasks.common.sample_seed (imported there with Prefect, which this driver does without)."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{run_seed}:{step}:{index}".encode()).digest()
+    return int.from_bytes(digest[:7], "little")
+
+
+def evaluate(rollout: RolloutEngine, reward: MultiReward, cfg: ExperimentConfig, records) -> dict:
+    """The flow's validation (ODE, seeds run.seed + 7 + i), with strict accuracy per category."""
+    if not records:
+        return {"reward": float("nan"), "accuracy": float("nan")}
+    ode = dataclasses.replace(cfg.sampling, noise_level=0.0)
+    traj = rollout.generate([r.prompt for r in records], [r.uid for r in records], [0] * len(records),
+                            [cfg.run.seed + 7 + i for i in range(len(records))], ode,
+                            metadata=[{"ground_truth": r.ground_truth, **r.metadata} for r in records])
+    out = reward(traj.images, traj.prompts, traj.metadata)
+    accuracy = np.asarray(out.info["geneval_lite/accuracy"], dtype=np.float64)
+    tags = [r.metadata["tag"] for r in records]
+    result = {"reward": float(out.scores.mean()), "accuracy": float(accuracy.mean())}
+    for tag in TAGS:
+        chosen = [a for a, t in zip(accuracy, tags) if t == tag]
+        if chosen:
+            result[f"accuracy/{tag}"] = float(np.mean(chosen))
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="experiment YAML (a shapes config)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, as `diffrl train` takes them")
+    parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
+    args = parser.parse_args(argv)
+    cfg = load_experiment(args.config, args.overrides)
+    if not cfg.model.path.startswith("reference:shapes") or cfg.data.train != "generator:shapes" or not cfg.data.val:
+        raise SystemExit("shapes_rl drives shapes configs: model.path reference:shapes[-early], data.train "
+                         "generator:shapes and a held-out data.val")
+    device = cfg.model.device if cfg.model.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(
+        cfg.model.dtype, torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    torch.manual_seed(cfg.run.seed)
+    adapter = load_adapter(os.path.join(REPO, "models", "reference", cfg.model.path.split(":", 1)[1]),
+                           device=device, dtype=dtype)
+    adapter.attention = cfg.model.attention
+    rollout = RolloutEngine(adapter, progress=False)
+    trainer = PolicyTrainer(adapter, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size,
+                            device=torch.device(device))
+    reward = MultiReward(cfg.reward)
+    train_set = shapes_prompts(cfg.data.num_generated, seed=cfg.run.seed)
+    sampler = PromptSampler(train_set, batch=cfg.rollout.prompts_per_step, seed=cfg.run.seed)
+    held = PromptDataset.load(os.path.join(REPO, cfg.data.val) if not os.path.isabs(cfg.data.val) else cfg.data.val)
+    val_records = [held[i] for i in range(min(cfg.data.num_val_prompts, len(held)))]
+    group = cfg.rollout.group_size
+
+    started = time.perf_counter()
+    history = [{"step": 0, **evaluate(rollout, reward, cfg, val_records)}]
+    print(json.dumps(history[-1]), flush=True)
+    curve, step_seconds = [], []
+    for step in range(cfg.run.steps):
+        t0 = time.perf_counter()
+        records = sampler.sample(step)
+        positions = range(len(records) * group)
+        traj = rollout.generate(
+            [records[p // group].prompt for p in positions], [records[p // group].uid for p in positions],
+            [p % group for p in positions], [sample_seed(cfg.run.seed, step, p) for p in positions],
+            cfg.sampling, step=step, policy_version=step,
+            metadata=[{"ground_truth": records[p // group].ground_truth, **records[p // group].metadata}
+                      for p in positions])
+        out = reward(traj.images, traj.prompts, traj.metadata)
+        advantages = group_advantages(out.scores, traj.group_ids, norm_by_std=cfg.algorithm.norm_by_std,
+                                      global_std=cfg.algorithm.global_std)
+        metrics = trainer.update(traj, advantages, rollout)
+        trainer.sync_weights(rollout)
+        step_seconds.append(time.perf_counter() - t0)
+        curve.append(float(out.scores.mean()))
+        print(f"step {step + 1}/{cfg.run.steps}  reward {curve[-1]:.3f}  grad_norm {metrics.get('actor/grad_norm', float('nan')):.3f}"
+              f"  {step_seconds[-1]:.2f} s", flush=True)
+        every = cfg.run.validate_every
+        if (every and (step + 1) % every == 0) or step + 1 == cfg.run.steps:
+            history.append({"step": step + 1, **evaluate(rollout, reward, cfg, val_records)})
+            print(json.dumps(history[-1]), flush=True)
+
+    device_name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    name = os.path.splitext(os.path.basename(args.config))[0]
+    result = {
+        "config": name, "overrides": args.overrides, "device": device_name, "torch": torch.__version__,
+        "steps": cfg.run.steps, "samples_per_step": cfg.rollout.samples_per_step,
+        "val_prompts": len(val_records), "before": history[0], "after": history[-1], "history": history,
+        "train_reward_curve": curve, "seconds_per_step_median": float(np.median(step_seconds)),
+        "seconds_total": time.perf_counter() - started,
+        "command": " ".join(["python", "benchmarks/shapes_rl.py", "--config", args.config, *args.overrides]),
+    }
+    slug = re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
+    os.makedirs(args.out_dir, exist_ok=True)
+    path = os.path.join(args.out_dir, f"shapes_rl_{name}_{slug}.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    _plot(curve, history, path[:-5] + ".png")
+    print(f"before {history[0]['accuracy']:.3f} -> after {history[-1]['accuracy']:.3f}; wrote {path}", flush=True)
+    return result
+
+
+def _plot(curve: list[float], history: list[dict], path: str) -> None:
+    """The training-reward curve and the held-out accuracy, as a PNG (PIL only)."""
+    from PIL import Image, ImageDraw
+
+    w, h, pad = 480, 240, 30
+    image = Image.new("RGB", (w, h), "white")
+    draw = ImageDraw.Draw(image)
+    draw.rectangle([pad, 10, w - 10, h - pad], outline="black")
+    n = max(len(curve), 1)
+
+    def xy(step: float, value: float) -> tuple[float, float]:
+        return pad + (w - 10 - pad) * step / n, h - pad - (h - pad - 10) * value
+
+    if len(curve) > 1:
+        draw.line([xy(i + 1, v) for i, v in enumerate(curve)], fill=(30, 90, 200), width=2)
+    if len(history) > 1:
+        draw.line([xy(e["step"], e["accuracy"]) for e in history], fill=(200, 60, 30), width=2)
+    draw.text((pad + 5, 12), "train reward (blue), held-out strict accuracy (red); y in [0, 1]", fill="black")
+    draw.text((pad, h - pad + 5), f"0 .. {n} RL steps", fill="black")
+    image.save(path)
+
+
+if __name__ == "__main__":
+    main()
