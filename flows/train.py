@@ -21,6 +21,7 @@ import torch
 import yaml
 from prefect import flow
 from prefect.runtime import flow_run
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 from configs.loader import to_dict
 from configs.schema import ExperimentConfig, load_experiment
@@ -139,7 +140,8 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
     # MLflow step = global step (RL steps done): step k's metrics at k + 1, validation before training at 0
     if last is not None and not tracker.has_step(last + 1):
         # the checkpoint committed but its metrics never reached MLflow: every stage is Cached
-        tracker.log_metrics(step_flow(cfg.run.name, last), last + 1)
+        with step_flow_settings():
+            tracker.log_metrics(step_flow(cfg.run.name, last), last + 1)
     if start == 0 and not tracker.has_metric("val/reward", 0):
         val = validate(engines, tracker, 0)
         _say(f"before training: {_fmt(val)}")
@@ -159,13 +161,22 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
     return {"run": cfg.run.name, "mlflow_run_id": tracker.run_id, "last_step": final, **val}
 
 
+def step_flow_settings():
+    """Settings of the per-step subflow runs: no heartbeats. Prefect's heartbeat thread sleeps in 1 s
+    slices and a finishing flow run joins it, which cost ~0.5 s of every step (benchmarks/
+    orchestration.py). The train flow run around the steps keeps its heartbeats, so a crashed process
+    is still detected there."""
+    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+
+
 def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: int) -> dict:
     """Steps start..steps-1, each a subflow; validation, MLflow and retention after each."""
     cfg = engines.config
     val = {}
     for step in range(start, cfg.run.steps):
         t0 = time.perf_counter()
-        metrics = step_flow(cfg.run.name, step)
+        with step_flow_settings():
+            metrics = step_flow(cfg.run.name, step)
         _log_rollout_images(engines, tracker, step)
         _retention(engines, step)
         # the whole step as the run sees it (subflow run, stages, images, retention), without validation
