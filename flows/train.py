@@ -140,6 +140,7 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
     # MLflow step = global step (RL steps done): step k's metrics at k + 1, validation before training at 0
     if last is not None and not tracker.has_step(last + 1):
         # the checkpoint committed but its metrics never reached MLflow: every stage is Cached
+        pin_step_key(step_flow, last)
         with step_flow_settings():
             tracker.log_metrics(step_flow(cfg.run.name, last), last + 1)
     if start == 0 and not tracker.has_metric("val/reward", 0):
@@ -161,6 +162,27 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
     return {"run": cfg.run.name, "mlflow_run_id": tracker.run_id, "last_step": final, **val}
 
 
+def pin_step_key(step_flow, step: int) -> None:
+    """Make the next call of `step_flow` in this flow run Prefect's subflow call number `step`.
+
+    Prefect identifies a subflow call inside a flow run by how many times that subflow has been called
+    so far in the run. A retried train flow run resumes at its first unfinished step, so
+    without this its first call (step k) would be matched to the original run's first call (step 0):
+    Prefect would hand back step 0's Completed subflow run and step k would never run. Pinned to the step
+    number, a retry finds step k's own Failed subflow run and starts it afresh, and its completed stages
+    come back Cached (their cache keys are per run, step, stage and chunk).
+    """
+    from prefect.context import FlowRunContext
+    from prefect.tasks import Task
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return
+    # the task Prefect creates in the parent run to track a subflow call is keyed by the flow's function
+    key = Task(name=step_flow.name, fn=step_flow.fn, version=step_flow.version).task_key
+    context.task_run_dynamic_keys[key] = step - 1  # Prefect adds 1 before using it
+
+
 def step_flow_settings():
     """Settings of the per-step subflow runs: no heartbeats. Prefect's heartbeat thread sleeps in 1 s
     slices and a finishing flow run joins it, which cost ~0.5 s of every step (benchmarks/
@@ -175,6 +197,7 @@ def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: i
     val = {}
     for step in range(start, cfg.run.steps):
         t0 = time.perf_counter()
+        pin_step_key(step_flow, step)
         with step_flow_settings():
             metrics = step_flow(cfg.run.name, step)
         _log_rollout_images(engines, tracker, step)
