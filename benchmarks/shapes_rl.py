@@ -36,16 +36,9 @@ from engines.store.prompts import PromptDataset, PromptSampler  # noqa: E402
 from engines.store.scenes import TAGS, shapes_prompts  # noqa: E402
 from engines.train.trainer import PolicyTrainer  # noqa: E402
 from models.base import load_adapter  # noqa: E402
+from tasks.common import sample_seed  # noqa: E402  (no Prefect import: the GPU machine has none)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def sample_seed(run_seed: int, step: int, index: int) -> int:
-    """tasks.common.sample_seed (imported there with Prefect, which this driver does without)."""
-    import hashlib
-
-    digest = hashlib.sha256(f"{run_seed}:{step}:{index}".encode()).digest()
-    return int.from_bytes(digest[:7], "little")
 
 
 def evaluate(rollout: RolloutEngine, reward: MultiReward, cfg: ExperimentConfig, records) -> dict:

@@ -144,3 +144,24 @@ def test_ray_mode_without_a_prefect_server_is_refused(workdir, monkeypatch):
     with temporary_settings({PREFECT_API_URL: None}):
         with pytest.raises(ValueError, match="prefect server start"):
             build_engines(load_experiment(None, TINY + RAY + ["run.name=noserver"]))
+
+
+@pytest.mark.slow
+def test_split_placement_matches_local_and_syncs_weights_by_version(ray_cluster, workdir):
+    """placement: split puts the rollout and the trainer in their own actors, one (fake) GPU each; the
+    trainer's weights reach the rollout by version after each update, so the metrics equal local mode's."""
+    from engines import cluster
+    from flows.train import train
+
+    two_steps = TINY + ["run.steps=2", "model.device=auto"]
+    train(config=None, overrides=two_steps + ["run.name=local"])
+    train(config=None, overrides=two_steps + RAY + ["cluster.placement=split", "run.name=split"])
+    local, split = _metrics(workdir, "local"), _metrics(workdir, "split")
+    for key in ("critic/rewards/mean", "actor/pg_loss", "actor/grad_norm", "val/reward"):
+        assert split[key] == pytest.approx(local[key], rel=1e-5, abs=1e-6), key
+    actors = {a["name"]: a for a in cluster.list_actors("split")}
+    assert sorted(actors) == ["split/reward", "split/rollout", "split/trainer"]
+    assert len(actors["split/rollout"]["gpus"]) == 1 and len(actors["split/trainer"]["gpus"]) == 1
+    assert actors["split/rollout"]["gpus"] != actors["split/trainer"]["gpus"]
+    assert actors["split/rollout"]["policy_version"] == actors["split/trainer"]["policy_version"] == 2
+    cluster.stop_actors("split")

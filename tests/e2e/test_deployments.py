@@ -1,7 +1,8 @@
 """prefect.yaml end to end on a loopback Prefect server: `prefect deploy`, a process worker running the
-train deployment, an injected update_actor failure, and `prefect flow-run retry` of that flow run
+train deployment, an injected update_actor failure, `prefect flow-run retry` of that flow run
 rerunning only update_actor and what follows (generate/score/advantages come back Cached, their Lance
-rows reused). These are the commands docs/operations.md shows."""
+rows reused), then the evaluate deployment on the run's latest checkpoint. These are the commands
+docs/operations.md shows."""
 
 from __future__ import annotations
 
@@ -88,6 +89,19 @@ def test_train_deployment_fails_in_update_actor_and_a_retry_reruns_only_what_fol
         assert [a["_state"] for a in states["nightly-step-0"]] == ["Completed"], states
         assert sorted(states) == ["nightly-step-0", "nightly-step-1", "nightly-step-2"], states
         assert os.path.isdir(f"{tmp_path}/runs/nightly/checkpoints/step_2")
+
+        # the evaluate deployment scores the run's latest checkpoint (step 2 = 3 RL steps done) into MLflow
+        _prefect(env, "deployment", "run", "evaluate/evaluate", "--params", json.dumps(params))
+        _prefect(env, "worker", "start", "--pool", "diffrl", "--run-once")
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+        runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                  filter_string="tags.`diffrl.run_name` = 'nightly-eval'")
+        assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+        assert runs[0].data.tags["diffrl.checkpoint"].endswith("runs/nightly/checkpoints/step_2")
+        history = client.get_metric_history(runs[0].info.run_id, "val/reward")
+        assert [m.step for m in history] == [3] and -1.0 < history[0].value < 0.0  # jpeg_compressibility is negative
     finally:
         server.terminate()
         server.wait(timeout=30)
