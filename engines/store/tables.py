@@ -15,13 +15,17 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-import lance
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-from lance.commit import CommitConflictError
+# Lance's Rust log defaults to WARN and prints "No existing dataset at ... it will be created" on the
+# first write of every table; read once when lance is imported. A LANCE_LOG the user set wins.
+os.environ.setdefault("LANCE_LOG", "error")
 
-from engines.store import fs
+import lance  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+from lance.commit import CommitConflictError  # noqa: E402
+
+from engines.store import fs  # noqa: E402
 
 _APPEND_ATTEMPTS = 8
 
