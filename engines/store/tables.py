@@ -139,8 +139,9 @@ class LanceTable:
         """Create a local table with its first rows, or return False if another process created it.
 
         Lance's own create on a local path is not atomic against another process creating the same
-        table: one creation can replace the other's with no error on either side (measured with two
-        spawned processes: 2 lost writes in 15 races). So the table is written beside its path and
+        table: in two-process races the loser failed with "Dataset already exists" (15 of 15), and a
+        commit can also be replaced with no error on either side (seen once in the test suite, and in
+        2 of 15 races of a first fix that checked after the fact). So the table is written beside its path and
         renamed into place; the rename fails when the path already holds a table, and the caller
         appends to that one instead. Object stores keep Lance's own create (conditional writes).
         """

@@ -115,8 +115,8 @@ def _create_worker(uri, value, barrier, results):
 
 
 def test_two_processes_creating_one_table_lose_no_rows(tmp_path):
-    """Lance's local create is not atomic against another creator (one creation could replace the other's,
-    no error on either side: 2 lost writes in 15 races before LanceTable created tables by rename)."""
+    """Lance's local create is not atomic against another creator: before LanceTable created tables by
+    rename, the loser of such a race failed ("Dataset already exists") or, rarely, lost its rows silently."""
     ctx = mp.get_context("spawn")
     for trial in range(10):
         uri = str(tmp_path / f"t{trial}.lance")
