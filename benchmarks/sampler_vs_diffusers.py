@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel  # noqa: E402
 from diffusers import StableDiffusion3Pipeline  # noqa: E402
 
+from common import PrecomputedEmbeddings  # noqa: E402  (benchmarks/common.py)
 from engines.rollout import RolloutEngine, SamplingConfig  # noqa: E402
 from models.sd3 import SD3Adapter  # noqa: E402
 
@@ -49,19 +50,6 @@ TINY_TRANSFORMER = dict(SD35_MEDIUM_TRANSFORMER, num_layers=2, attention_head_di
                         joint_attention_dim=32, caption_projection_dim=16, pooled_projection_dim=24,
                         sample_size=32, pos_embed_max_size=64, dual_attention_layers=(0,))
 TINY_VAE = dict(SD3_VAE, block_out_channels=(8, 16, 16, 16), layers_per_block=1, norm_num_groups=4)
-
-
-class RandomEmbeddings:
-    """A prompt-embedding cache that already holds every prompt (text encoding is not benchmarked)."""
-
-    def __init__(self, table: dict[str, dict[str, torch.Tensor]]):
-        self.table = table
-
-    def get(self, fingerprint: str, prompts: list[str]) -> dict:
-        return {p: self.table[p] for p in prompts}
-
-    def put(self, fingerprint: str, encodings: dict) -> None:
-        raise AssertionError("the benchmark must not encode prompts")
 
 
 def build_pipeline(tiny: bool, device: str, dtype: torch.dtype) -> StableDiffusion3Pipeline:
@@ -128,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     table = {p: {"prompt_embeds": pos[i:i + 1], "pooled_prompt_embeds": pooled[i:i + 1]} for i, p in enumerate(prompts)}
     table[""] = {"prompt_embeds": neg[:1], "pooled_prompt_embeds": neg_pooled[:1]}
     adapter = SD3Adapter(pipe, device=args.device, dtype=dtype)
-    engine = RolloutEngine(adapter, cache=RandomEmbeddings(table), progress=False)
+    engine = RolloutEngine(adapter, cache=PrecomputedEmbeddings(table), progress=False)
 
     def run_engine(noise_level: float, attention: str = "default"):
         adapter.attention = attention

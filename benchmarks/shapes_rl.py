@@ -70,16 +70,14 @@ def main(argv: list[str] | None = None) -> dict:
     if not cfg.model.path.startswith("reference:shapes") or cfg.data.train != "generator:shapes" or not cfg.data.val:
         raise SystemExit("shapes_rl drives shapes configs: model.path reference:shapes[-early], data.train "
                          "generator:shapes and a held-out data.val")
-    device = cfg.model.device if cfg.model.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(
-        cfg.model.dtype, torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    device, dtype = cfg.model.device_and_dtype()
     torch.manual_seed(cfg.run.seed)
     adapter = load_adapter(os.path.join(REPO, "models", "reference", cfg.model.path.split(":", 1)[1]),
                            device=device, dtype=dtype)
     adapter.attention = cfg.model.attention
     rollout = RolloutEngine(adapter, progress=False)
     trainer = PolicyTrainer(adapter, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size,
-                            device=torch.device(device))
+                            device=device)
     reward = MultiReward(cfg.reward)
     train_set = shapes_prompts(cfg.data.num_generated, seed=cfg.run.seed)
     sampler = PromptSampler(train_set, batch=cfg.rollout.prompts_per_step, seed=cfg.run.seed)
@@ -115,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
             history.append({"step": step + 1, **evaluate(rollout, reward, cfg, val_records)})
             print(json.dumps(history[-1]), flush=True)
 
-    device_name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     name = os.path.splitext(os.path.basename(args.config))[0]
     result = {
         "config": name, "overrides": args.overrides, "device": device_name, "torch": torch.__version__,

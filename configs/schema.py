@@ -10,6 +10,8 @@ import os
 import typing
 from dataclasses import dataclass, field
 
+import torch
+
 from algorithms.catalog import Algorithm, get_algorithm
 from configs.loader import ConfigError, coerce, apply_overrides, build, parse_override, to_dict
 from engines.reward.multi import RewardComponent, RewardConfig
@@ -33,6 +35,13 @@ class ModelConfig:
             raise ValueError(f"model.dtype must be one of auto, fp32, bf16, fp16; got {self.dtype!r}")
         if self.attention not in ATTENTION_BACKENDS:
             raise ValueError(f"model.attention must be one of {', '.join(ATTENTION_BACKENDS)}; got {self.attention!r}")
+
+    def device_and_dtype(self) -> tuple[torch.device, torch.dtype]:
+        """The device ("auto": CUDA when available) and dtype ("auto": bf16 on CUDA, fp32 elsewhere)."""
+        device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device)
+        if self.dtype == "auto":
+            return device, torch.bfloat16 if device.type == "cuda" else torch.float32
+        return device, {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
 
 
 @dataclass

@@ -7,8 +7,6 @@ import logging
 import os
 import sys
 
-import torch
-
 from configs.schema import DataConfig, ExperimentConfig
 from engines import cluster
 from engines.reward.multi import MultiReward
@@ -22,7 +20,6 @@ from models.base import load_adapter
 
 log = logging.getLogger("diffrl")
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def cache_dir() -> str:
@@ -66,16 +63,6 @@ def resolve_model_path(path: str, *, seed: int = 0) -> str:
     return out
 
 
-def device_and_dtype(cfg: ExperimentConfig) -> tuple[torch.device, torch.dtype]:
-    device = cfg.model.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    if cfg.model.dtype == "auto":
-        return device, torch.bfloat16 if device.type == "cuda" else torch.float32
-    return device, _DTYPES[cfg.model.dtype]
-
-
 def load_prompts(source: str, data: DataConfig, *, seed: int) -> PromptDataset:
     """A prompt dataset from a file or a `generator:<name>` source."""
     if source.startswith("generator:"):
@@ -115,7 +102,7 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | No
     store = TrajectoryStore(os.path.join(run_dir, "trajectories.lance"), storage_options=storage)
     adapter = rollout = trainer = None
     if needs_model:
-        device, dtype = device_and_dtype(cfg)
+        device, dtype = cfg.model.device_and_dtype()
         extras["model_path"] = resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed)
         adapter = load_adapter(extras["model_path"], device=device, dtype=dtype)
         adapter.attention = cfg.model.attention
