@@ -100,8 +100,11 @@ def shard(adapter: ModelAdapter, cfg: TrainConfig, device: torch.device, module:
     _, size = world()
     root = module if module is not None else adapter.transformer
     mesh = init_device_mesh(device.type, (size,))
-    compute = cfg.torch_param_dtype(device, adapter.dtype)
-    # Gradients are reduced in fp32 whatever the compute dtype; params all-gather in the compute dtype.
+    # Gradients are reduced in fp32 whatever the compute dtype. Full fine-tuning all-gathers its fp32 master
+    # weights in the compute dtype. LoRA keeps every parameter's own dtype (frozen base in the compute dtype,
+    # LoRA in fp32, as add_lora leaves them), so a LoRA branch computes in fp32 on any world size: casting it
+    # to bf16 made 2 processes drift from 1 by 34x the bf16 summation-order noise (fsdp_equivalence.py).
+    compute = None if cfg.lora else cfg.torch_param_dtype(device, adapter.dtype)
     mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy() if cfg.offload_optimizer else OffloadPolicy()
     units = adapter.fsdp_wrap_units() if module is None else _same_units(adapter, module)

@@ -1,7 +1,9 @@
 """Run by test_fsdp.py, under torchrun (gloo, 2 processes) or plainly (1 process); also by
 benchmarks/fsdp_equivalence.py on GPUs (NCCL, bf16):
 
-    python fsdp_worker.py MODEL OUT_DIR [cpu|cuda] [fp32|bf16]
+    python fsdp_worker.py MODEL OUT_DIR [cpu|cuda] [fp32|bf16] [MICRO_BATCH_SIZE]
+
+MICRO_BATCH_SIZE (default 1) changes only the order of the gradient sums (the benchmark's noise floor).
 
 Generates the same trajectories in every process (before sharding), trains two RL steps with FSDP2 when
 the world size is > 1, and has rank 0 write the updated trainable weights (safetensors) and the metrics (JSON).
@@ -28,10 +30,12 @@ from engines.train.trainer import PolicyTrainer  # noqa: E402
 from models.base import load_adapter  # noqa: E402
 
 
-def main(model_path: str, out_dir: str, device: str = "cpu", dtype: str = "fp32") -> None:
+def main(model_path: str, out_dir: str, device: str = "cpu", dtype: str = "fp32", micro_batch_size: str = "1") -> None:
     if device == "cuda":
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
         torch.cuda.set_device(device)
+        # fp32 means fp32: cuDNN convolutions (the patch embedding) default to TF32 on CUDA.
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     torch.manual_seed(0)
@@ -41,7 +45,8 @@ def main(model_path: str, out_dir: str, device: str = "cpu", dtype: str = "fp32"
     traj = engine.generate(["a red cube", "a red cube", "two cats", "two cats"], ["g0", "g0", "g1", "g1"],
                            [0, 1, 0, 1], [11, 12, 13, 14], sampling)
     advantages = torch.tensor([1.0, -1.0, 0.7, -0.7])
-    cfg = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=1, micro_batch_size=1, seed=3)
+    cfg = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=1,
+                      micro_batch_size=int(micro_batch_size), seed=3)
     trainer = PolicyTrainer(adapter, get_algorithm("flow_grpo", kl_coef=0.04, clip_ratio=0.2), cfg, sampling,
                             group_size=2, device=torch.device(device))
     metrics = [trainer.update(traj, advantages, engine) for _ in range(2)]
@@ -55,4 +60,4 @@ def main(model_path: str, out_dir: str, device: str = "cpu", dtype: str = "fp32"
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])
