@@ -229,19 +229,3 @@ def sdpa_backend(name: str, *, strict: bool = False):
                                                   if b != backend)]
     with sdpa_kernel(order, set_priority=not strict):
         yield
-
-
-def compile_blocks(transformer) -> int:
-    """torch.compile each transformer block in place (regional compilation); returns the number compiled.
-
-    With inlined nn.Modules (PyTorch's default) all blocks of one class share their compiled code, so the
-    compile cost is paid per block class and input shape, not per block.
-    """
-    import torch._dynamo
-
-    # Rollout (2b), training (2 x micro-batch) and grad/no-grad modes each specialise: allow them all.
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    blocks = list(transformer.transformer_blocks)
-    for block in blocks:
-        block.compile()
-    return len(blocks)

@@ -148,7 +148,7 @@ class Bench:
                                                      kl_coef=self.recipe.algorithm.kl_coef if levers.kl else 0.0)
         common.set_checkpointing(self.adapter.transformer, levers.checkpointing)
         if levers.compile and not self.compiled:
-            common.compile_blocks(self.adapter.transformer)
+            self.adapter.compile_blocks()
             self.compiled = True
 
     def step(self, step: int) -> dict[str, float]:

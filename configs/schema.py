@@ -29,6 +29,7 @@ class ModelConfig:
     device: str = "auto"     # auto | cpu | cuda | cuda:N
     tiny_seed: int = 0       # seed of the random weights of a tiny:<arch> model
     attention: str = "default"  # SDPA backend first tried on CUDA: default (PyTorch's) | cudnn | flash | efficient | math
+    compile: bool = False    # torch.compile the denoiser's transformer blocks (faster sampling and training after a compile)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "fp32", "bf16", "fp16"):

@@ -114,6 +114,8 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | No
                                 device=device)
         if offline:  # offline DPO: the pairs' VAE latents, encoded once (runs/<name>/preferences.lance)
             extras["preferences"] = build_preference_cache(cfg, adapter)
+    if adapter is not None and cfg.model.compile:  # after LoRA and FSDP have wrapped the blocks
+        adapter.compile_blocks()
     val_prompts = [val_set[i] for i in range(min(cfg.data.num_val_prompts, len(val_set)))]
     engines = cluster.Engines(config=cfg, adapter=adapter, rollout=rollout, trainer=trainer, reward=reward,
                               store=store, prompts=sampler, val_prompts=val_prompts, extras=extras)
