@@ -9,13 +9,19 @@ Evaluation is the flow's validation: ODE (noise level 0) samples of the fixed he
 GenEval category from `geneval_lite`'s info.
 
     python benchmarks/shapes_rl.py --config configs/shapes_flow_grpo.yaml          # GPU
-    python benchmarks/shapes_rl.py --config configs/shapes_quick.yaml run.steps=2  # CPU smoke run
-Writes benchmarks/results/shapes_rl_<config>_<device>.json (and a reward-curve PNG beside it).
+    python benchmarks/shapes_rl.py --config configs/shapes_flow_grpo.yaml model.device=cpu run.steps=2 \
+        rollout.prompts_per_step=2 train.mini_batch_prompts=2 data.num_val_prompts=8  # CPU smoke run
+    ... algorithm.name=diffusion_nft algorithm.noise_level=0 --max-minutes 6 --tag nft   # a sweep entry
+
+Direct-preference algorithms (dpo, diffusion_nft, awm) train with DirectPreferenceTrainer, DiffusionNFT
+sampling with its old adapter, as the flow does. Writes benchmarks/results/shapes_rl_<config>[_<tag>]_<device>.json
+(per-step training reward, strict accuracy, timings and trainer metrics; a reward-curve PNG beside it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -34,11 +40,15 @@ from engines.reward.multi import MultiReward  # noqa: E402
 from engines.rollout import RolloutEngine  # noqa: E402
 from engines.store.prompts import PromptDataset, PromptSampler  # noqa: E402
 from engines.store.scenes import TAGS, shapes_prompts  # noqa: E402
+from engines.train.preference import DirectPreferenceTrainer  # noqa: E402
 from engines.train.trainer import PolicyTrainer  # noqa: E402
 from models.base import load_adapter  # noqa: E402
 from tasks.common import sample_seed  # noqa: E402  (no Prefect import: the GPU machine has none)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Trainer metrics kept per step in the result (besides the step's train reward, strict accuracy and timings).
+TRAIN_METRICS = ("actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl", "actor/kl_loss", "actor/pg_loss",
+                 "actor/old_deviate", "actor/implicit_acc", "timing_s/update_actor")
 
 
 def evaluate(rollout: RolloutEngine, reward: MultiReward, cfg: ExperimentConfig, records) -> dict:
@@ -65,6 +75,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--config", required=True, help="experiment YAML (a shapes config)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, as `diffrl train` takes them")
     parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="stop training after the step that crosses this wall time (then evaluate)")
+    parser.add_argument("--tag", default="", help="suffix of the result file name (sweeps)")
     args = parser.parse_args(argv)
     cfg = load_experiment(args.config, args.overrides)
     if not cfg.model.path.startswith("reference:shapes") or cfg.data.train != "generator:shapes" or not cfg.data.val:
@@ -76,8 +89,12 @@ def main(argv: list[str] | None = None) -> dict:
                            device=device, dtype=dtype)
     adapter.attention = cfg.model.attention
     rollout = RolloutEngine(adapter, progress=False)
-    trainer = PolicyTrainer(adapter, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size,
+    # The flow's choices (flows/build_preference.trainer_class, tasks/preference.uses_old_policy_rollout),
+    # restated here because those modules import Prefect.
+    trainer_class = DirectPreferenceTrainer if cfg.algorithm.family == "direct_preference" else PolicyTrainer
+    trainer = trainer_class(adapter, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size,
                             device=device)
+    old_policy_rollout = cfg.algorithm.loss == "diffusion_nft_loss"  # DiffusionNFT samples with its old adapter
     reward = MultiReward(cfg.reward)
     train_set = shapes_prompts(cfg.data.num_generated, seed=cfg.run.seed)
     sampler = PromptSampler(train_set, batch=cfg.rollout.prompts_per_step, seed=cfg.run.seed)
@@ -88,44 +105,55 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     history = [{"step": 0, **evaluate(rollout, reward, cfg, val_records)}]
     print(json.dumps(history[-1]), flush=True)
-    curve, step_seconds = [], []
+    curve, step_seconds, train_metrics = [], [], []
     for step in range(cfg.run.steps):
         t0 = time.perf_counter()
         records = sampler.sample(step)
         positions = range(len(records) * group)
-        traj = rollout.generate(
-            [records[p // group].prompt for p in positions], [records[p // group].uid for p in positions],
-            [p % group for p in positions], [sample_seed(cfg.run.seed, step, p) for p in positions],
-            cfg.sampling, step=step, policy_version=step,
-            metadata=[{"ground_truth": records[p // group].ground_truth, **records[p // group].metadata}
-                      for p in positions])
+        with trainer.old_policy() if old_policy_rollout else contextlib.nullcontext():
+            traj = rollout.generate(
+                [records[p // group].prompt for p in positions], [records[p // group].uid for p in positions],
+                [p % group for p in positions], [sample_seed(cfg.run.seed, step, p) for p in positions],
+                cfg.sampling, step=step, policy_version=step,
+                metadata=[{"ground_truth": records[p // group].ground_truth, **records[p // group].metadata}
+                          for p in positions])
+        t_rollout = time.perf_counter()
         out = reward(traj.images, traj.prompts, traj.metadata)
+        t_reward = time.perf_counter()
         advantages = group_advantages(out.scores, traj.group_ids, norm_by_std=cfg.algorithm.norm_by_std,
                                       global_std=cfg.algorithm.global_std)
         metrics = trainer.update(traj, advantages, rollout)
         trainer.sync_weights(rollout)
         step_seconds.append(time.perf_counter() - t0)
         curve.append(float(out.scores.mean()))
+        train_metrics.append({"reward": curve[-1], "accuracy": float(np.mean(out.info["geneval_lite/accuracy"])),
+                              "rollout_s": t_rollout - t0, "reward_s": t_reward - t_rollout,
+                              **{k: v for k, v in metrics.items() if k in TRAIN_METRICS}})
         print(f"step {step + 1}/{cfg.run.steps}  reward {curve[-1]:.3f}  grad_norm {metrics.get('actor/grad_norm', float('nan')):.3f}"
               f"  {step_seconds[-1]:.2f} s", flush=True)
         every = cfg.run.validate_every
-        if (every and (step + 1) % every == 0) or step + 1 == cfg.run.steps:
+        out_of_time = args.max_minutes is not None and time.perf_counter() - started > 60 * args.max_minutes
+        if (every and (step + 1) % every == 0) or step + 1 == cfg.run.steps or out_of_time:
             history.append({"step": step + 1, **evaluate(rollout, reward, cfg, val_records)})
             print(json.dumps(history[-1]), flush=True)
+        if out_of_time:
+            print(f"--max-minutes {args.max_minutes} reached after {step + 1} steps", flush=True)
+            break
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     name = os.path.splitext(os.path.basename(args.config))[0]
     result = {
         "config": name, "overrides": args.overrides, "device": device_name, "torch": torch.__version__,
-        "steps": cfg.run.steps, "samples_per_step": cfg.rollout.samples_per_step,
+        "steps": len(curve), "samples_per_step": cfg.rollout.samples_per_step,
         "val_prompts": len(val_records), "before": history[0], "after": history[-1], "history": history,
-        "train_reward_curve": curve, "seconds_per_step_median": float(np.median(step_seconds)),
+        "train_reward_curve": curve, "train_metrics": train_metrics, "seconds_per_step_median": float(np.median(step_seconds)),
         "seconds_total": time.perf_counter() - started,
-        "command": " ".join(["python", "benchmarks/shapes_rl.py", "--config", args.config, *args.overrides]),
+        "tag": args.tag, "command": " ".join(["python", "benchmarks/shapes_rl.py", "--config", args.config, *args.overrides,
+                             *(["--max-minutes", str(args.max_minutes)] if args.max_minutes else [])]),
     }
     slug = re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
     os.makedirs(args.out_dir, exist_ok=True)
-    path = os.path.join(args.out_dir, f"shapes_rl_{name}_{slug}.json")
+    path = os.path.join(args.out_dir, f"shapes_rl_{name}{'_' + args.tag if args.tag else ''}_{slug}.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
     _plot(curve, history, path[:-5] + ".png")

@@ -37,3 +37,18 @@ def test_shapes_rl_records_accuracy_per_category_before_and_after(tmp_path):
 def test_shapes_rl_refuses_a_non_shapes_config():
     with pytest.raises(SystemExit, match="shapes_rl drives shapes configs"):
         shapes_rl.main(["--config", "quick_dpo"])
+
+
+@pytest.mark.slow  # ~15 s on 2 cores
+def test_shapes_rl_trains_diffusion_nft_and_records_per_step_metrics(tmp_path):
+    """The direct-preference path (DirectPreferenceTrainer, rollouts with the old adapter) and a tagged file."""
+    shapes_rl.main([
+        "--config", "quickstart", "run.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=4",
+        "rollout.batch_size=8", "rollout.chunk_size=8", "train.mini_batch_prompts=2", "train.micro_batch_size=8",
+        "data.num_val_prompts=6", "algorithm.name=diffusion_nft", "algorithm.noise_level=0",
+        "--tag", "nft", "--out-dir", str(tmp_path)])
+    recorded = json.loads((tmp_path / "shapes_rl_quickstart_nft_cpu.json").read_text())
+    (step,) = recorded["train_metrics"]
+    assert step["reward"] == pytest.approx(recorded["train_reward_curve"][0])
+    assert 0.0 <= step["accuracy"] <= 1.0 and step["rollout_s"] > 0
+    assert step["actor/old_deviate"] >= 0.0 and step["actor/grad_norm"] > 0.0  # NFT's own metric: it trained
