@@ -130,12 +130,19 @@ class ClusterConfig:
     address: str | None = None     # ray cluster address (ray mode)
     placement: str = "colocated"   # colocated | split
     actor_timeout_s: float = 600.0
+    trainers: int = 1              # data-parallel trainer actors (FSDP2 over one torch.distributed group); split only
 
     def __post_init__(self) -> None:
         if self.mode not in ("local", "ray"):
             raise ValueError(f"cluster.mode must be 'local' or 'ray', got {self.mode!r}")
         if self.placement not in ("colocated", "split"):
             raise ValueError(f"cluster.placement must be 'colocated' or 'split', got {self.placement!r}")
+        if self.trainers < 1:
+            raise ValueError(f"cluster.trainers must be >= 1, got {self.trainers}")
+        if self.trainers > 1 and (self.mode, self.placement) != ("ray", "split"):
+            raise ValueError(f"cluster.trainers: {self.trainers} runs data-parallel trainer actors, which needs "
+                             f"cluster.mode: ray and cluster.placement: split (the rollout in its own actor); got "
+                             f"mode {self.mode!r}, placement {self.placement!r}")
 
 
 @dataclass

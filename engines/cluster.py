@@ -105,6 +105,24 @@ def actor_name(run_name: str, actor: str) -> str:
     return f"{run_name}/{actor}"
 
 
+def trainer_actors(config: Any) -> list[str]:
+    """The trainer actors of a run, rank order: "trainer", then "trainer-1" ... for cluster.trainers > 1."""
+    return ["trainer"] + [f"trainer-{rank}" for rank in range(1, config.cluster.trainers)]
+
+
+def actor_names(config: Any) -> list[str]:
+    """Every actor of a run: its placement's roles plus the data-parallel trainer ranks."""
+    names = set(ROLES[config.cluster.placement].values())
+    if config.cluster.placement == "split":
+        names.update(trainer_actors(config))
+    return sorted(names)
+
+
+def _role(actor: str) -> str:
+    """The role an actor builds for ("trainer-1" builds what "trainer" builds)."""
+    return "trainer" if actor.startswith("trainer") else actor
+
+
 def forwarded_env() -> dict[str, str]:
     """The driver's settings the Ray workers and actors need (runtime_env env_vars)."""
     return {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
@@ -140,13 +158,50 @@ class EngineHost:
     free of model code; Ray ships functions of importable modules by name, never their bytecode.
     """
 
-    def __init__(self, build: Callable, config: Any, actor: str, extras: dict):
-        global _BUILDS
-        self.actor = actor
-        self.engines = build(config, actor)
-        self.engines.extras.update(extras)
+    def __init__(self, build: Callable, config: Any, actor: str, extras: dict, rank: int = 0, world: int = 1):
+        self.actor, self.rank, self.world = actor, rank, world
+        self._pending = (build, config, extras)
+        self.engines: Engines | None = None
         self.created = time.time()
+        if world == 1:
+            self._build()
+        # A data-parallel trainer rank builds in `join`, once every rank knows where rank 0 listens.
+
+    def _build(self) -> None:
+        global _BUILDS
+        build, config, extras = self._pending
+        self.engines = build(config, _role(self.actor))
+        self.engines.extras.update(extras)
         _BUILDS += 1
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0: this node's address and a free port for the torch.distributed store."""
+        import socket
+
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def join(self, address: str, port: int) -> None:
+        """Join the run's trainer process group (NCCL on GPUs, gloo on CPUs), then build: the trainer
+        shards its model with FSDP2 over the group. A warm (already built) rank does nothing."""
+        if self.engines is not None:
+            return
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        config = self._pending[1]
+        os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world), LOCAL_RANK="0")
+        backend = "nccl" if torch.cuda.is_available() and config.model.device != "cpu" else "gloo"
+        dist.init_process_group(backend, rank=self.rank, world_size=self.world,
+                                timeout=datetime.timedelta(seconds=config.cluster.actor_timeout_s))
+        self._build()
 
     def attach(self, config: Any, extras: dict) -> dict:
         """A later flow run of the same run name: same model and training setup, fresh run settings."""
@@ -167,8 +222,11 @@ class EngineHost:
         import ray
 
         e = self.engines
+        if e is None:
+            return {"actor": self.actor, "pid": os.getpid(), "holds": [], "rank": self.rank,
+                    "error": "not built: waiting for the other trainer ranks to join"}
         holds = [name for name in ("adapter", "rollout", "trainer", "reward", "store") if getattr(e, name) is not None]
-        return {"actor": self.actor, "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
+        return {"actor": self.actor, "rank": self.rank, "world": self.world, "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
                 "gpus": [str(g) for g in ray.get_gpu_ids()], "device": str(getattr(e.adapter, "device", "cpu")),
                 "holds": holds, "model": e.extras.get("model_path", "") if e.adapter is not None else "",
                 "builds": _BUILDS, "policy_version": e.policy_version if e.adapter is not None else None,
@@ -187,7 +245,7 @@ def _resources(config: Any, actors: list[str]) -> dict[str, float]:
     import ray
 
     has_gpus = ray.cluster_resources().get("GPU", 0) >= 1 and config.model.device != "cpu"
-    return {a: (1.0 if has_gpus and a in ("engine", "rollout", "trainer") else 0.0) for a in actors}
+    return {a: (1.0 if has_gpus and _role(a) in ("engine", "rollout", "trainer") else 0.0) for a in actors}
 
 
 def _placement_group(run_name: str, gpus: dict[str, float], timeout_s: float):
@@ -237,6 +295,11 @@ class RayEngines:
             raise RuntimeError(f"run {run_name!r} has no actors on this Ray cluster (namespace {NAMESPACE!r}): "
                                f"start it with `diffrl train ... cluster.mode=ray run.name={run_name}`")
         info = ray.get(actors["reward"].describe.remote(), timeout=60)
+        for actor in trainer_actors(info["config"])[1:]:
+            try:
+                actors[actor] = ray.get_actor(actor_name(run_name, actor), namespace=NAMESPACE)
+            except ValueError:
+                continue
         return cls(run_name, info["config"], actors, info["extras"])
 
     def share_extras(self) -> None:
@@ -252,24 +315,39 @@ class RayEngines:
                                "`diffrl train` to start fresh actors from the last checkpoint")
         return self.actors[actor]
 
+    def ranks(self, role: str) -> list[Any]:
+        """The actors that run a call of `role`: every data-parallel trainer rank for "trainer" (rank 0 first)."""
+        if role != "trainer" or not self.split or self.config.cluster.trainers == 1:
+            return [self.actor_for(role)]
+        missing = [a for a in trainer_actors(self.config) if a not in self.actors]
+        if missing:
+            raise RuntimeError(f"run {self.run_name!r}: trainer actors {missing} are not alive; "
+                               f"`diffrl cluster stop {self.run_name}` and rerun to start fresh actors")
+        return [self.actors[a] for a in trainer_actors(self.config)]
+
     def run(self, role: str, fn: Callable, *args: Any) -> Any:
-        """`fn(engines, *args)` inside the actor playing `role`; its error (or a timeout) fails the caller."""
-        actor = self.actor_for(role)
-        return self.wait(actor.run.remote(fn, *args), f"{role} ({getattr(fn, '__name__', fn)})")
+        """`fn(engines, *args)` inside the actor playing `role` -- on every trainer rank for "trainer", which
+        returns rank 0's result; an error (or a timeout) of any of them fails the caller."""
+        refs = [actor.run.remote(fn, *args) for actor in self.ranks(role)]
+        return self.wait(refs, f"{role} ({getattr(fn, '__name__', fn)})")[0]
 
     def pipe(self, first: tuple[str, Callable], second: tuple[str, Callable], *args: Any) -> Any:
-        """second_fn(engines2, first_fn(engines1, *args)): the intermediate goes actor to actor, not via here."""
-        ref = self.actor_for(first[0]).run.remote(first[1], *args)
-        return self.wait(self.actor_for(second[0]).run.remote(second[1], ref), f"{first[0]} -> {second[0]}")
+        """second_fn(engines2, first_fn(engines1, *args)): the intermediate goes actor to actor, not via here
+        (from rank 0 when `first` runs on every trainer rank)."""
+        refs = [actor.run.remote(first[1], *args) for actor in self.ranks(first[0])]
+        out = self.actor_for(second[0]).run.remote(second[1], refs[0])
+        return self.wait([out, *refs[1:]], f"{first[0]} -> {second[0]}")[0]
 
     def wait(self, ref: Any, what: str) -> Any:
+        """ray.get of one ref or a list of them, within cluster.actor_timeout_s."""
         import ray
 
         timeout = self.config.cluster.actor_timeout_s
         try:
             return ray.get(ref, timeout=timeout)
         except ray.exceptions.GetTimeoutError as e:
-            ray.cancel(ref, force=False)
+            for r in ref if isinstance(ref, list) else [ref]:
+                ray.cancel(r, force=False)
             raise TimeoutError(f"run {self.run_name!r}: actor call {what} did not answer within "
                                f"cluster.actor_timeout_s={timeout:g} s (stuck or overloaded actor; "
                                f"`diffrl cluster status` shows the actors)") from e
@@ -289,7 +367,7 @@ def start_actors(config: Any, build: Callable, extras: dict) -> RayEngines:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     run_name, timeout = config.run.name, config.cluster.actor_timeout_s
-    names = sorted(set(ROLES[config.cluster.placement].values()))
+    names = actor_names(config)
     gpus = _resources(config, names)
     pg = _placement_group(run_name, gpus, timeout)
     host = ray.remote(EngineHost)
@@ -301,8 +379,14 @@ def start_actors(config: Any, build: Callable, extras: dict) -> RayEngines:
         if gpus[actor] > 0:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle)
             bundle += 1
-        actors[actor] = host.options(**options).remote(build, config, actor, extras)
+        rank = trainer_actors(config).index(actor) if actor in trainer_actors(config) else 0
+        world = config.cluster.trainers if actor in trainer_actors(config) else 1
+        actors[actor] = host.options(**options).remote(build, config, actor, extras, rank, world)
     handle = RayEngines(run_name, config, actors, dict(extras))
+    if config.cluster.trainers > 1:  # data-parallel trainers: one process group, rank 0's address
+        ranks = handle.ranks("trainer")
+        address, port = handle.wait(ranks[0].rendezvous.remote(), "trainer rendezvous")
+        handle.wait([r.join.remote(address, port) for r in ranks], "trainers (process group and build)")
     # a warm actor from an earlier flow run answers `attach`; a new one answers once its build is done
     infos = [handle.wait(a.attach.remote(config, extras), f"{name} (build/attach)") for name, a in actors.items()]
     handle.extras.update(infos[0]["extras"])
@@ -334,13 +418,16 @@ def stop_actors(run_name: str) -> list[str]:
     from ray.util.placement_group import get_placement_group, remove_placement_group
 
     removed = []
-    for actor in ("engine", "rollout", "trainer", "reward"):
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        name = entry["name"]
+        if entry["namespace"] != NAMESPACE or name.rsplit("/", 1)[0] != run_name:
+            continue
         try:
-            handle = ray.get_actor(actor_name(run_name, actor), namespace=NAMESPACE)
+            handle = ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:
             continue
         ray.kill(handle, no_restart=True)
-        removed.append(actor_name(run_name, actor))
+        removed.append(name)
     try:
         remove_placement_group(get_placement_group(actor_name(run_name, "gpus")))
         removed.append(actor_name(run_name, "gpus"))

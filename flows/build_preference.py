@@ -26,6 +26,9 @@ def trainer_class(cfg: ExperimentConfig) -> type[PolicyTrainer]:
 def check_preference_config(cfg: ExperimentConfig) -> None:
     """ValueError (naming the setting to change) for a direct-preference config that cannot train."""
     algo, n = cfg.algorithm, cfg.rollout.num_inference_steps
+    if cfg.data.sample_source == "offline" and cfg.cluster.trainers > 1:
+        raise ValueError("data.sample_source 'offline' reads its pairs in the trainer actor, which is one "
+                         f"process: use cluster.trainers: 1 (got {cfg.cluster.trainers})")
     if cfg.data.sample_source == "offline" and algo.loss != "dpo_loss":
         raise ValueError(f"data.sample_source 'offline' trains from (chosen, rejected) pairs and needs "
                          f"algorithm: dpo; got algorithm {algo.name!r} (use data.sample_source: online)")

@@ -11,9 +11,11 @@ import os
 import shutil
 import time
 
+import torch.distributed as dist
 from prefect import task
 
 from engines import cluster
+from engines.train.setup import world
 from tasks.common import STAGE, inject_fault, stage_cache_key
 
 
@@ -31,11 +33,18 @@ def latest_checkpoint(run_dir: str) -> int | None:
 
 
 def _commit_checkpoint(engines: cluster.Engines, step: int, metrics: dict) -> str:
+    """Every trainer rank saves (the state is gathered); rank 0 alone prepares, commits and prunes."""
     cfg = engines.config
     final = checkpoint_dir(cfg.run_dir, step)
     tmp = final + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    rank, size = world()
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if size > 1:
+        dist.barrier()  # no rank writes into tmp before rank 0 has cleared it
     engines.trainer.save_checkpoint(tmp, step=step)
+    if rank != 0:
+        return final
     with open(os.path.join(tmp, "update_metrics.json"), "w") as f:
         json.dump(metrics, f)
     shutil.rmtree(final, ignore_errors=True)

@@ -147,10 +147,11 @@ def save(trainer, path: str, *, step: int) -> str:
     rank = world()[0]
     if trainer.cfg.lora:
         trainable = trainable_state(trainer, all_lora=True)
-        optim_tensors, optim_rest = _split_optimizer(
-            get_optimizer_state_dict(model, trainer.optimizer, options=_FULL))
+        # collective: every rank gathers, only rank 0 receives the full (CPU) state
+        optim_state = get_optimizer_state_dict(model, trainer.optimizer, options=_FULL)
         export_lora(trainer, f"{path}/lora", trainable)
         if rank == 0:
+            optim_tensors, optim_rest = _split_optimizer(optim_state)
             _write(f"{path}/trainable.safetensors", st_save(trainable))
             _write(f"{path}/optimizer.safetensors", st_save(optim_tensors))
             _write(f"{path}/optimizer.json", json.dumps(optim_rest).encode())

@@ -46,10 +46,10 @@ def diffrl_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ray_cluster(prefect_server, diffrl_cache, tmp_path_factory):
-    """A local Ray cluster owned by this process: 2 CPUs, 2 fake GPUs (placement is real, devices are CPU)."""
+    """A local Ray cluster owned by this process: 2 CPUs, 4 fake GPUs (placement is real, devices are CPU)."""
     ray = pytest.importorskip("ray")
     # the raylet and its workers inherit this environment: the Prefect server and the tiny-model cache
-    ctx = ray.init(num_cpus=2, num_gpus=2, namespace="diffrl", include_dashboard=False, log_to_driver=False,
+    ctx = ray.init(num_cpus=2, num_gpus=4, namespace="diffrl", include_dashboard=False, log_to_driver=False,
                    _temp_dir=str(tmp_path_factory.mktemp("ray")))
     try:
         yield ctx.address_info["gcs_address"]

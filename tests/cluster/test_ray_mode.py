@@ -165,3 +165,38 @@ def test_split_placement_matches_local_and_syncs_weights_by_version(ray_cluster,
     assert actors["split/rollout"]["gpus"] != actors["split/trainer"]["gpus"]
     assert actors["split/rollout"]["policy_version"] == actors["split/trainer"]["policy_version"] == 2
     cluster.stop_actors("split")
+
+
+@pytest.mark.slow
+def test_data_parallel_trainer_actors_match_local(ray_cluster, workdir):
+    """cluster.trainers: 2 -- two trainer actors join one torch.distributed group (gloo on this CPU
+    machine, NCCL on GPUs) and train with FSDP2, each rank on half of every mini-batch: the metrics
+    equal local mode's (one process), rank 0 commits the checkpoints, and the rollout actor samples
+    with the trained weights by version."""
+    from engines import cluster
+    from flows.train import train
+
+    two_steps = TINY + ["run.steps=2", "model.device=auto"]
+    train(config=None, overrides=two_steps + ["run.name=local"])
+    train(config=None, overrides=two_steps + RAY + ["cluster.placement=split", "cluster.trainers=2", "run.name=dp"])
+    local, dp = _metrics(workdir, "local"), _metrics(workdir, "dp")
+    for key in ("critic/rewards/mean", "actor/pg_loss", "actor/grad_norm", "actor/ratio_mean"):
+        assert dp[key] == pytest.approx(local[key], rel=1e-5, abs=1e-6), key
+    actors = {a["name"]: a for a in cluster.list_actors("dp")}
+    assert sorted(actors) == ["dp/reward", "dp/rollout", "dp/trainer", "dp/trainer-1"]
+    ranks = [actors["dp/trainer"], actors["dp/trainer-1"]]
+    assert [(a["rank"], a["world"]) for a in ranks] == [(0, 2), (1, 2)]
+    assert len({a["gpus"][0] for a in [*ranks, actors["dp/rollout"]]}) == 3  # one (fake) GPU each
+    assert actors["dp/rollout"]["policy_version"] == ranks[0]["policy_version"] == ranks[1]["policy_version"] == 2
+    assert (workdir / "runs" / "dp" / "checkpoints" / "step_1" / "update_metrics.json").exists()
+    assert sorted(cluster.stop_actors("dp")) == ["dp/gpus", "dp/reward", "dp/rollout", "dp/trainer", "dp/trainer-1"]
+    _gone("dp")
+
+
+def test_data_parallel_trainers_need_split_ray_mode():
+    from configs.schema import load_experiment
+
+    with pytest.raises(ValueError, match="needs cluster.mode: ray and cluster.placement: split"):
+        load_experiment(None, TINY + ["cluster.mode=ray", "cluster.trainers=2"])
+    with pytest.raises(ValueError, match="cluster.trainers must be >= 1"):
+        load_experiment(None, TINY + ["cluster.trainers=0"])
