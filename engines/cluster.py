@@ -226,7 +226,8 @@ class EngineHost:
             return {"actor": self.actor, "pid": os.getpid(), "holds": [], "rank": self.rank,
                     "error": "not built: waiting for the other trainer ranks to join"}
         holds = [name for name in ("adapter", "rollout", "trainer", "reward", "store") if getattr(e, name) is not None]
-        return {"actor": self.actor, "rank": self.rank, "world": self.world, "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
+        return {"actor": self.actor, "rank": self.rank, "world": self.world, "pid": os.getpid(),
+                "node": ray.get_runtime_context().get_node_id(),
                 "gpus": [str(g) for g in ray.get_gpu_ids()], "device": str(getattr(e.adapter, "device", "cpu")),
                 "holds": holds, "model": e.extras.get("model_path", "") if e.adapter is not None else "",
                 "builds": _BUILDS, "policy_version": e.policy_version if e.adapter is not None else None,
