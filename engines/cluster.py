@@ -429,6 +429,7 @@ def stop_actors(run_name: str) -> list[str]:
             continue
         ray.kill(handle, no_restart=True)
         removed.append(name)
+    removed.sort()  # list_named_actors has no fixed order
     try:
         remove_placement_group(get_placement_group(actor_name(run_name, "gpus")))
         removed.append(actor_name(run_name, "gpus"))
