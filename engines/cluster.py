@@ -369,6 +369,7 @@ def start_actors(config: Any, build: Callable, extras: dict) -> RayEngines:
 
     run_name, timeout = config.run.name, config.cluster.actor_timeout_s
     names = actor_names(config)
+    dp_ranks = trainer_actors(config) if config.cluster.trainers > 1 else []
     gpus = _resources(config, names)
     pg = _placement_group(run_name, gpus, timeout)
     host = ray.remote(EngineHost)
@@ -380,8 +381,7 @@ def start_actors(config: Any, build: Callable, extras: dict) -> RayEngines:
         if gpus[actor] > 0:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle)
             bundle += 1
-        rank = trainer_actors(config).index(actor) if actor in trainer_actors(config) else 0
-        world = config.cluster.trainers if actor in trainer_actors(config) else 1
+        rank, world = (dp_ranks.index(actor), len(dp_ranks)) if actor in dp_ranks else (0, 1)
         actors[actor] = host.options(**options).remote(build, config, actor, extras, rank, world)
     handle = RayEngines(run_name, config, actors, dict(extras))
     if config.cluster.trainers > 1:  # data-parallel trainers: one process group, rank 0's address

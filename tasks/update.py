@@ -11,11 +11,10 @@ import os
 import shutil
 import time
 
-import torch.distributed as dist
 from prefect import task
 
 from engines import cluster
-from engines.train.setup import world
+from engines.train.setup import barrier, world
 from tasks.common import STAGE, inject_fault, stage_cache_key
 
 
@@ -37,11 +36,10 @@ def _commit_checkpoint(engines: cluster.Engines, step: int, metrics: dict) -> st
     cfg = engines.config
     final = checkpoint_dir(cfg.run_dir, step)
     tmp = final + ".tmp"
-    rank, size = world()
+    rank = world()[0]
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-    if size > 1:
-        dist.barrier()  # no rank writes into tmp before rank 0 has cleared it
+    barrier()  # no rank writes into tmp before rank 0 has cleared it
     engines.trainer.save_checkpoint(tmp, step=step)
     if rank != 0:
         return final

@@ -20,13 +20,12 @@ import warnings
 
 import fsspec
 import torch
-import torch.distributed as dist
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 
-from engines.train.setup import ADAPTER_NAME, lora_config, world
+from engines.train.setup import ADAPTER_NAME, barrier, lora_config, world
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
 
@@ -39,11 +38,6 @@ def _write(path: str, data: bytes) -> None:
 def _read(path: str) -> bytes:
     with fsspec.open(path, "rb") as f:
         return f.read()
-
-
-def _barrier() -> None:
-    if world()[1] > 1:
-        dist.barrier()
 
 
 def trainable_state(trainer, *, all_lora: bool = False) -> dict[str, torch.Tensor]:
@@ -94,7 +88,7 @@ def export_lora(trainer, path: str, trainable: dict[str, torch.Tensor] | None = 
             pipe_cls.save_lora_weights(tmp, transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata)
             for name in os.listdir(tmp):
                 _write(f"{path.rstrip('/')}/{name}", open(os.path.join(tmp, name), "rb").read())
-    _barrier()
+    barrier()
     return path
 
 
@@ -165,7 +159,7 @@ def save(trainer, path: str, *, step: int) -> str:
     if rank == 0:
         _write(f"{path}/trainer_state.json", json.dumps(_trainer_state(trainer, step)).encode())
     _write(f"{path}/rng_rank{rank}.safetensors", st_save(_rng_state()))
-    _barrier()
+    barrier()
     return path
 
 

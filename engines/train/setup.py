@@ -25,6 +25,12 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
+def barrier() -> None:
+    """torch.distributed barrier across the trainer ranks (nothing with one process)."""
+    if world()[1] > 1:
+        dist.barrier()
+
+
 def lora_config(cfg: TrainConfig, targets: tuple[str, ...]):
     """The peft LoraConfig of the trained adapter (also written into the checkpoint's metadata)."""
     from peft import LoraConfig
