@@ -209,12 +209,12 @@ SDPA_BACKENDS = ("default", "flash", "efficient", "cudnn", "math")
 
 
 @contextlib.contextmanager
-def sdpa_backend(name: str, *, strict: bool = False):
-    """Within it, F.scaled_dot_product_attention prefers backend `name` ("default": PyTorch chooses).
+def sdpa_backend(name: str):
+    """Within it, F.scaled_dot_product_attention may use only backend `name` ("default": PyTorch chooses).
 
-    Preferred, not exclusive: inputs the backend does not support (the VAE's single 512-wide attention
-    head, a masked joint attention for flash) fall back to PyTorch's usual order. strict=True allows
-    only `name` (probes use it to find out which backend supports which inputs)."""
+    Probes use it to find out which backend supports which inputs. Timed runs set the product's own
+    preference instead (`adapter.attention`, the `model.attention` setting), which falls back to the
+    other backends for inputs the preferred one does not support."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if name not in SDPA_BACKENDS:
@@ -224,8 +224,5 @@ def sdpa_backend(name: str, *, strict: bool = False):
         return
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[name]
-    order = [backend] if strict else [backend, *(b for b in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
-                                                              SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
-                                                  if b != backend)]
-    with sdpa_kernel(order, set_priority=not strict):
+    with sdpa_kernel([backend]):
         yield
