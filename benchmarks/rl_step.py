@@ -46,8 +46,9 @@ from algorithms.catalog import Algorithm, get_algorithm  # noqa: E402
 from engines.reward.jpeg import JpegOptions, jpeg_compressibility  # noqa: E402
 from engines.rollout import RolloutEngine, SamplingConfig  # noqa: E402
 from engines.train.config import TrainConfig  # noqa: E402
+from engines.train.setup import set_lora_compute_dtype  # noqa: E402
 from engines.train.trainer import PolicyTrainer  # noqa: E402
-from models.base import SampleShape, pad_and_cat  # noqa: E402
+from models.base import SampleShape, pad_and_cat, set_tf32  # noqa: E402
 
 DATASHEET_TFLOPS = 989.4   # H100/H200 SXM dense bf16 (datasheet); the measured matmul rate is recorded too
 PUBLISHED = {"qwen_image_ocr_lora": {"verl_omni_4xH800": 0.305}, "sd35m_flow_grpo": {"flow_grpo_reference": 1.1}}
@@ -84,18 +85,23 @@ RECIPES = {
         mini_batch_prompts=16, lora_rank=64, lora_alpha=128, text_tokens=32, negative_tokens=6, rollout_batch=16,
         algorithm=get_algorithm("flow_grpo_fast", noise_level=1.2, window={"start_range": (0, 5)}, clip_ratio=1e-5),
         train_candidates=((1.0, 4), (1.0, 8), (0.5, 4), (0.0, 1), (0.0, 2), (0.0, 4))),
-    # flow_grpo SD3.5-Medium: CFG 4.5, noise 0.7, group 24, LoRA r32/a64, 9 trained steps, KL 0.04.
+    # flow_grpo SD3.5-Medium: CFG 4.5, noise 0.7, group 24, LoRA r32/a64, 9 trained steps, KL 0.04; prompts
+    # and the empty negative encoded with max_sequence_length=128 (scripts/train_sd3.py): 77 CLIP + 128 T5 tokens.
     "sd35m_flow_grpo": Recipe(
         arch="sd3", guidance_scale=4.5, negative_prompt="", group_size=24, prompts_per_step=48,
-        mini_batch_prompts=24, lora_rank=32, lora_alpha=64, text_tokens=77 + 256, negative_tokens=77 + 256,
+        mini_batch_prompts=24, lora_rank=32, lora_alpha=64, text_tokens=77 + 128, negative_tokens=77 + 128,
         rollout_batch=24, algorithm=get_algorithm("flow_grpo"),
-        train_candidates=((1.0, 12), (0.0, 4), (0.0, 8), (0.0, 12), (0.5, 24))),
+        train_candidates=((1.0, 12), (0.0, 4), (0.0, 8), (0.0, 12), (0.0, 24), (0.5, 24))),
 }
 VARIANTS = {  # name -> lever overrides of the main measurement (one "before" state each)
     "recompute_old_log_probs": {"old_log_probs": "recompute"},
     "full_checkpointing": {"checkpointing": 1.0},
     "no_kl": {"kl": False},
     "sdpa_default": {"sdpa": "default"},
+    "tf32": {"tf32": True},
+    "no_tf32": {"tf32": False},
+    "lora_base": {"lora_compute": "base"},
+    "lora_fp32": {"lora_compute": "fp32"},
     "compile": {"compile": True},   # last: compilation cannot be undone
 }
 
@@ -109,6 +115,8 @@ class Levers:
     compile: bool = False
     old_log_probs: str = "auto"
     kl: bool = True
+    tf32: bool = False
+    lora_compute: str = "fp32"
 
 
 class Bench:
@@ -130,10 +138,12 @@ class Bench:
             guidance_scale=recipe.guidance_scale, negative_prompt=recipe.negative_prompt,
             noise_level=alg.noise_level, sde_type=alg.sde_type, window=alg.window, batch_size=recipe.rollout_batch)
         cfg = TrainConfig(lora_rank=recipe.lora_rank, lora_alpha=recipe.lora_alpha, lr=recipe.lr,
-                          mini_batch_prompts=recipe.mini_batch_prompts, micro_batch_size=4)
+                          mini_batch_prompts=recipe.mini_batch_prompts, micro_batch_size=4,
+                          lora_compute=args.lora_compute)
         self.trainer = PolicyTrainer(self.adapter, alg, cfg, self.sampling, group_size=recipe.group_size)
         self.reward = jpeg_compressibility(JpegOptions())
         self.compiled = False
+        set_tf32(args.tf32)  # the probes run with the main measurement's setting
 
     @property
     def shape(self) -> SampleShape:
@@ -147,6 +157,9 @@ class Bench:
         self.trainer.algorithm = dataclasses.replace(self.recipe.algorithm,
                                                      kl_coef=self.recipe.algorithm.kl_coef if levers.kl else 0.0)
         self.adapter.attention = levers.sdpa  # what `model.attention` sets: the denoiser forwards prefer it
+        set_tf32(levers.tf32)                  # what `model.tf32` sets
+        lora_dtype = self.adapter.dtype if levers.lora_compute == "base" and self.adapter.dtype != torch.float32 else None
+        set_lora_compute_dtype(self.adapter.transformer, lora_dtype)  # what `train.lora_compute` sets
         common.set_checkpointing(self.adapter.transformer, levers.checkpointing)
         if levers.compile and not self.compiled:
             self.adapter.compile_blocks()
@@ -229,17 +242,27 @@ def probe_forwards(bench: Bench) -> dict:
 
 def probe_training(bench: Bench, sdpa_names: list[str]) -> dict:
     """Replay-style forward + backward (CFG, LoRA) per image for each (checkpointing, micro-batch) candidate
-    and, at the smallest micro-batch, per SDPA backend; OOM is recorded, not raised."""
+    and, at the fastest candidate that fits, per SDPA backend; OOM is recorded, not raised."""
     cands = bench.recipe.train_candidates
     x, sigma, pos, neg = _inputs(bench, max(mb for _, mb in cands))
     results, by_backend = [], {}
     for fraction, mb in cands:
         results.append({"checkpointing": fraction, "micro_batch": mb,
                         **_time_train(bench, fraction, mb, x, sigma, pos, neg, "default")})
-    fraction, mb = min(cands, key=lambda c: c[1])
+    fitting = [c for c in results if c["ms_per_image"] is not None
+               and (c["peak_gib"] or 0.0) <= memory_limit_gib(bench.device)]
+    best = min(fitting or results, key=lambda c: c["ms_per_image"] or float("inf"))
     for name in sdpa_names:
-        by_backend[name] = _time_train(bench, fraction, mb, x, sigma, pos, neg, name)
-    return {"candidates": results, "sdpa_train_smallest_micro_batch": by_backend}
+        by_backend[name] = _time_train(bench, best["checkpointing"], best["micro_batch"], x, sigma, pos, neg, name)
+    return {"candidates": results, "sdpa_train": {"checkpointing": best["checkpointing"],
+                                                  "micro_batch": best["micro_batch"], **by_backend}}
+
+
+def memory_limit_gib(device: str) -> float:
+    """85% of the GPU's memory: what `auto` settings may peak at (no limit on CPU)."""
+    if not device.startswith("cuda"):
+        return float("inf")
+    return 0.85 * torch.cuda.get_device_properties(0).total_memory / 2**30
 
 
 def _time_train(bench, fraction, mb, x, sigma, pos, neg, backend) -> dict:
@@ -268,17 +291,18 @@ def choose_levers(args, recipe: Recipe, probes: dict) -> list[Levers]:
     """Levers of the main measurement, best first: given values, or for `auto` the probed settings that fit
     in 85% of the GPU's memory, fastest first (the largest micro-batch is not always the fastest)."""
     sdpa = args.sdpa
-    if sdpa == "auto":
+    if sdpa == "auto":  # per image: N rollout forwards + T trained forward/backward passes
         times = probes["forward"]["sdpa_ms_per_image"]
-        trains = probes["training"]["sdpa_train_smallest_micro_batch"]
-        ok = [n for n, t in times.items() if isinstance(t, float) and trains.get(n, {}).get("ms_per_image")]
-        sdpa = min(ok, key=lambda n: times[n] + trains[n]["ms_per_image"]) if ok else "default"
+        trains = probes["training"]["sdpa_train"]
+        ok = [n for n, t in times.items() if isinstance(t, float) and (trains.get(n) or {}).get("ms_per_image")]
+        trained = trained_steps(recipe)
+        sdpa = min(ok, key=lambda n: recipe.num_inference_steps * times[n] + trained * trains[n]["ms_per_image"]) \
+            if ok else "default"
     fraction, micro = args.checkpointing, args.micro_batch
     if "auto" in (fraction, micro):
-        cuda = args.device.startswith("cuda")
-        limit = 0.85 * torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None
-        fits = [c for c in probes["training"]["candidates"] if c["ms_per_image"] is not None
-                and (limit is None or c["peak_gib"] <= limit)
+        limit = memory_limit_gib(args.device)
+        fits = [c for c in probes["training"]["candidates"]
+                if c["ms_per_image"] is not None and (c["peak_gib"] or 0.0) <= limit
                 and fraction in ("auto", float(c["checkpointing"])) and micro in ("auto", int(c["micro_batch"]))]
         if not fits:
             raise ValueError(f"no probed (checkpointing, micro_batch) setting ran for --checkpointing {fraction} "
@@ -287,7 +311,8 @@ def choose_levers(args, recipe: Recipe, probes: dict) -> list[Levers]:
     else:
         ranked = [(fraction, micro)]
     return [Levers(rollout_batch=args.rollout_batch or recipe.rollout_batch, micro_batch=int(m),
-                   checkpointing=float(f), sdpa=sdpa, compile=args.compile, old_log_probs=args.old_log_probs)
+                   checkpointing=float(f), sdpa=sdpa, compile=args.compile, old_log_probs=args.old_log_probs,
+                   tf32=args.tf32, lora_compute=args.lora_compute)
             for f, m in ranked]
 
 
@@ -316,11 +341,16 @@ def run_phase(bench: Bench, name: str, levers: Levers, warmup: int, steps: int) 
         "logprob_gap_mean": timed[-1]["logprob_gap"], "phase_wall_seconds": time.perf_counter() - started}
 
 
+def trained_steps(recipe: Recipe) -> int:
+    """Denoising steps trained per sample."""
+    window = recipe.algorithm.window
+    return window.size if window.kind == "random_start" else recipe.num_inference_steps - 1
+
+
 def flop_model(recipe: Recipe, probes: dict, levers: Levers) -> dict:
     """Model FLOPs per image of one RL step (see the module docstring)."""
     f, c = probes["forward"]["forward_flops"], 2 if recipe.guidance_scale > 1 else 1
-    trained = recipe.algorithm.window.size if recipe.algorithm.window.kind == "random_start" else \
-        recipe.num_inference_steps - 1
+    trained = trained_steps(recipe)
     parts = {"rollout": recipe.num_inference_steps * c * f, "decode": probes["forward"]["decode_flops"],
              "train": trained * c * 2 * f,
              "reference": trained * c * f if recipe.algorithm.kl_coef > 0 and levers.kl else 0,
@@ -352,6 +382,11 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--sdpa", default="default", choices=[*common.SDPA_BACKENDS, "auto"])
     parser.add_argument("--compile", action="store_true", help="torch.compile the transformer blocks")
     parser.add_argument("--old-log-probs", default="auto", choices=["auto", "recompute"])
+    parser.add_argument("--tf32", action="store_true", help="CUDA fp32 matmuls (the LoRA branches) on TF32 cores")
+    parser.add_argument("--lora-compute", default="fp32", choices=["fp32", "base"],
+                        help="LoRA matmuls in fp32 or in the base's bf16 (train.lora_compute)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the main measurement, profile one step: top CUDA kernels into the JSON")
     parser.add_argument("--variants", default="recompute_old_log_probs,full_checkpointing,no_kl,sdpa_default,compile",
                         help=f"comma list of {sorted(VARIANTS)} (or empty), each timed after the main measurement")
     parser.add_argument("--variant-steps", type=int, default=1)
@@ -430,6 +465,9 @@ def main(argv: list[str] | None = None) -> dict:
                   peak_memory_gib=main_phase["peak_memory_gib"], mfu=main_phase["mfu_datasheet"],
                   main=main_phase, variants=[])
     _write(out, result)
+    if args.profile:
+        result["profile"] = profile_step(bench)
+        _write(out, result)
     for name in filter(None, args.variants.split(",")):
         _run_variant(bench, result, name, levers, main_phase, started)
         _write(out, result)
@@ -445,7 +483,7 @@ def _run_variant(bench: Bench, result: dict, name: str, levers: Levers, main_pha
     if changed == levers or (name == "no_kl" and bench.recipe.algorithm.kl_coef == 0):
         result["variants"].append({"name": name, "skipped": "same as the main levers"})
         return
-    warmup = 1 if name == "compile" else 0
+    warmup = 1 if name == "compile" or bench.compiled else 0  # compiled blocks recompile for changed levers
     # Compilation costs several steps' worth of time; others about one step each.
     expected = main_phase["seconds_per_step"] * (args.variant_steps + warmup * 4)
     if time.perf_counter() - started + expected > args.time_limit:
@@ -464,6 +502,23 @@ def _run_variant(bench: Bench, result: dict, name: str, levers: Levers, main_pha
         phase["compile_seconds_estimate"] = phase["first_step_seconds"] - phase["seconds_per_step"]
     result["variants"].append(phase)
     bench.apply(levers)  # back to the main levers (compilation stays)
+
+
+def profile_step(bench: Bench, rows: int = 40) -> dict:
+    """One more RL step under torch.profiler: the kernels with the most device time, and the step's total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if bench.device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        stages = bench.step(bench.args.step_offset)
+    bench.args.step_offset += 1
+    key = "device_time_total" if bench.device.startswith("cuda") else "cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
+    total = sum(getattr(e, "self_" + key) for e in events)
+    top = sorted(events, key=lambda e: getattr(e, "self_" + key), reverse=True)[:rows]
+    return {"stage_seconds": stages, "self_time_total_ms": total / 1e3,
+            "top": [{"name": e.key[:120], "calls": e.count, "self_ms": getattr(e, "self_" + key) / 1e3,
+                     "share": getattr(e, "self_" + key) / max(total, 1)} for e in top]}
 
 
 def _write(path: str | None, result: dict) -> None:

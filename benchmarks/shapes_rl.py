@@ -42,7 +42,7 @@ from engines.store.prompts import PromptDataset, PromptSampler  # noqa: E402
 from engines.store.scenes import TAGS, shapes_prompts  # noqa: E402
 from engines.train.preference import DirectPreferenceTrainer  # noqa: E402
 from engines.train.trainer import PolicyTrainer  # noqa: E402
-from models.base import load_adapter  # noqa: E402
+from models.base import load_adapter, set_tf32  # noqa: E402
 from tasks.common import sample_seed  # noqa: E402  (no Prefect import: the GPU machine has none)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
     adapter = load_adapter(os.path.join(REPO, "models", "reference", cfg.model.path.split(":", 1)[1]),
                            device=device, dtype=dtype)
     adapter.attention = cfg.model.attention
+    set_tf32(cfg.model.tf32)
     rollout = RolloutEngine(adapter, progress=False)
     # The flow's choices (flows/build_preference.trainer_class, tasks/preference.uses_old_policy_rollout),
     # restated here because those modules import Prefect.

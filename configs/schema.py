@@ -30,6 +30,7 @@ class ModelConfig:
     tiny_seed: int = 0       # seed of the random weights of a tiny:<arch> model
     attention: str = "default"  # SDPA backend first tried on CUDA: default (PyTorch's) | cudnn | flash | efficient | math
     compile: bool = False    # torch.compile the denoiser's transformer blocks (faster sampling and training after a compile)
+    tf32: bool = True        # CUDA fp32 matmuls (e.g. fp32 LoRA branches over a bf16 base) on TF32 tensor cores
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "fp32", "bf16", "fp16"):

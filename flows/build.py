@@ -16,7 +16,7 @@ from engines.store.prompts import PromptDataset, PromptSampler, compositional_pr
 from engines.store.scenes import shapes_prompts
 from engines.store.trajectories import TrajectoryStore
 from flows.build_preference import build_preference_cache, check_preference_config, train_prompts, trainer_class
-from models.base import load_adapter
+from models.base import load_adapter, set_tf32
 
 log = logging.getLogger("diffrl")
 
@@ -106,6 +106,7 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | No
         extras["model_path"] = resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed)
         adapter = load_adapter(extras["model_path"], device=device, dtype=dtype)
         adapter.attention = cfg.model.attention
+        set_tf32(cfg.model.tf32)
         adapter.check_shape(_shape(cfg))
         embed_cache = EmbeddingCache(os.path.join(run_dir, "embeddings.lance"), storage_options=storage)
         rollout = RolloutEngine(adapter, cache=embed_cache, progress=sys.stderr.isatty())

@@ -137,6 +137,19 @@ def attention_context(backend: str, device: torch.device) -> contextlib.Abstract
     return sdpa_kernel([first, *order.values()], set_priority=True)
 
 
+def set_tf32(enabled: bool) -> None:
+    """Let CUDA fp32 matmuls and convolutions run on TF32 tensor cores (`model.tf32`); process-wide.
+
+    Over a bf16 base the fp32 LoRA branches are such matmuls (peft computes them in the LoRA weights'
+    dtype): in full fp32 they run on the GPU's plain fp32 units, several times slower than TF32. The
+    rollout and the trainer share the process setting, so the rollout/replay log-prob gap stays that of
+    shared numerics. No effect on CPU. Uses PyTorch's `allow_tf32` flags (mixing them with the newer
+    `fp32_precision` API is an error in PyTorch >= 2.9: set TF32 in one way only).
+    """
+    torch.backends.cuda.matmul.allow_tf32 = bool(enabled)
+    torch.backends.cudnn.allow_tf32 = bool(enabled)
+
+
 class ModelAdapter(ABC):
     """One architecture. Subclasses live in one file each (models/sd3.py, ...), decorated with
     @register_adapter, and must reproduce the upstream diffusers pipeline exactly at noise level 0."""

@@ -9,6 +9,7 @@ import torch
 LORA_INITS = ("gaussian", "default")   # peft init_lora_weights: "gaussian", or True for "default"
 LR_SCHEDULES = ("constant", "warmup_constant", "warmup_cosine")
 PARAM_DTYPES = ("auto", "fp32", "bf16")
+LORA_COMPUTE = ("fp32", "base")         # the LoRA branch's matmuls: fp32, or the base's dtype (weights stay fp32)
 OLD_LOG_PROBS = ("auto", "recompute")
 ROLLOUT_CORRECTIONS = ("off", "tis", "mask")
 
@@ -46,6 +47,7 @@ class TrainConfig:
     ppo_epochs: int = 1
     shuffle: bool = True
     param_dtype: str = "auto"       # auto = the model's loaded dtype (model.dtype) | fp32 | bf16
+    lora_compute: str = "fp32"      # fp32 | base: LoRA matmuls in the base's dtype (bf16), fp32 master weights kept
     gradient_checkpointing: bool = False
     offload_optimizer: bool = False  # FSDP2 CPUOffloadPolicy (world size > 1 only)
     offload_reference: bool = False  # full fine-tuning: keep the frozen reference copy on CPU
@@ -66,6 +68,7 @@ class TrainConfig:
         _choice("lora_init", self.lora_init, LORA_INITS)
         _choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _choice("param_dtype", self.param_dtype, PARAM_DTYPES)
+        _choice("lora_compute", self.lora_compute, LORA_COMPUTE)
         _choice("old_log_probs", self.old_log_probs, OLD_LOG_PROBS)
         _choice("rollout_correction", self.rollout_correction, ROLLOUT_CORRECTIONS)
         for name in ("lora_rank", "lora_alpha", "mini_batch_prompts", "micro_batch_size", "ppo_epochs"):

@@ -10,6 +10,7 @@ import math
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from engines.train.config import TrainConfig
@@ -68,6 +69,48 @@ def add_lora(transformer: nn.Module, cfg: TrainConfig, targets: tuple[str, ...],
         param.requires_grad_(is_lora)
         if is_lora:
             param.data = param.data.float()
+    if cfg.lora_compute == "base":
+        from peft.tuners.lora import LoraLayer
+
+        base = next(m.get_base_layer().weight.dtype for m in transformer.modules() if isinstance(m, LoraLayer))
+        if base != torch.float32:  # over an fp32 base, fp32 is the base's dtype: nothing to change
+            set_lora_compute_dtype(transformer, base)
+
+
+class CastLinear(nn.Linear):
+    """A LoRA A or B projection that multiplies in `compute_dtype` while its weight stays fp32 (the
+    optimizer's master copy). The cast is in the autograd graph, so the gradient reaches the fp32 weight."""
+
+    compute_dtype: torch.dtype = torch.bfloat16
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(self.compute_dtype)
+        return F.linear(x.to(self.compute_dtype), self.weight.to(self.compute_dtype), bias)
+
+
+def set_lora_compute_dtype(transformer: nn.Module, dtype: torch.dtype | None) -> int:
+    """Make every LoRA branch multiply in `dtype` (`lora_compute: base`), or in its weights' fp32 again (None).
+
+    peft casts a LoRA layer's input to the LoRA weights' dtype, so fp32 LoRA over a bf16 base runs its
+    matmuls in fp32 (on a GPU: plain fp32 or TF32 units). Here the cast is switched off and the A/B
+    projections compute in `dtype`; parameter names, dtypes and checkpoints are unchanged. Returns the
+    number of LoRA layers changed.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    changed = 0
+    for module in transformer.modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        module.cast_input_dtype_enabled = dtype is None
+        for linear in [*module.lora_A.values(), *module.lora_B.values()]:
+            if type(linear) not in (nn.Linear, CastLinear):
+                raise TypeError(f"lora_compute: base supports Linear LoRA projections, not {type(linear).__name__}")
+            linear.__class__ = nn.Linear if dtype is None else CastLinear
+            if dtype is not None:
+                linear.compute_dtype = dtype
+        changed += 1
+    return changed
 
 
 def prepare_denoiser(adapter: ModelAdapter, cfg: TrainConfig, device: torch.device) -> list[nn.Parameter]:
