@@ -34,13 +34,15 @@ def check_preference_config(cfg: ExperimentConfig) -> None:
                          f"algorithm: dpo; got algorithm {algo.name!r} (use data.sample_source: online)")
     if algo.family != "direct_preference":
         return
+    # The trainer reads the final latents: the window must end at the last step. A longer window ending there
+    # makes the earlier steps stochastic too (e.g. SDE sampling throughout, as FlowGRPO's rollout does).
     window = algo.window
     lo, hi = window.start_range
-    if window.kind != "random_start" or window.size != 1 or (lo, hi) != (n - 1, n):
+    if window.kind != "random_start" or hi != lo + 1 or lo + window.size != n:
         raise ValueError(
-            f"algorithm {algo.name!r} trains on the final sample, so its rollout window must be the last "
+            f"algorithm {algo.name!r} trains on the final sample, so its rollout window must end at the last "
             f"denoising step: set algorithm.window to {{kind: random_start, size: 1, start_range: [{n - 1}, {n}]}} "
-            f"(rollout.num_inference_steps is {n}); got {window}")
+            f"(or size k with start_range [{n} - k, {n} - k + 1]; rollout.num_inference_steps is {n}); got {window}")
 
 
 TOY_SOURCE = "generator:toy_preferences"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from algorithms.catalog import get_algorithm
@@ -9,6 +10,7 @@ from configs.schema import load_experiment
 from engines import cluster
 from engines.train.preference import lora_pairs
 from flows.build import build_engines
+from flows.build_preference import check_preference_config
 from tasks.generate import chunk_plan
 from tasks.preference import generate_with_old_policy_impl, training_rows
 
@@ -59,3 +61,16 @@ def test_nft_rollout_samples_with_the_old_adapter(tmp_path, tiny_model):
         assert trainable and all(".default." in n for n in trainable)  # back on the trained adapter
     finally:
         cluster.drop(cfg.run.name)
+
+
+def test_direct_preference_window_must_end_at_the_last_step():
+    """A window ending at the last step trains (size 1, or longer: SDE sampling on the earlier steps too)."""
+    base = ["algorithm.name=dpo", "rollout.num_inference_steps=4"]
+    for window in ("{kind: random_start, size: 1, start_range: [3, 4]}",
+                   "{kind: random_start, size: 4, start_range: [0, 1]}"):
+        check_preference_config(load_experiment("quick_dpo", [*base, f"algorithm.window={window}"]))
+    for window in ("{kind: random_start, size: 2, start_range: [1, 2]}",    # ends at step 2
+                   "{kind: random_start, size: 1, start_range: [2, 4]}",    # may end at step 2
+                   "{kind: all_but_last, size: 2, start_range: [0, 4]}"):
+        with pytest.raises(ValueError, match="window must end at the last denoising step"):
+            check_preference_config(load_experiment("quick_dpo", [*base, f"algorithm.window={window}"]))
