@@ -46,7 +46,7 @@ from algorithms.catalog import Algorithm, get_algorithm  # noqa: E402
 from engines.reward.jpeg import JpegOptions, jpeg_compressibility  # noqa: E402
 from engines.rollout import RolloutEngine, SamplingConfig  # noqa: E402
 from engines.train.config import TrainConfig  # noqa: E402
-from engines.train.setup import set_lora_compute_dtype  # noqa: E402
+from engines.train.setup import apply_lora_compute  # noqa: E402
 from engines.train.trainer import PolicyTrainer  # noqa: E402
 from models.base import SampleShape, pad_and_cat, set_tf32  # noqa: E402
 
@@ -158,8 +158,7 @@ class Bench:
                                                      kl_coef=self.recipe.algorithm.kl_coef if levers.kl else 0.0)
         self.adapter.attention = levers.sdpa  # what `model.attention` sets: the denoiser forwards prefer it
         set_tf32(levers.tf32)                  # what `model.tf32` sets
-        lora_dtype = self.adapter.dtype if levers.lora_compute == "base" and self.adapter.dtype != torch.float32 else None
-        set_lora_compute_dtype(self.adapter.transformer, lora_dtype)  # what `train.lora_compute` sets
+        apply_lora_compute(self.adapter.transformer, levers.lora_compute)  # what `train.lora_compute` sets
         common.set_checkpointing(self.adapter.transformer, levers.checkpointing)
         if levers.compile and not self.compiled:
             self.adapter.compile_blocks()

@@ -69,12 +69,7 @@ def add_lora(transformer: nn.Module, cfg: TrainConfig, targets: tuple[str, ...],
         param.requires_grad_(is_lora)
         if is_lora:
             param.data = param.data.float()
-    if cfg.lora_compute == "base":
-        from peft.tuners.lora import LoraLayer
-
-        base = next(m.get_base_layer().weight.dtype for m in transformer.modules() if isinstance(m, LoraLayer))
-        if base != torch.float32:  # over an fp32 base, fp32 is the base's dtype: nothing to change
-            set_lora_compute_dtype(transformer, base)
+    apply_lora_compute(transformer, cfg.lora_compute)
 
 
 class CastLinear(nn.Linear):
@@ -86,6 +81,15 @@ class CastLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(self.compute_dtype)
         return F.linear(x.to(self.compute_dtype), self.weight.to(self.compute_dtype), bias)
+
+
+def apply_lora_compute(transformer: nn.Module, lora_compute: str) -> None:
+    """`train.lora_compute`: "base" multiplies every LoRA branch in its base layer's dtype, "fp32" in fp32."""
+    from peft.tuners.lora import LoraLayer
+
+    base = next(m.get_base_layer().weight.dtype for m in transformer.modules() if isinstance(m, LoraLayer))
+    # over an fp32 base, "base" is fp32 too: peft's own fp32 path
+    set_lora_compute_dtype(transformer, base if lora_compute == "base" and base != torch.float32 else None)
 
 
 def set_lora_compute_dtype(transformer: nn.Module, dtype: torch.dtype | None) -> int:
@@ -104,11 +108,14 @@ def set_lora_compute_dtype(transformer: nn.Module, dtype: torch.dtype | None) ->
             continue
         module.cast_input_dtype_enabled = dtype is None
         for linear in [*module.lora_A.values(), *module.lora_B.values()]:
+            if dtype is None:
+                if type(linear) is CastLinear:
+                    linear.__class__ = nn.Linear
+                continue
             if type(linear) not in (nn.Linear, CastLinear):
                 raise TypeError(f"lora_compute: base supports Linear LoRA projections, not {type(linear).__name__}")
-            linear.__class__ = nn.Linear if dtype is None else CastLinear
-            if dtype is not None:
-                linear.compute_dtype = dtype
+            linear.__class__ = CastLinear
+            linear.compute_dtype = dtype
         changed += 1
     return changed
 
