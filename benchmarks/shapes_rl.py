@@ -12,6 +12,8 @@ GenEval category from `geneval_lite`'s info.
     python benchmarks/shapes_rl.py --config configs/shapes_flow_grpo.yaml model.device=cpu run.steps=2 \
         rollout.prompts_per_step=2 train.mini_batch_prompts=2 data.num_val_prompts=8  # CPU smoke run
     ... algorithm.name=diffusion_nft algorithm.noise_level=0 --max-minutes 6 --tag nft   # a sweep entry
+    ... --eval-also num_inference_steps=10 guidance_scale=1   # also held-out accuracy at other sampling settings
+    ... --eval-only --eval-also guidance_scale=1 guidance_scale=2   # evaluate the model only, no RL
 
 Direct-preference algorithms (dpo, diffusion_nft, awm) train with DirectPreferenceTrainer, DiffusionNFT
 sampling with its old adapter, as the flow does. Writes benchmarks/results/shapes_rl_<config>[_<tag>]_<device>.json
@@ -51,11 +53,12 @@ TRAIN_METRICS = ("actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl", "actor/
                  "actor/old_deviate", "actor/implicit_acc", "timing_s/update_actor")
 
 
-def evaluate(rollout: RolloutEngine, reward: MultiReward, cfg: ExperimentConfig, records) -> dict:
-    """The flow's validation (ODE, seeds run.seed + 7 + i), with strict accuracy per category."""
+def evaluate(rollout: RolloutEngine, reward: MultiReward, cfg: ExperimentConfig, records, **sampling) -> dict:
+    """The flow's validation (ODE, seeds run.seed + 7 + i), with strict accuracy per category; `sampling`
+    overrides fields of the config's sampling (e.g. guidance_scale, num_inference_steps)."""
     if not records:
         return {"reward": float("nan"), "accuracy": float("nan")}
-    ode = dataclasses.replace(cfg.sampling, noise_level=0.0)
+    ode = dataclasses.replace(cfg.sampling, noise_level=0.0, **sampling)
     traj = rollout.generate([r.prompt for r in records], [r.uid for r in records], [0] * len(records),
                             [cfg.run.seed + 7 + i for i in range(len(records))], ode,
                             metadata=[{"ground_truth": r.ground_truth, **r.metadata} for r in records])
@@ -78,8 +81,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="stop training after the step that crosses this wall time (then evaluate)")
     parser.add_argument("--tag", default="", help="suffix of the result file name (sweeps)")
+    parser.add_argument("--eval-also", nargs="*", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
+                        help="also evaluate before and after training with these sampling settings, e.g. "
+                             "guidance_scale=1 num_inference_steps=10,guidance_scale=4.5")
+    parser.add_argument("--eval-only", action="store_true", help="evaluate the model (and --eval-also), no RL")
     args = parser.parse_args(argv)
     cfg = load_experiment(args.config, args.overrides)
+    eval_also = _parse_eval_also(args.eval_also)
     if not cfg.model.path.startswith("reference:shapes") or cfg.data.train != "generator:shapes" or not cfg.data.val:
         raise SystemExit("shapes_rl drives shapes configs: model.path reference:shapes[-early], data.train "
                          "generator:shapes and a held-out data.val")
@@ -106,8 +114,9 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     history = [{"step": 0, **evaluate(rollout, reward, cfg, val_records)}]
     print(json.dumps(history[-1]), flush=True)
+    other_sampling = {"before": _evaluate_also(rollout, reward, cfg, val_records, eval_also)}
     curve, step_seconds, train_metrics = [], [], []
-    for step in range(cfg.run.steps):
+    for step in range(0 if args.eval_only else cfg.run.steps):
         t0 = time.perf_counter()
         records = sampler.sample(step)
         positions = range(len(records) * group)
@@ -141,16 +150,21 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"--max-minutes {args.max_minutes} reached after {step + 1} steps", flush=True)
             break
 
+    if not args.eval_only:
+        other_sampling["after"] = _evaluate_also(rollout, reward, cfg, val_records, eval_also)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     name = os.path.splitext(os.path.basename(args.config))[0]
     result = {
         "config": name, "overrides": args.overrides, "device": device_name, "torch": torch.__version__,
         "steps": len(curve), "samples_per_step": cfg.rollout.samples_per_step,
         "val_prompts": len(val_records), "before": history[0], "after": history[-1], "history": history,
-        "train_reward_curve": curve, "train_metrics": train_metrics, "seconds_per_step_median": float(np.median(step_seconds)),
+        "at_other_sampling": other_sampling,
+        "train_reward_curve": curve, "train_metrics": train_metrics, "seconds_per_step_median": float(np.median(step_seconds)) if step_seconds else None,
         "seconds_total": time.perf_counter() - started,
         "tag": args.tag, "command": " ".join(["python", "benchmarks/shapes_rl.py", "--config", args.config, *args.overrides,
-                             *(["--max-minutes", str(args.max_minutes)] if args.max_minutes else [])]),
+                             *(["--max-minutes", str(args.max_minutes)] if args.max_minutes else []),
+                             *(["--eval-also", *args.eval_also] if args.eval_also else []),
+                             *(["--eval-only"] if args.eval_only else [])]),
     }
     slug = re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
     os.makedirs(args.out_dir, exist_ok=True)
@@ -160,6 +174,32 @@ def main(argv: list[str] | None = None) -> dict:
     _plot(curve, history, path[:-5] + ".png")
     print(f"before {history[0]['accuracy']:.3f} -> after {history[-1]['accuracy']:.3f}; wrote {path}", flush=True)
     return result
+
+
+def _parse_eval_also(specs: list[str]) -> dict[str, dict]:
+    """--eval-also's specs ("guidance_scale=1,num_inference_steps=10") as sampling fields, keyed by the spec."""
+    parsed = {}
+    for spec in specs:
+        fields = {}
+        for item in spec.split(","):
+            key, sep, value = item.partition("=")
+            try:
+                if not sep or key not in ("guidance_scale", "num_inference_steps"):
+                    raise ValueError(key)
+                fields[key] = int(value) if key == "num_inference_steps" else float(value)
+            except ValueError:
+                raise SystemExit(f"--eval-also takes guidance_scale=X and num_inference_steps=N, got {item!r}") from None
+        parsed[spec] = fields
+    return parsed
+
+
+def _evaluate_also(rollout, reward, cfg, records, specs: dict[str, dict]) -> dict[str, dict]:
+    """Held-out evaluation at each spec's sampling fields, keyed by the spec and printed as it goes."""
+    results = {}
+    for spec, fields in specs.items():
+        results[spec] = evaluate(rollout, reward, cfg, records, **fields)
+        print(json.dumps({"sampling": spec, **results[spec]}), flush=True)
+    return results
 
 
 def _plot(curve: list[float], history: list[dict], path: str) -> None:

@@ -52,3 +52,23 @@ def test_shapes_rl_trains_diffusion_nft_and_records_per_step_metrics(tmp_path):
     assert step["reward"] == pytest.approx(recorded["train_reward_curve"][0])
     assert 0.0 <= step["accuracy"] <= 1.0 and step["rollout_s"] > 0
     assert step["actor/old_deviate"] >= 0.0 and step["actor/grad_norm"] > 0.0  # NFT's own metric: it trained
+
+
+@pytest.mark.slow  # ~10 s on 2 cores
+def test_shapes_rl_eval_only_also_evaluates_other_sampling_settings(tmp_path):
+    """--eval-only trains nothing; --eval-also repeats the held-out evaluation at other sampling settings, and
+    the config's own setting given again reproduces the main evaluation exactly (same prompts and seeds)."""
+    result = shapes_rl.main([
+        "--config", "quickstart", "data.num_val_prompts=6", "--eval-only",
+        "--eval-also", "guidance_scale=4.5,num_inference_steps=4", "guidance_scale=1", "--out-dir", str(tmp_path)])
+    assert result["steps"] == 0 and result["train_reward_curve"] == [] and len(result["history"]) == 1
+    assert result["seconds_per_step_median"] is None
+    also = result["at_other_sampling"]
+    assert set(also) == {"before"}
+    assert set(also["before"]) == {"guidance_scale=4.5,num_inference_steps=4", "guidance_scale=1"}
+    own = {k: v for k, v in result["before"].items() if k != "step"}
+    assert also["before"]["guidance_scale=4.5,num_inference_steps=4"] == own  # quickstart's own setting
+    assert 0.0 <= also["before"]["guidance_scale=1"]["reward"] <= 1.0
+    for bad in ("eta=1", "num_inference_steps=ten"):
+        with pytest.raises(SystemExit, match="--eval-also takes"):
+            shapes_rl.main(["--config", "quickstart", "--eval-only", "--eval-also", bad, "--out-dir", str(tmp_path)])
