@@ -51,7 +51,9 @@ class GenevalLiteOptions:
     min_area: smallest object in pixels at 64x64 (scaled with the image area).
     triangle_fill / triangle_centroid: an object filling less than triangle_fill of its box, or whose
     centroid lies below triangle_centroid of the box height, is a triangle.
-    square_corner: a non-triangle whose box corners are at least this full is a square, else a circle."""
+    square_corner: a non-triangle whose box corners are at least this full is a square, else a circle.
+    strict_weight: the score is (1 - strict_weight) x partial credit + strict_weight x strict accuracy;
+    0 (the default) is GenEval's partial credit, 1 rewards only fully correct images."""
 
     color_tolerance: float = 60.0
     min_strength: float = 0.5
@@ -60,6 +62,7 @@ class GenevalLiteOptions:
     square_corner: float = 0.5
     triangle_centroid: float = 0.58
     batch_size: int = 64
+    strict_weight: float = 0.0
 
     def __post_init__(self):
         check_positive(self.color_tolerance, "color_tolerance", "geneval_lite")
@@ -67,6 +70,8 @@ class GenevalLiteOptions:
         check_positive(self.batch_size, "batch_size", "geneval_lite")
         if not 0 < self.min_strength <= 1:
             raise ValueError(f"geneval_lite: option 'min_strength' must be in (0, 1], got {self.min_strength}")
+        if not 0 <= self.strict_weight <= 1:
+            raise ValueError(f"geneval_lite: option 'strict_weight' must be in [0, 1], got {self.strict_weight}")
         for option in ("triangle_fill", "triangle_centroid", "square_corner"):
             if not 0 < getattr(self, option) < 1:
                 raise ValueError(f"geneval_lite: option {option!r} must be in (0, 1), got {getattr(self, option)}")
@@ -217,7 +222,7 @@ class GenevalLiteReward:
         for i, (image, meta) in enumerate(zip(array, metadata)):
             found = detect(image, self.options)
             score, strict = score_detections(found, parse_target(meta, i))
-            scores.append(score)
+            scores.append((1.0 - self.options.strict_weight) * score + self.options.strict_weight * float(strict))
             accuracy.append(float(strict))
             seen.append(describe(found))
         assert all(0.0 <= s <= 1.0 and not math.isnan(s) for s in scores)

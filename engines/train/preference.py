@@ -3,7 +3,7 @@
 Legend: B samples of one RL step, b samples of a micro-batch, P preference pairs, S latent shape.
 The clean sample x0 is the latent after the last denoising step, so the rollout's window must end
 at the last step (e.g. WindowPolicy("random_start", size=1, start_range=(N - 1, N))). Each sample
-gets its own noise and noise level, drawn from a generator keyed by (seed, update, sample seed):
+gets its own noise and noise level, drawn from a generator keyed by (seed, update, epoch, sample seed):
 x_t = (1 - sigma) x0 + sigma noise, flow-matching target = noise - x0. The losses train the
 conditional velocity (guidance scale 1, no negative prompt), as the published code does.
 DiffusionNFT's old policy is a second LoRA adapter "old", an EMA of "default" with decay
@@ -91,11 +91,13 @@ class DirectPreferenceTrainer(PolicyTrainer):
     def _needs_reference(self) -> bool:
         return self.algorithm.loss == "dpo_loss" or self.algorithm.ref_coef > 0
 
-    def _noised(self, x0: torch.Tensor, seeds: torch.Tensor, sigmas_N: torch.Tensor):
-        """Per sample (sigma (b,), x_t, target), keyed by (cfg.seed, update, sample seed)."""
+    def _noised(self, x0: torch.Tensor, seeds: torch.Tensor, sigmas_N: torch.Tensor, epoch: int = 0):
+        """Per sample (sigma (b,), x_t, target), keyed by (cfg.seed, update, epoch, sample seed): each PPO
+        epoch trains every sample at a new noise level, as DiffusionNFT trains several timesteps per sample."""
         sig, x_t, target = [], [], []
+        key = self.cfg.seed * 1_000_003 + self.updates * 7_919 + epoch * 104_729
         for i, seed in enumerate(seeds.tolist()):
-            gen = torch.Generator().manual_seed((self.cfg.seed * 1_000_003 + self.updates * 7_919 + int(seed)) % 2**63)
+            gen = torch.Generator().manual_seed((key + int(seed)) % 2**63)
             s = sigmas_N[torch.randint(0, len(sigmas_N) - 1, (1,), generator=gen)].reshape(())
             noise = torch.randn(x0.shape[1:], generator=gen)
             sig.append(s)
@@ -134,7 +136,7 @@ class DirectPreferenceTrainer(PolicyTrainer):
                 self.optimizer.zero_grad(set_to_none=True)
                 for mb in range(0, len(local), self.cfg.micro_batch_size):
                     chunk = [units[int(u)] for u in local[mb:mb + self.cfg.micro_batch_size]]
-                    loss, metrics = self._micro_loss(traj, chunk, advantages, engine, sigmas_N, shape)
+                    loss, metrics = self._micro_loss(traj, chunk, advantages, engine, sigmas_N, shape, epoch)
                     (loss * (len(chunk) / len(local))).backward()
                     for k, v in metrics.items():
                         sums[k] += float(v)
@@ -148,7 +150,7 @@ class DirectPreferenceTrainer(PolicyTrainer):
         metrics["timing_s/update_actor"] = time.perf_counter() - started
         return metrics
 
-    def _micro_loss(self, traj, chunk: list[list[int]], advantages, engine, sigmas_N, shape):
+    def _micro_loss(self, traj, chunk: list[list[int]], advantages, engine, sigmas_N, shape, epoch: int = 0):
         """The loss of one micro-batch of units (samples, or (chosen, rejected) pairs for DPO)."""
         a = self.algorithm
         rows = [i for unit in chunk for i in unit]
@@ -156,7 +158,7 @@ class DirectPreferenceTrainer(PolicyTrainer):
         x0 = sub.latents[:, -1]
         # A DPO pair shares its noise and noise level: key both by the chosen sample's seed.
         key_seeds = torch.tensor([traj.seeds[unit[0]] for unit in chunk for _ in unit])
-        sigma, x_t, target = self._noised(x0, key_seeds, sigmas_N)
+        sigma, x_t, target = self._noised(x0, key_seeds, sigmas_N, epoch)
         encoding = engine.encode(sub.prompts, self.sampling)[0]
         velocity = self._velocity(x_t, sigma, encoding, shape)
         ref_velocity = None

@@ -113,3 +113,18 @@ def test_ground_truth_as_dict_or_json_and_errors():
     with pytest.raises(ValueError, match="min_strength"):
         build_reward("geneval_lite", {"min_strength": "1.5"})
     assert not math.isnan(reward(image, ["p"], [{"ground_truth": BLUE_SQUARE}]).scores[0].item())
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.5, 1.0])
+def test_strict_weight_mixes_partial_credit_and_strict_accuracy(weight):
+    reward = build_reward("geneval_lite", {"strict_weight": weight})
+    images = np.stack([render([SceneObject("square", "blue", 30, 30, 16)]),   # right: partial 1, strict 1
+                       render([SceneObject("square", "red", 30, 30, 16)])])   # wrong colour: 0.5, 0
+    out = reward(images, ["p", "p"], [{"ground_truth": BLUE_SQUARE}] * 2)
+    assert out.scores.tolist() == pytest.approx([1.0, (1 - weight) * 0.5])
+    assert out.info["accuracy"] == [1.0, 0.0]
+
+
+def test_strict_weight_outside_unit_interval_is_rejected():
+    with pytest.raises(ValueError, match="strict_weight"):
+        build_reward("geneval_lite", {"strict_weight": 1.5})

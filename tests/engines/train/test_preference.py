@@ -11,7 +11,7 @@ from engines.rollout.config import SamplingConfig
 from engines.rollout.engine import RolloutEngine
 from engines.train.config import TrainConfig
 from engines.train.preference import DirectPreferenceTrainer, lora_pairs, preference_pairs
-from models.base import load_adapter
+from models.base import SampleShape, load_adapter
 
 # Direct preference trains on final samples: the window is the last step (ODE rollout, noise level 0).
 SAMPLING = SamplingConfig(num_inference_steps=3, height=32, width=32, noise_level=0.0, batch_size=4,
@@ -58,3 +58,19 @@ def test_policy_gradient_algorithm_is_rejected(tiny_model):
     with pytest.raises(ValueError, match="direct_preference"):
         DirectPreferenceTrainer(load_adapter(tiny_model("sd3")), get_algorithm("flow_grpo"), TrainConfig(),
                                 SAMPLING, group_size=2)
+
+
+def test_each_ppo_epoch_trains_a_sample_at_new_noise(tiny_model):
+    """The noise key has the epoch in it, and it alone: same (update, epoch) -> the same draw, as on every rank."""
+    _, _, trainer, traj = _setup(tiny_model("sd3"), get_algorithm("diffusion_nft"))
+    x0, seeds = traj.latents[:, -1], torch.as_tensor(traj.seeds)
+    sigmas_N = trainer.adapter.sigmas(SAMPLING.num_inference_steps, SampleShape(32, 32)).float().cpu()
+    first = trainer._noised(x0, seeds, sigmas_N, epoch=0)
+    again = trainer._noised(x0, seeds, sigmas_N, epoch=0)
+    second = trainer._noised(x0, seeds, sigmas_N, epoch=1)
+    for a, b in zip(first, again):
+        torch.testing.assert_close(a, b)
+    assert not torch.equal(first[1], second[1])                  # new noise in epoch 1
+    for sigma, x_t, target in (first, second):                     # x_t on the flow-matching line, target noise - x0
+        s = sigma.reshape(-1, *[1] * (x0.ndim - 1))
+        torch.testing.assert_close(x_t, (1 - s) * x0 + s * (target + x0))
