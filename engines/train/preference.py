@@ -91,7 +91,7 @@ class DirectPreferenceTrainer(PolicyTrainer):
     def _needs_reference(self) -> bool:
         return self.algorithm.loss == "dpo_loss" or self.algorithm.ref_coef > 0
 
-    def _noised(self, x0: torch.Tensor, seeds: torch.Tensor, sigmas_N: torch.Tensor, epoch: int = 0):
+    def _noised(self, x0: torch.Tensor, seeds: torch.Tensor, sigmas_N: torch.Tensor, epoch: int):
         """Per sample (sigma (b,), x_t, target), keyed by (cfg.seed, update, epoch, sample seed): each PPO
         epoch trains every sample at a new noise level, as DiffusionNFT trains several timesteps per sample."""
         sig, x_t, target = [], [], []
@@ -150,7 +150,7 @@ class DirectPreferenceTrainer(PolicyTrainer):
         metrics["timing_s/update_actor"] = time.perf_counter() - started
         return metrics
 
-    def _micro_loss(self, traj, chunk: list[list[int]], advantages, engine, sigmas_N, shape, epoch: int = 0):
+    def _micro_loss(self, traj, chunk: list[list[int]], advantages, engine, sigmas_N, shape, epoch: int):
         """The loss of one micro-batch of units (samples, or (chosen, rejected) pairs for DPO)."""
         a = self.algorithm
         rows = [i for unit in chunk for i in unit]
