@@ -4,7 +4,8 @@
 
 What it builds (a `StableDiffusion3Pipeline`, so models/sd3.py, the rollout, the trainer and
 `diffrl sample/train` load it unchanged):
-- VAE: an `AutoencoderKL` with ONE level (vae_scale_factor 1, latents 4 x 64 x 64), trained first for
+- VAE: an `AutoencoderKL` with ONE level (vae_scale_factor 1, latents 4 x 64 x 64; `--vae-levels 2` halves
+  the side once: latents 4 x 32 x 32, the CPU-sized model), trained first for
   `--vae-steps` to reconstruct the scenes (it is close to identity, so it trains in seconds and its
   decoded colours stay exact enough for the rule-based reward); shift/scaling factors are then set
   from the latents' mean and std, as SD3's are.
@@ -12,9 +13,12 @@ What it builds (a `StableDiffusion3Pipeline`, so models/sd3.py, the rollout, the
   tokenizers of models/tiny/tokenizers.py, and a one-layer T5 encoder (the pipeline's from_pretrained
   needs a text_encoder_3) whose final RMS norm weight is 0: it outputs exact zeros, frozen, so the T5
   slot is `max_sequence_length` zero tokens, as the pipeline itself feeds when it has no T5. Training
-  cycles the number of those tokens through ZERO_TOKENS so the model is indifferent to the
+  cycles the number of those tokens through `--zero-tokens` so the model is indifferent to the
   `max_sequence_length` a sampler picks (a short one is faster on CPU).
-- transformer: `SD3Transformer2DModel`, patch 4 (16 x 16 = 256 image tokens), `--width`, `--layers`.
+- transformer: `SD3Transformer2DModel`, `--patch-size` 4 (16 x 16 = 256 image tokens on one-level latents,
+  64 on two-level ones: the CPU-sized model; patch 8 on 64 x 64 latents makes 64 tokens too, but 8 x 8 x 4
+  numbers per token exceed the width and it learns far slower), `--width`, `--layers`. `--text-tokens` sets the CLIP length
+  (the tokenizers' `model_max_length`, 77 as SD3; every shapes caption fits in 24).
 Everything but the VAE trains jointly with the rectified-flow loss (x_sigma = (1 - sigma) x0 + sigma
 noise, target noise - x0, logit-normal sigmas as SD3), with caption dropout to "" for CFG, AdamW, an
 EMA of the weights (saved), and bf16 autocast on CUDA. It then samples the held-out prompts with the
@@ -49,7 +53,7 @@ from models.tiny.tokenizers import clip_tokenizer, t5_tokenizer
 
 IMAGE_SIZE = 64
 LATENT_CHANNELS = 4
-ZERO_TOKENS = (32, 96, 256)  # T5-slot lengths cycled in training: 32 holds every caption, 256 is the default
+ZERO_TOKENS = "32,96,256"  # T5-slot lengths cycled in training: 32 holds every caption, 256 is the default
 HELDOUT = os.path.join(os.path.dirname(__file__), "..", "..", "data", "shapes_heldout.jsonl")
 
 
@@ -66,6 +70,10 @@ class PretrainConfig:
     warmup: int = 200
     width: int = 128
     layers: int = 8
+    patch_size: int = 4
+    vae_levels: int = 1
+    text_tokens: int = 77
+    zero_tokens: str = ZERO_TOKENS
     text_width: int = 64
     text_layers: int = 3
     num_images: int = 100_000
@@ -94,10 +102,32 @@ class PretrainConfig:
         if self.width % 32 or self.text_width % 16:
             raise ValueError(f"--width must be a multiple of 32 (heads of 32) and --text-width of 16; "
                              f"got {self.width}, {self.text_width}")
+        if self.vae_levels not in (1, 2, 3):
+            raise ValueError(f"--vae-levels must be 1, 2 or 3 (latents {IMAGE_SIZE}, 32 or 16 a side), got {self.vae_levels}")
+        if self.patch_size not in (1, 2, 4, 8) or self.patch_size > self.latent_size:
+            raise ValueError(f"--patch-size must be 1, 2, 4 or 8 and at most the latent side {self.latent_size}, "
+                             f"got {self.patch_size}")
+        if not 8 <= self.text_tokens <= 77:
+            raise ValueError(f"--text-tokens must be in [8, 77] (CLIP's length), got {self.text_tokens}")
+        if not self.zero_token_counts or min(self.zero_token_counts) < 1 or max(self.zero_token_counts) > 512:
+            raise ValueError(f"--zero-tokens must be comma-separated lengths in [1, 512], got {self.zero_tokens!r}")
         if self.max_seconds < 0:
             raise ValueError(f"--max-seconds must be >= 0 (0: no limit), got {self.max_seconds}")
         if not 0 <= self.caption_dropout < 1 or not 0 <= self.ema_decay < 1:
             raise ValueError("--caption-dropout and --ema-decay must be in [0, 1)")
+
+    @property
+    def latent_size(self) -> int:
+        """Latent side: the VAE halves the image side at each level after the first."""
+        return IMAGE_SIZE // 2 ** (self.vae_levels - 1)
+
+    @property
+    def zero_token_counts(self) -> tuple[int, ...]:
+        """--zero-tokens as integers ((): not a comma-separated list of integers)."""
+        try:
+            return tuple(int(x) for x in self.zero_tokens.split(","))
+        except ValueError:
+            return ()
 
 
 # ------------------------------------------------------------------------------------ model
@@ -128,17 +158,22 @@ def build_pipeline(cfg: PretrainConfig) -> StableDiffusion3Pipeline:
     """The untrained pipeline (seeded random weights), SD3 layout at reference size."""
     torch.manual_seed(cfg.seed)
     tokenizer, tokenizer_2 = clip_tokenizer(), clip_tokenizer(pad_token="!")  # SD3's two pad conventions
+    for tok in (tokenizer, tokenizer_2):
+        tok.model_max_length = cfg.text_tokens  # saved with the tokenizer; the pipeline pads CLIP to it
     tokenizer_3 = t5_tokenizer()
     joint = 2 * cfg.text_width  # CLIP-L and CLIP-G hidden states side by side, as in SD3
     transformer = SD3Transformer2DModel(
-        sample_size=IMAGE_SIZE, patch_size=4, in_channels=LATENT_CHANNELS, out_channels=LATENT_CHANNELS,
+        sample_size=cfg.latent_size, patch_size=cfg.patch_size, in_channels=LATENT_CHANNELS, out_channels=LATENT_CHANNELS,
         num_layers=cfg.layers, attention_head_dim=32, num_attention_heads=cfg.width // 32,
         joint_attention_dim=joint, caption_projection_dim=cfg.width, pooled_projection_dim=joint,
-        pos_embed_max_size=IMAGE_SIZE // 4, qk_norm="rms_norm")
-    # One level: no down-sampling, no mid-block attention (4096 positions would dominate the cost).
+        pos_embed_max_size=cfg.latent_size // cfg.patch_size, qk_norm="rms_norm")
+    # One level by default: no down-sampling; each further level halves the side (widths 32, 64, 64).
+    # No mid-block attention either way (4096 positions would dominate the cost).
+    levels = cfg.vae_levels
     vae = AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS, down_block_types=("DownEncoderBlock2D",),
-        up_block_types=("UpDecoderBlock2D",), block_out_channels=(32,), layers_per_block=1, norm_num_groups=8,
+        in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS, down_block_types=("DownEncoderBlock2D",) * levels,
+        up_block_types=("UpDecoderBlock2D",) * levels, block_out_channels=(32, 64, 64)[:levels], layers_per_block=1,
+        norm_num_groups=8,
         sample_size=IMAGE_SIZE, mid_block_add_attention=False, use_quant_conv=False, use_post_quant_conv=False,
         shift_factor=0.0, scaling_factor=1.0)
     return StableDiffusion3Pipeline(
@@ -253,6 +288,7 @@ def train_flow(pipe: StableDiffusion3Pipeline, images: torch.Tensor, ids: tuple[
     generator = torch.Generator(device).manual_seed(cfg.seed + 2)
     empty = [tokenize(tok, [""]).to(device) for tok in (pipe.tokenizer, pipe.tokenizer_2)]  # CFG's negative
     shift, scale = pipe.vae.config.shift_factor, pipe.vae.config.scaling_factor
+    zero_tokens = cfg.zero_token_counts
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     losses: list[torch.Tensor] = []
     start = time.perf_counter()
@@ -265,7 +301,7 @@ def train_flow(pipe: StableDiffusion3Pipeline, images: torch.Tensor, ids: tuple[
         sigmas = logit_normal_sigmas(cfg.batch_size, cfg.shift, generator, device)
         noise = torch.randn(latents.shape, generator=generator, device=device)
         with autocast:
-            prompt_embeds, pooled = encode_text(pipe, ids_l, ids_g, ZERO_TOKENS[step % len(ZERO_TOKENS)])
+            prompt_embeds, pooled = encode_text(pipe, ids_l, ids_g, zero_tokens[step % len(zero_tokens)])
             loss = flow_matching_loss(pipe.transformer, latents, prompt_embeds, pooled, sigmas, noise)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -332,6 +368,10 @@ def run(cfg: PretrainConfig) -> dict:
     pipe = build_pipeline(cfg).to(device)
     images_np, captions = make_dataset(cfg.num_images, cfg.seed, cfg.workers)
     images = torch.from_numpy(images_np).to(device)
+    longest = max(len(ids) for ids in pipe.tokenizer(sorted(set(captions))).input_ids)
+    if longest > cfg.text_tokens:
+        raise ValueError(f"--text-tokens {cfg.text_tokens} would cut captions of up to {longest} tokens; "
+                         f"give at least {longest}")
     ids = tuple(tokenize(tok, captions).to(device) for tok in (pipe.tokenizer, pipe.tokenizer_2))
     data_s = time.perf_counter() - begin
     print(f"data: {len(captions)} scenes in {data_s:.1f} s", flush=True)

@@ -30,6 +30,24 @@ def test_encode_text_equals_the_pipeline_and_t5_outputs_zeros():
     torch.testing.assert_close(ours[1], theirs[2], rtol=0, atol=0)
 
 
+def test_cpu_sized_layout_halves_the_latent_side_and_shortens_clip():
+    """--vae-levels 2 --text-tokens 24: 32 x 32 latents (64 image tokens at patch 4), 24 CLIP tokens, and the
+    pipeline itself encodes and samples 64 x 64 images with it."""
+    pipe = build_pipeline(PretrainConfig(out="", **{**TINY, "layers": 2}, vae_levels=2, text_tokens=24))
+    assert pipe.vae_scale_factor == 2 and pipe.transformer.config.sample_size == 32
+    prompts = ["a yellow circle and a purple square", ""]  # the longest shapes caption: 24 CLIP tokens
+    ids = [tokenize(tok, prompts) for tok in (pipe.tokenizer, pipe.tokenizer_2)]
+    assert ids[0].shape == (2, 24) and ids[0][0, -1] == pipe.tokenizer.eos_token_id  # fits, not cut
+    with torch.no_grad():
+        ours = encode_text(pipe, *ids, num_zero_tokens=32)
+        theirs = pipe.encode_prompt(prompt=prompts, prompt_2=None, prompt_3=None, device="cpu",
+                                    do_classifier_free_guidance=False, max_sequence_length=32)
+    torch.testing.assert_close(ours[0], theirs[0], rtol=0, atol=0)
+    image = pipe("a red circle", num_inference_steps=2, guidance_scale=1.0, height=64, width=64,
+                 generator=torch.Generator().manual_seed(0), output_type="np").images
+    assert image.shape == (1, 64, 64, 3)
+
+
 def test_logit_normal_sigmas_shift_maps_the_median():
     g = torch.Generator().manual_seed(0)
     s = logit_normal_sigmas(20000, 3.0, g, "cpu")
@@ -42,6 +60,21 @@ def test_bad_flags_are_named():
         PretrainConfig(out="x", device="tpu")
     with pytest.raises(ValueError, match="--width must be a multiple of 32"):
         PretrainConfig(out="x", device="cpu", width=48)
+    with pytest.raises(ValueError, match="--vae-levels must be 1, 2 or 3"):
+        PretrainConfig(out="x", device="cpu", vae_levels=4)
+    with pytest.raises(ValueError, match="--patch-size must be 1, 2, 4 or 8 and at most the latent side 16"):
+        PretrainConfig(out="x", device="cpu", vae_levels=3, patch_size=16)
+    with pytest.raises(ValueError, match="--text-tokens must be in"):
+        PretrainConfig(out="x", device="cpu", text_tokens=100)
+    with pytest.raises(ValueError, match="--zero-tokens must be comma-separated"):
+        PretrainConfig(out="x", device="cpu", zero_tokens="32,many")
+
+
+def test_text_tokens_too_short_for_the_captions_is_refused_before_training(tmp_path):
+    cfg = PretrainConfig(out=str(tmp_path / "m"), **TINY, text_tokens=8)
+    with pytest.raises(ValueError, match="--text-tokens 8 would cut captions of up to"):
+        run(cfg)
+    assert not os.path.exists(cfg.out)  # nothing trained or written
 
 
 @pytest.mark.slow
