@@ -17,8 +17,8 @@ What it builds (a `StableDiffusion3Pipeline`, so models/sd3.py, the rollout, the
   `max_sequence_length` a sampler picks (a short one is faster on CPU).
 - transformer: `SD3Transformer2DModel`, `--patch-size` 4 (16 x 16 = 256 image tokens on one-level latents,
   64 on two-level ones: the CPU-sized model; patch 8 on 64 x 64 latents makes 64 tokens too, but 8 x 8 x 4
-  numbers per token exceed the width and it learns far slower), `--width`, `--layers`. `--text-tokens` sets the CLIP length
-  (the tokenizers' `model_max_length`, 77 as SD3; every shapes caption fits in 24).
+  numbers per token exceed the width and it learns far slower), `--width`, `--layers`. `--text-tokens` sets
+  the CLIP length (the tokenizers' `model_max_length`, 77 as SD3; every shapes caption fits in 24).
 Everything but the VAE trains jointly with the rectified-flow loss (x_sigma = (1 - sigma) x0 + sigma
 noise, target noise - x0, logit-normal sigmas as SD3), with caption dropout to "" for CFG, AdamW, an
 EMA of the weights (saved), and bf16 autocast on CUDA. It then samples the held-out prompts with the
@@ -103,7 +103,8 @@ class PretrainConfig:
             raise ValueError(f"--width must be a multiple of 32 (heads of 32) and --text-width of 16; "
                              f"got {self.width}, {self.text_width}")
         if self.vae_levels not in (1, 2, 3):
-            raise ValueError(f"--vae-levels must be 1, 2 or 3 (latents {IMAGE_SIZE}, 32 or 16 a side), got {self.vae_levels}")
+            raise ValueError(f"--vae-levels must be 1, 2 or 3 (latents {IMAGE_SIZE}, 32 or 16 a side), "
+                             f"got {self.vae_levels}")
         if self.patch_size not in (1, 2, 4, 8) or self.patch_size > self.latent_size:
             raise ValueError(f"--patch-size must be 1, 2, 4 or 8 and at most the latent side {self.latent_size}, "
                              f"got {self.patch_size}")
@@ -163,7 +164,8 @@ def build_pipeline(cfg: PretrainConfig) -> StableDiffusion3Pipeline:
     tokenizer_3 = t5_tokenizer()
     joint = 2 * cfg.text_width  # CLIP-L and CLIP-G hidden states side by side, as in SD3
     transformer = SD3Transformer2DModel(
-        sample_size=cfg.latent_size, patch_size=cfg.patch_size, in_channels=LATENT_CHANNELS, out_channels=LATENT_CHANNELS,
+        sample_size=cfg.latent_size, patch_size=cfg.patch_size, in_channels=LATENT_CHANNELS,
+        out_channels=LATENT_CHANNELS,
         num_layers=cfg.layers, attention_head_dim=32, num_attention_heads=cfg.width // 32,
         joint_attention_dim=joint, caption_projection_dim=cfg.width, pooled_projection_dim=joint,
         pos_embed_max_size=cfg.latent_size // cfg.patch_size, qk_norm="rms_norm")
@@ -171,11 +173,11 @@ def build_pipeline(cfg: PretrainConfig) -> StableDiffusion3Pipeline:
     # No mid-block attention either way (4096 positions would dominate the cost).
     levels = cfg.vae_levels
     vae = AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS, down_block_types=("DownEncoderBlock2D",) * levels,
-        up_block_types=("UpDecoderBlock2D",) * levels, block_out_channels=(32, 64, 64)[:levels], layers_per_block=1,
-        norm_num_groups=8,
-        sample_size=IMAGE_SIZE, mid_block_add_attention=False, use_quant_conv=False, use_post_quant_conv=False,
-        shift_factor=0.0, scaling_factor=1.0)
+        in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS,
+        down_block_types=("DownEncoderBlock2D",) * levels, up_block_types=("UpDecoderBlock2D",) * levels,
+        block_out_channels=(32, 64, 64)[:levels], layers_per_block=1, norm_num_groups=8, sample_size=IMAGE_SIZE,
+        mid_block_add_attention=False, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0,
+        scaling_factor=1.0)
     return StableDiffusion3Pipeline(
         transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=cfg.shift),
         vae=vae, text_encoder=small_clip(tokenizer, cfg, "quick_gelu"), tokenizer=tokenizer,
