@@ -5,18 +5,14 @@ scenes geneval_lite accepts (docs/reference-model.md)."""
 import json
 import os
 
-import numpy as np
 import pytest
-import torch
 from diffusers import StableDiffusion3Pipeline
 
-from engines.reward.base import build_reward
 from engines.store.prompts import PromptDataset
 from flows.build import REFERENCE_DIR, resolve_model_path
-from models.reference.pretrain_shapes import folder_megabytes
+from models.reference.pretrain_shapes import HELDOUT, PretrainConfig, evaluate, folder_megabytes
 
 SHIPPED = ("shapes", "shapes-early", "shapes-small")
-HELDOUT = os.path.join(os.path.dirname(REFERENCE_DIR), "..", "data", "shapes_heldout.jsonl")
 
 
 def _summary(name: str) -> dict:
@@ -47,11 +43,6 @@ def test_cpu_sized_model_draws_scenes_geneval_lite_accepts():
     is checked — a model that did not learn the task scores 0."""
     pipe = StableDiffusion3Pipeline.from_pretrained(resolve_model_path("reference:shapes-small"), local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
-    records = PromptDataset.load(HELDOUT).records[:24]
-    images = pipe(prompt=[r.prompt for r in records], num_inference_steps=10, guidance_scale=4.5, height=64,
-                  width=64, generator=[torch.Generator().manual_seed(i) for i in range(len(records))],
-                  output_type="np").images
-    out = build_reward("geneval_lite")((images * 255).round().astype(np.uint8), [r.prompt for r in records],
-                                       [{"ground_truth": r.ground_truth, **r.metadata} for r in records])
-    accuracy = float(np.mean(out.info["accuracy"]))
+    cfg = PretrainConfig(out="", device="cpu", seed=0, eval_prompts=24, eval_steps=10, guidance_scale=4.5)
+    accuracy = evaluate(pipe, PromptDataset.load(HELDOUT), cfg)["accuracy"]
     assert accuracy >= 0.25, accuracy
