@@ -41,7 +41,12 @@ def load_pipeline(pipeline_cls, path: str, *, device, dtype: torch.dtype):
     except OSError as err:  # diffusers raises OSError for a missing or incomplete folder / Hub id
         raise ValueError(f"could not load a {pipeline_cls.__name__} from {path!r}: {err}") from err
     pipe.set_progress_bar_config(disable=True)
-    return pipe.to(device)
+    pipe = pipe.to(device)
+    if torch.device(device).type == "cpu" and getattr(pipe, "vae", None) is not None:
+        # CPU convolutions run about 2x faster on NHWC weights (the shapes-small VAE decodes 48 images in
+        # 0.29 s against 0.63 s on the 2-core CPU); the outputs differ from NCHW by float rounding only.
+        pipe.vae.to(memory_format=torch.channels_last)
+    return pipe
 
 
 def warn_if_truncated(prompts: list[str], tokenizer, limit: int, what: str) -> None:
