@@ -45,7 +45,7 @@ from engines.store.scenes import TAGS, shapes_prompts  # noqa: E402
 from engines.train.preference import DirectPreferenceTrainer  # noqa: E402
 from engines.train.trainer import PolicyTrainer  # noqa: E402
 from models.base import load_adapter, set_tf32  # noqa: E402
-from tasks.common import sample_seed  # noqa: E402  (no Prefect import: the GPU machine has none)
+from tasks.common import sample_seed, validation_batch  # noqa: E402  (no Prefect import: the GPU machine has none)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Trainer metrics kept per step in the result (besides the step's train reward, strict accuracy and timings).
@@ -54,17 +54,17 @@ TRAIN_METRICS = ("actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl", "actor/
 
 
 def evaluate(rollout: RolloutEngine, reward: MultiReward, cfg: ExperimentConfig, records, **sampling) -> dict:
-    """The flow's validation (ODE, seeds run.seed + 7 + i), with strict accuracy per category; `sampling`
-    overrides fields of the config's sampling (e.g. guidance_scale, num_inference_steps)."""
+    """The flow's validation (ODE, data.val_samples_per_prompt images per prompt, tasks.common.validation_batch),
+    with strict accuracy per category; `sampling` overrides fields of the config's sampling (e.g.
+    guidance_scale, num_inference_steps)."""
     if not records:
         return {"reward": float("nan"), "accuracy": float("nan")}
     ode = dataclasses.replace(cfg.sampling, noise_level=0.0, **sampling)
-    traj = rollout.generate([r.prompt for r in records], [r.uid for r in records], [0] * len(records),
-                            [cfg.run.seed + 7 + i for i in range(len(records))], ode,
-                            metadata=[{"ground_truth": r.ground_truth, **r.metadata} for r in records])
+    batch = validation_batch(records, cfg.run.seed, cfg.data.val_samples_per_prompt)
+    traj = rollout.generate(cfg=ode, **batch)
     out = reward(traj.images, traj.prompts, traj.metadata)
     accuracy = np.asarray(out.info["geneval_lite/accuracy"], dtype=np.float64)
-    tags = [r.metadata["tag"] for r in records]
+    tags = [m["tag"] for m in batch["metadata"]]
     result = {"reward": float(out.scores.mean()), "accuracy": float(accuracy.mean())}
     for tag in TAGS:
         chosen = [a for a, t in zip(accuracy, tags) if t == tag]
@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "config": name, "overrides": args.overrides, "device": device_name, "torch": torch.__version__,
         "steps": len(curve), "samples_per_step": cfg.rollout.samples_per_step,
-        "val_prompts": len(val_records), "before": history[0], "after": history[-1], "history": history,
+        "val_prompts": len(val_records),
+        "val_samples_per_prompt": cfg.data.val_samples_per_prompt, "before": history[0], "after": history[-1], "history": history,
         "at_other_sampling": other_sampling,
         "train_reward_curve": curve, "train_metrics": train_metrics, "seconds_per_step_median": float(np.median(step_seconds)) if step_seconds else None,
         "seconds_total": time.perf_counter() - started,

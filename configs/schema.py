@@ -95,12 +95,17 @@ class DataConfig:
     val: str | None = None         # same forms; None = a held-out slice of the train generator
     num_generated: int = 1000      # prompts a generator makes
     num_val_prompts: int = 8
+    # images per validation prompt (GenEval samples 4): more images average out the sampling noise of
+    # val/accuracy; copy c of prompt i uses seed run.seed + 7 + i + c * num_val_prompts
+    val_samples_per_prompt: int = 1
     storage_options: dict = field(default_factory=dict)
     # online: train on the run's own rollouts; offline (algorithm dpo only): train from the preference
     # parquet in `train` (prompt, chosen, rejected), VAE-encoded once (engines/store/preference.py)
     sample_source: str = "online"
 
     def __post_init__(self) -> None:
+        if self.val_samples_per_prompt < 1:
+            raise ValueError(f"data.val_samples_per_prompt must be >= 1, got {self.val_samples_per_prompt}")
         if self.sample_source not in ("online", "offline"):
             raise ValueError(f"data.sample_source must be 'online' or 'offline', got {self.sample_source!r}")
 

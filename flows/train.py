@@ -30,7 +30,7 @@ from flows.build import build_engines
 from flows.dp_step import dp_step
 from flows.rl_step import rl_step
 from flows.tracking import Tracker, image_grid
-from tasks.common import step_runner
+from tasks.common import step_runner, validation_batch
 from tasks.sync import sync_engines
 from tasks.update import checkpoint_dir, latest_checkpoint, load_checkpoint_impl
 
@@ -60,12 +60,9 @@ def _run_state(cfg: ExperimentConfig) -> dict:
 def validation_samples(engines: cluster.Engines, step: int):
     """ODE samples (noise level 0) of the fixed validation prompts (runs where the rollout lives)."""
     cfg = engines.config
-    records = engines.val_prompts
     sampling = dataclasses.replace(cfg.sampling, noise_level=0.0)
-    return engines.rollout.generate(
-        [r.prompt for r in records], [r.uid for r in records], [0] * len(records),
-        [cfg.run.seed + 7 + i for i in range(len(records))], sampling, step=step,
-        metadata=[{"ground_truth": r.ground_truth, **r.metadata} for r in records])
+    batch = validation_batch(engines.val_prompts, cfg.run.seed, cfg.data.val_samples_per_prompt)
+    return engines.rollout.generate(cfg=sampling, step=step, **batch)
 
 
 def validation_scores(engines: cluster.Engines, traj) -> dict:

@@ -30,6 +30,17 @@ def sample_seed(run_seed: int, step: int, global_index: int) -> int:
     return int.from_bytes(digest[:7], "little")  # < 2**56: fits torch.Generator.manual_seed
 
 
+def validation_batch(records: list, run_seed: int, copies: int = 1) -> dict:
+    """`RolloutEngine.generate` arguments for `copies` images of each validation prompt record: copy c of
+    record i has sample index c and seed run_seed + 7 + i + c * len(records) (copy 0 keeps the seeds a
+    one-image validation always used), and carries the record's ground truth for the reward."""
+    n = len(records)
+    rows = [(c, i) for c in range(copies) for i in range(n)]
+    return dict(prompts=[records[i].prompt for _, i in rows], group_ids=[records[i].uid for _, i in rows],
+                sample_index=[c for c, _ in rows], seeds=[run_seed + 7 + i + c * n for c, i in rows],
+                metadata=[{"ground_truth": records[i].ground_truth, **records[i].metadata} for _, i in rows])
+
+
 def inject_fault(stage: str, step: int, chunk: int = 0) -> None:
     """Fault injection for resume/retry tests and drills: DIFFRL_INJECT_FAULT="stage@step[.chunk][:exit]".
 

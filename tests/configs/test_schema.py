@@ -54,6 +54,7 @@ def test_scientific_notation_without_a_dot_is_a_number_everywhere():
     (["model.dtype=fp8"], r"model.dtype must be one of"),
     (["cluster.mode=k8s"], r"cluster.mode must be"),
     (["rollout.num_inference_steps=1"], r"algorithm.window 'all_but_last' does not fit rollout.num_inference_steps=1"),
+    (["data.val_samples_per_prompt=0"], r"data.val_samples_per_prompt must be >= 1, got 0"),
 ])
 def test_bad_values_are_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
