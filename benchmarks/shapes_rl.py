@@ -60,6 +60,9 @@ def evaluate(rollout: RolloutEngine, reward: MultiReward, cfg: ExperimentConfig,
     if not records:
         return {"reward": float("nan"), "accuracy": float("nan")}
     ode = dataclasses.replace(cfg.sampling, noise_level=0.0, **sampling)
+    if ode.window.size > ode.num_inference_steps:  # fewer steps than the SDE window: at noise 0 it only marks steps
+        ode = dataclasses.replace(ode, window=dataclasses.replace(ode.window, size=ode.num_inference_steps,
+                                                                  start_range=(0, None)))
     batch = validation_batch(records, cfg.run.seed, cfg.data.val_samples_per_prompt)
     traj = rollout.generate(cfg=ode, **batch)
     out = reward(traj.images, traj.prompts, traj.metadata)

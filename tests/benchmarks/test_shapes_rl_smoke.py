@@ -72,3 +72,13 @@ def test_shapes_rl_eval_only_also_evaluates_other_sampling_settings(tmp_path):
     for bad in ("eta=1", "num_inference_steps=ten"):
         with pytest.raises(SystemExit, match="--eval-also takes"):
             shapes_rl.main(["--config", "quickstart", "--eval-only", "--eval-also", bad, "--out-dir", str(tmp_path)])
+
+
+def test_shapes_rl_evaluates_at_fewer_steps_than_the_sde_window(tmp_path):
+    """shapes_quick's SDE window covers all 4 steps; an ODE evaluation at 2 steps needs no window and must not
+    fail on it (it did: "WindowPolicy.size 4 > num_steps 2"). 2 steps sample worse than 4 on this model."""
+    result = shapes_rl.main([
+        "--config", "shapes_quick", "data.num_val_prompts=12", "data.val_samples_per_prompt=1", "--eval-only",
+        "--eval-also", "num_inference_steps=2", "--out-dir", str(tmp_path)])
+    two_steps = result["at_other_sampling"]["before"]["num_inference_steps=2"]
+    assert 0.0 <= two_steps["reward"] < result["before"]["reward"]
