@@ -160,8 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "config": name, "overrides": args.overrides, "device": device_name, "torch": torch.__version__,
         "steps": len(curve), "samples_per_step": cfg.rollout.samples_per_step,
-        "val_prompts": len(val_records),
-        "val_samples_per_prompt": cfg.data.val_samples_per_prompt, "before": history[0], "after": history[-1], "history": history,
+        "val_prompts": len(val_records), "val_samples_per_prompt": cfg.data.val_samples_per_prompt,
+        "before": history[0], "after": history[-1], "history": history,
         "at_other_sampling": other_sampling,
         "train_reward_curve": curve, "train_metrics": train_metrics, "seconds_per_step_median": float(np.median(step_seconds)) if step_seconds else None,
         "seconds_total": time.perf_counter() - started,

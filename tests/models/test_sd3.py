@@ -14,7 +14,7 @@ import torch
 from diffusers import StableDiffusion3Pipeline
 from peft import LoraConfig
 
-from models.base import SampleShape, load_adapter
+from models.base import SampleShape, images_to_uint8, load_adapter
 from models.sd3 import SD3Adapter
 
 SHAPE = SampleShape(64, 64)
@@ -189,6 +189,6 @@ def test_cpu_vae_runs_channels_last_and_decodes_as_the_pipelines_vae(adapter, pi
     ours = adapter.decode(latents * pipe.vae.config.scaling_factor, SampleShape(64, 64))
     with torch.no_grad():
         ref = pipe.vae.decode(latents + pipe.vae.config.shift_factor, return_dict=False)[0]
-    ref_uint8 = (pipe.image_processor.postprocess(ref, output_type="pt").permute(0, 2, 3, 1) * 255).round().to(torch.uint8)
+    ref_uint8 = images_to_uint8(pipe.image_processor.postprocess(ref, output_type="pt"))
     assert ours.shape == ref_uint8.shape
     assert (ours.int() - ref_uint8.int()).abs().max() <= 1
