@@ -219,18 +219,40 @@ def config_path(name_or_path: str | None) -> str:
         return os.path.join(CONFIG_DIR, "quickstart.yaml")
     if os.path.exists(name_or_path):
         return name_or_path
-    shipped = os.path.join(CONFIG_DIR, f"{name_or_path}.yaml")
+    shipped = os.path.join(CONFIG_DIR, name_or_path if name_or_path.endswith(".yaml") else f"{name_or_path}.yaml")
     if os.path.exists(shipped):
         return shipped
     names = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
     raise ConfigError(f"config {name_or_path!r} is neither a file nor a shipped config; shipped: {names}")
 
 
-def load_experiment(name_or_path: str | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Load an experiment YAML (default: the quickstart) with dotted overrides, fully validated."""
+def _algorithm_name(section) -> str | None:
+    return section if isinstance(section, str) else section.get("name") if isinstance(section, dict) else None
+
+
+def _merge_sections(under: dict, over: dict) -> dict:
+    """`over`'s keys on top of `under`'s: mappings merge key by key, anything else replaces. The algorithm
+    section is a named bundle: a bare name, or a mapping naming another algorithm, replaces the base's whole
+    section (none of the base algorithm's fields carry over); a mapping of fields edits the base's."""
+    merged = dict(under)
+    for key, value in over.items():
+        if key == "algorithm" and _algorithm_name(value) not in (None, _algorithm_name(under.get(key))):
+            merged[key] = value
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge_sections(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_sections(path: str, including: tuple[str, ...] = ()) -> dict:
+    """The raw sections of one config file, merged over those of its `base:` config (a file next to it or a
+    shipped config name), which may itself have a base."""
     import yaml
 
-    path = config_path(name_or_path)
+    path = os.path.abspath(path)
+    if path in including:
+        raise ConfigError(f"{including[-1]}: `base:` forms a cycle through {path}")
     with open(path) as f:
         try:
             raw = yaml.safe_load(f) or {}
@@ -238,13 +260,33 @@ def load_experiment(name_or_path: str | None = None, overrides: list[str] | None
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{path}: `base:` must name a config file or a shipped config; got {base!r}")
+    beside = os.path.join(os.path.dirname(path), base)
+    base_path = beside if os.path.isfile(beside) else config_path(base)
+    return _merge_sections(_read_sections(base_path, (*including, path)), raw)
+
+
+def load_experiment(name_or_path: str | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load an experiment YAML (default: the quickstart), merged over its `base:` config if it names one, with
+    dotted overrides, fully validated. `algorithm=NAME` (or a mapping) replaces the whole algorithm section;
+    `algorithm.FIELD=VALUE` edits one field of it."""
+    raw = _read_sections(config_path(name_or_path))
     algo_raw = raw.pop("algorithm", {}) or {}
     if isinstance(algo_raw, str):
         algo_raw = {"name": algo_raw}
-    algo_over = [o for o in (overrides or []) if o.startswith("algorithm.")]
-    raw = apply_overrides(raw, [o for o in (overrides or []) if not o.startswith("algorithm.")], ExperimentConfig)
+    algo_over = [o for o in (overrides or []) if o.split("=", 1)[0].split(".")[0] == "algorithm"]
+    raw = apply_overrides(raw, [o for o in (overrides or []) if o not in algo_over], ExperimentConfig)
     for text in algo_over:
         keys, value = parse_override(text)
+        if len(keys) == 1:
+            if not isinstance(value, (str, dict)) or not value:
+                raise ConfigError(f"override {text!r}: `algorithm=` takes an algorithm name or a mapping of fields")
+            algo_raw = {"name": value} if isinstance(value, str) else dict(value)
+            continue
         node = algo_raw
         for k in keys[1:-1]:
             node = node.setdefault(k, {})

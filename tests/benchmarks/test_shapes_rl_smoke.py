@@ -1,5 +1,5 @@
-"""Smoke test of benchmarks/shapes_rl.py: the shapes RL loop (engines only) on the CPU with the shipped
-early checkpoint, cut to one tiny step, and the per-category JSON it records."""
+"""Smoke test of benchmarks/shapes_rl.py: the shapes RL loop (engines only) on the CPU with the quickstart's
+shipped model (reference:shapes-small), cut to one tiny step, and the per-category JSON it records."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ from engines.store.scenes import TAGS  # noqa: E402
 
 @pytest.mark.slow  # ~15 s on 2 cores
 def test_shapes_rl_records_accuracy_per_category_before_and_after(tmp_path):
+    """The policy-gradient path (PolicyTrainer): FlowGRPO in place of the quickstart's DiffusionNFT."""
     result = shapes_rl.main([
         "--config", "quickstart", "run.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=4",
         "rollout.batch_size=8", "rollout.chunk_size=8", "train.mini_batch_prompts=2", "train.micro_batch_size=8",
-        "data.num_val_prompts=12", "--out-dir", str(tmp_path)])
+        "data.num_val_prompts=12", "data.val_samples_per_prompt=1", "algorithm={name: flow_grpo, kl_coef: 0.0}",
+        "--out-dir", str(tmp_path)])
     recorded = json.loads((tmp_path / "shapes_rl_quickstart_cpu.json").read_text())
     assert recorded["before"] == result["before"] and recorded["samples_per_step"] == 8
     assert [h["step"] for h in recorded["history"]] == [0, 1]
@@ -41,11 +43,12 @@ def test_shapes_rl_refuses_a_non_shapes_config():
 
 @pytest.mark.slow  # ~15 s on 2 cores
 def test_shapes_rl_trains_diffusion_nft_and_records_per_step_metrics(tmp_path):
-    """The direct-preference path (DirectPreferenceTrainer, rollouts with the old adapter) and a tagged file."""
+    """The direct-preference path (the quickstart's DiffusionNFT: DirectPreferenceTrainer, rollouts with the old
+    adapter) and a tagged file."""
     shapes_rl.main([
         "--config", "quickstart", "run.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=4",
         "rollout.batch_size=8", "rollout.chunk_size=8", "train.mini_batch_prompts=2", "train.micro_batch_size=8",
-        "data.num_val_prompts=6", "algorithm.name=diffusion_nft", "algorithm.noise_level=0",
+        "data.num_val_prompts=6", "data.val_samples_per_prompt=1",
         "--tag", "nft", "--out-dir", str(tmp_path)])
     recorded = json.loads((tmp_path / "shapes_rl_quickstart_nft_cpu.json").read_text())
     (step,) = recorded["train_metrics"]
@@ -59,16 +62,16 @@ def test_shapes_rl_eval_only_also_evaluates_other_sampling_settings(tmp_path):
     """--eval-only trains nothing; --eval-also repeats the held-out evaluation at other sampling settings, and
     the config's own setting given again reproduces the main evaluation exactly (same prompts and seeds)."""
     result = shapes_rl.main([
-        "--config", "quickstart", "data.num_val_prompts=6", "--eval-only",
-        "--eval-also", "guidance_scale=4.5,num_inference_steps=4", "guidance_scale=1", "--out-dir", str(tmp_path)])
+        "--config", "quickstart", "data.num_val_prompts=6", "data.val_samples_per_prompt=1", "--eval-only",
+        "--eval-also", "guidance_scale=1,num_inference_steps=4", "guidance_scale=4.5", "--out-dir", str(tmp_path)])
     assert result["steps"] == 0 and result["train_reward_curve"] == [] and len(result["history"]) == 1
     assert result["seconds_per_step_median"] is None
     also = result["at_other_sampling"]
     assert set(also) == {"before"}
-    assert set(also["before"]) == {"guidance_scale=4.5,num_inference_steps=4", "guidance_scale=1"}
+    assert set(also["before"]) == {"guidance_scale=1,num_inference_steps=4", "guidance_scale=4.5"}
     own = {k: v for k, v in result["before"].items() if k != "step"}
-    assert also["before"]["guidance_scale=4.5,num_inference_steps=4"] == own  # quickstart's own setting
-    assert 0.0 <= also["before"]["guidance_scale=1"]["reward"] <= 1.0
+    assert also["before"]["guidance_scale=1,num_inference_steps=4"] == own  # quickstart's own setting
+    assert 0.0 <= also["before"]["guidance_scale=4.5"]["reward"] <= 1.0
     for bad in ("eta=1", "num_inference_steps=ten"):
         with pytest.raises(SystemExit, match="--eval-also takes"):
             shapes_rl.main(["--config", "quickstart", "--eval-only", "--eval-also", bad, "--out-dir", str(tmp_path)])

@@ -1,12 +1,16 @@
-"""The experiment schema: every shipped config loads; algorithm bundles with overrides; cross-field checks."""
+"""The experiment schema: every shipped config loads; `base:` configs; algorithm bundles with overrides;
+cross-field checks."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import textwrap
 
 import pytest
 
-from configs.loader import ConfigError
+from algorithms.catalog import get_algorithm
+from configs.loader import ConfigError, to_dict
 from configs.schema import CONFIG_DIR, load_experiment
 
 SHIPPED = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
@@ -29,11 +33,76 @@ def test_qwen_image_recipe_is_verl_omnis():
 
 
 def test_algorithm_bundle_with_overrides():
-    cfg = load_experiment(None, ["algorithm.name=mix_grpo", "algorithm.window.size=2", "algorithm.kl_coef=0.01"])
+    cfg = load_experiment(None, ["algorithm=mix_grpo", "algorithm.window.size=2", "algorithm.kl_coef=0.01"])
     assert cfg.algorithm.name == "mix_grpo" and cfg.algorithm.kl_coef == 0.01
     assert cfg.algorithm.window.kind == "mix_progressive" and cfg.algorithm.window.size == 2
     # the algorithm's stochastic parts reach the sampler
     assert cfg.sampling.sde_type == cfg.algorithm.sde_type and cfg.sampling.window == cfg.algorithm.window
+
+
+def test_algorithm_override_replaces_the_section_and_a_field_override_edits_it():
+    """The quickstart sets DiffusionNFT fields (a 4-step window, an old-policy EMA, noise 0.7). `algorithm=NAME`
+    starts from NAME's bundle and keeps none of them; `algorithm.name=NAME` renames and keeps them. It used to
+    be silently ignored."""
+    quick = load_experiment(None).algorithm
+    assert (quick.name, quick.window.size, quick.old_policy_decay_max) == ("diffusion_nft", 4, 0.8)
+    fresh = load_experiment(None, ["algorithm=flow_grpo"]).algorithm
+    assert fresh == get_algorithm("flow_grpo")
+    renamed = load_experiment(None, ["algorithm.name=flow_grpo"]).algorithm
+    assert renamed.name == "flow_grpo" and renamed.window == quick.window and renamed.old_policy_decay_max == 0.8
+    mapped = load_experiment(None, ["algorithm={name: grpo_guard, kl_coef: 0.0}", "algorithm.clip_ratio=0.1"]).algorithm
+    assert mapped == get_algorithm("grpo_guard", kl_coef=0.0, clip_ratio=0.1)
+    for bad in ("algorithm=3", "algorithm=", "algorithm=[flow_grpo]"):
+        with pytest.raises(ConfigError, match="takes an algorithm name or a mapping"):
+            load_experiment(None, [bad])
+
+
+def test_quickstart_is_shapes_quick_under_its_own_names():
+    """configs/quickstart.yaml is `base: shapes_quick.yaml` plus the run's names: the same recipe."""
+    quick, shapes = to_dict(load_experiment(None)), to_dict(load_experiment("shapes_quick"))
+    assert (quick["run"].pop("name"), quick["run"].pop("experiment")) == ("quickstart", "diffrl-quickstart")
+    assert (shapes["run"].pop("name"), shapes["run"].pop("experiment")) == ("shapes-quick", "diffrl-shapes")
+    assert quick == shapes
+
+
+def _write(path, text):
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_base_config_merges_sections_key_by_key(tmp_path):
+    """A config's `base:` (a file beside it, else a shipped name) loads first; mappings merge key by key, a base
+    may have its own base, and an algorithm mapping naming another algorithm replaces the base's section."""
+    _write(tmp_path / "mid.yaml", """\
+        base: shapes_quick
+        train: {lr: 1.0e-4}
+        """)
+    child = _write(tmp_path / "child.yaml", """\
+        base: mid.yaml
+        run: {name: child}
+        rollout: {num_inference_steps: 6}
+        """)
+    cfg, shapes = load_experiment(child), load_experiment("shapes_quick")
+    assert (cfg.run.name, cfg.run.steps, cfg.run.experiment) == ("child", shapes.run.steps, shapes.run.experiment)
+    assert (cfg.train.lr, cfg.train.lora_rank) == (1e-4, shapes.train.lora_rank)
+    assert (cfg.rollout.num_inference_steps, cfg.rollout.group_size) == (6, shapes.rollout.group_size)
+    assert cfg.algorithm == shapes.algorithm
+    edited = _write(tmp_path / "edited.yaml", "base: shapes_quick\nalgorithm: {noise_level: 0.5}\n")
+    assert load_experiment(edited).algorithm == dataclasses.replace(shapes.algorithm, noise_level=0.5)
+    other = _write(tmp_path / "other.yaml", "base: shapes_quick\nalgorithm: {name: flow_grpo, kl_coef: 0.0}\n")
+    assert load_experiment(other).algorithm == get_algorithm("flow_grpo", kl_coef=0.0)
+    assert load_experiment(other, ["run.steps=3"]).run.steps == 3  # overrides apply after the merge
+
+
+def test_bad_base_configs_are_config_errors(tmp_path):
+    loop_a = _write(tmp_path / "a.yaml", "base: b.yaml\n")
+    _write(tmp_path / "b.yaml", "base: a.yaml\n")
+    with pytest.raises(ConfigError, match="forms a cycle"):
+        load_experiment(loop_a)
+    with pytest.raises(ConfigError, match="neither a file nor a shipped config"):
+        load_experiment(_write(tmp_path / "missing.yaml", "base: no_such_config\n"))
+    with pytest.raises(ConfigError, match="`base:` must name a config"):
+        load_experiment(_write(tmp_path / "list.yaml", "base: [shapes_quick]\n"))
 
 
 def test_scientific_notation_without_a_dot_is_a_number_everywhere():
@@ -53,7 +122,7 @@ def test_scientific_notation_without_a_dot_is_a_number_everywhere():
     (["rollout.chunk_size=3"], r"multiple or a divisor"),
     (["model.dtype=fp8"], r"model.dtype must be one of"),
     (["cluster.mode=k8s"], r"cluster.mode must be"),
-    (["rollout.num_inference_steps=1"], r"algorithm.window 'all_but_last' does not fit rollout.num_inference_steps=1"),
+    (["rollout.num_inference_steps=3"], r"algorithm.window 'random_start' does not fit rollout.num_inference_steps=3"),
     (["data.val_samples_per_prompt=0"], r"data.val_samples_per_prompt must be >= 1, got 0"),
 ])
 def test_bad_values_are_config_errors(overrides, message):

@@ -19,10 +19,10 @@ from configs.schema import load_experiment
 from engines.store.trajectories import TrajectoryStore
 from flows.build import build_engines
 from flows.train import train
-from e2e_settings import TINY
+from e2e_settings import TINY_SIZES
 
-LAST_STEP_WINDOW = "algorithm.window={kind: random_start, size: 1, start_range: [1, 2]}"  # TINY has 2 steps
-TINY_DP = TINY + [LAST_STEP_WINDOW, "run.steps=2"]
+LAST_STEP_WINDOW = "algorithm.window={kind: random_start, size: 1, start_range: [1, 2]}"  # TINY_SIZES has 2 steps
+TINY_DP = TINY_SIZES + [LAST_STEP_WINDOW, "run.steps=2"]
 OFFLINE = ["run.steps=4", "run.validate_every=0", "run.checkpoint_every=2", "run.log_images=2",
            "rollout.num_inference_steps=2", "rollout.height=32", "rollout.width=32", LAST_STEP_WINDOW,
            "rollout.prompts_per_step=8", "train.mini_batch_prompts=8", "train.micro_batch_size=8",
