@@ -11,6 +11,13 @@ task runs, Lance writes and reads (PNG encoding included), advantages, the check
 sync bookkeeping and the rollout-image logging (MLflow's metric write itself is after the timer).
 
     python benchmarks/orchestration.py --steps 12 --out benchmarks/results/orchestration_cpu.json
+
+Over a long run it also reports the mean step time of each block of --block steps, which shows whether the
+per-step cost grows with the step number (it did, until the flow compacted the Lance tables every
+run.compact_every steps):
+
+    python benchmarks/orchestration.py --steps 80 --block 10 --out benchmarks/results/orchestration_80_cpu.json
+    python benchmarks/orchestration.py --steps 80 --block 10 run.compact_every=0   # without compaction
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ OVERRIDES = [
     "rollout.num_inference_steps=2", "rollout.height=16", "rollout.width=16", "rollout.group_size=2",
     "rollout.prompts_per_step=1", "rollout.chunk_size=2", "rollout.batch_size=2",
     "train.mini_batch_prompts=1", "train.micro_batch_size=2", "data.num_generated=8", "data.num_val_prompts=1",
+    "algorithm={name: flow_grpo, kl_coef: 0.0, clip_ratio: 0.2}",  # the rl_step flow (the quickstart is DiffusionNFT)
 ]
 
 
@@ -38,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out (imports, first commits)")
+    parser.add_argument("--block", type=int, default=0, help="also report the mean step time of each block of N steps")
     parser.add_argument("--out", default=None, help="write the JSON result here")
+    parser.add_argument("overrides", nargs="*", help="more dotted overrides (e.g. run.compact_every=0)")
     args = parser.parse_args(argv)
     out = os.path.abspath(args.out) if args.out else None
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -51,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)
         started = time.perf_counter()
-        train(config=None, overrides=OVERRIDES + [f"run.steps={args.steps}", "run.name=overhead"])
+        train(config=None, overrides=OVERRIDES + [f"run.steps={args.steps}", "run.name=overhead", *args.overrides])
         wall = time.perf_counter() - started
         mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlflow.db")
         client = MlflowClient()
@@ -75,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         "time_per_step_s_median": statistics.median(step_s[s] for s in steps),
         "engine_s_median": statistics.median(gen[s] + rew[s] + upd[s] for s in steps),
         "wall_s_including_startup": wall,
+        "overrides": args.overrides,
+        **({f"time_per_step_s_mean_by_block_of_{args.block}": [
+            statistics.mean(step_s[s] for s in range(b, min(b + args.block, args.steps + 1)) if s in step_s)
+            for b in range(1, args.steps + 1, args.block)]} if args.block > 0 else {}),
         "command": "python benchmarks/orchestration.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     print(json.dumps(result, indent=2))

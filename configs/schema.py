@@ -121,6 +121,7 @@ class RunConfig:
     validate_every: int = 0        # 0 = only before the first and after the last step
     log_images: int = 4            # rollout images logged to MLflow per step
     keep_latents_steps: int = 0    # 0 = keep latents of every step; k = drop latents older than k steps
+    compact_every: int = 10        # every k steps merge the run's Lance fragments (reads slow with their count); 0 = never
     storage_options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -128,6 +129,8 @@ class RunConfig:
             raise ValueError(f"run.name must be a non-empty name without '/', got {self.name!r}")
         if self.steps < 1:
             raise ValueError(f"run.steps must be >= 1, got {self.steps}")
+        if self.compact_every < 0:
+            raise ValueError(f"run.compact_every must be >= 0 (0 = never), got {self.compact_every}")
 
 
 @dataclass

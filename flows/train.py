@@ -218,10 +218,21 @@ def _log_val(tracker: Tracker, val: dict, step: int) -> None:
         tracker.client.log_metric(tracker.run_id, key, value, step=step)
 
 
+# Versions older than this go after a compaction: the previous compaction's copies, not the one a reader may be on.
+_KEEP_VERSIONS_S = 60.0
+
+
 def _retention(engines: cluster.Engines, step: int) -> None:
-    keep = engines.config.run.keep_latents_steps
-    if keep > 0:
-        engines.store.drop_latents(keep, step)
+    """Drop old latents (run.keep_latents_steps), and every run.compact_every steps merge the per-append
+    fragments of the run's tables and delete versions older than a minute. Every append adds a fragment, and
+    each read opens them all: without this a step's reads grow with the step number (measured in
+    docs/performance.md, "Step time over a long run")."""
+    run = engines.config.run
+    if run.keep_latents_steps > 0:
+        engines.store.drop_latents(run.keep_latents_steps, step)
+    if run.compact_every and (step + 1) % run.compact_every == 0:
+        engines.store.compact()
+        engines.store.cleanup(older_than_seconds=_KEEP_VERSIONS_S)
 
 
 def _fmt(metrics: dict) -> str:
