@@ -162,8 +162,8 @@ class LanceTable:
              blobs_as_bytes: bool = False, late_materialization: bool | None = None) -> pa.Table | None:
         """Rows in table order (insertion order, kept by compaction); None when no table yet.
 
-        late_materialization=False reads all columns in one pass: faster when the filter keeps
-        most rows (a whole step), as random-access takes of large rows cost more than a scan.
+        late_materialization: None lets Lance choose; False reads every column of every scanned row in one
+        pass, which reads whole fragments when the filter keeps a few of their rows (a compacted table).
         """
         with self._lock:
             ds = self.dataset()
