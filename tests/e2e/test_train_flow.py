@@ -78,7 +78,8 @@ def test_resume_after_a_failure_in_each_stage(workdir, monkeypatch, fault):
 
 
 def _fragments(run_dir: str) -> dict[str, int]:
-    return {t: len(lance.dataset(f"{run_dir}/{t}.lance").get_fragments()) for t in ("trajectories", "rewards", "advantages")}
+    tables = ("trajectories", "rewards", "advantages", "embeddings")
+    return {t: len(lance.dataset(f"{run_dir}/{t}.lance").get_fragments()) for t in tables}
 
 
 def test_the_flow_compacts_its_tables_every_compact_every_steps(workdir):
@@ -88,8 +89,10 @@ def test_the_flow_compacts_its_tables_every_compact_every_steps(workdir):
     same seeds; and a resumed run goes on from the compacted tables."""
     train(config=None, overrides=TINY + ["run.steps=4", "run.compact_every=0", "run.name=plain"])
     train(config=None, overrides=TINY + ["run.steps=4", "run.compact_every=2", "run.name=compacted"])
-    assert _fragments("runs/plain") == {"trajectories": 8, "rewards": 8, "advantages": 4}  # 2 chunks a step
-    assert _fragments("runs/compacted") == {"trajectories": 1, "rewards": 1, "advantages": 1}
+    plain_fragments = _fragments("runs/plain")
+    assert plain_fragments.pop("embeddings") > 1  # one per step that met new prompts
+    assert plain_fragments == {"trajectories": 8, "rewards": 8, "advantages": 4}  # 2 chunks a step
+    assert _fragments("runs/compacted") == {"trajectories": 1, "rewards": 1, "advantages": 1, "embeddings": 1}
     plain = TrajectoryStore("runs/plain/trajectories.lance")
     compacted = TrajectoryStore("runs/compacted/trajectories.lance")
     for step in range(4):
