@@ -40,6 +40,7 @@ from engines.reward.base import RewardOutput, check_positive, register_reward, t
 from engines.store.scenes import BACKGROUND, PALETTE, validate_target
 
 _REFERENCE_AREA = 64 * 64  # min_area is given for 64x64 images
+_PIXEL_BATCH = 16  # images per color_index pass: larger arrays leave the CPU caches and run slower per image
 _POSITION_THRESHOLD = 0.1  # GenEval's: offsets shrink by this x the summed box sizes
 _DIRECTIONS = {"left of": (-1.0, 0.0), "right of": (1.0, 0.0), "above": (0.0, -1.0), "below": (0.0, 1.0)}
 
@@ -90,24 +91,32 @@ class Detection:
     area: int
 
 
+def color_index(images_BHW3: np.ndarray, options: GenevalLiteOptions) -> np.ndarray:
+    """Palette colour index per pixel, (B, H, W) int8, -1 where no colour: a pixel goes to the
+    background-to-colour line nearest to it (the lines meet at white, so faint pixels are told apart by
+    direction, not by distance to the colours), and counts if it is within `color_tolerance` of that line
+    and `min_strength` along it. One array pass for the whole batch (per image, the Python overhead of the
+    small arrays dominated: 0.66 ms of 1 ms per 64x64 image)."""
+    background = np.asarray(BACKGROUND, np.float32)
+    pixels = images_BHW3.astype(np.float32) - background  # origin = white
+    directions_K3 = np.stack([np.asarray(PALETTE[name], np.float32) - background for name in PALETTE])
+    lengths_K = (directions_K3 ** 2).sum(axis=1)
+    along = pixels @ directions_K3.T  # (B, H, W, K): p.d
+    t = along / lengths_K  # 0 at white, 1 at the colour
+    t_plus = np.maximum(t, 0)
+    # squared distance to the segment's line beyond white: |p - t+ d|^2 = |p|^2 - t+ (2 p.d - t+ |d|^2)
+    residual2 = (pixels ** 2).sum(axis=-1, keepdims=True) - t_plus * (2 * along - t_plus * lengths_K)
+    best = residual2.argmin(axis=-1)
+    best_residual2 = np.take_along_axis(residual2, best[..., None], -1)[..., 0]
+    best_strength = np.take_along_axis(t, best[..., None], -1)[..., 0]
+    found = (best_residual2 <= options.color_tolerance ** 2) & (best_strength >= options.min_strength)
+    return np.where(found, best, -1).astype(np.int8)
+
+
 def color_masks(image_HW3: np.ndarray, options: GenevalLiteOptions) -> dict[str, np.ndarray]:
-    """Boolean (H, W) mask per palette colour. A pixel goes to the background-to-colour line nearest to
-    it (the lines meet at white, so faint pixels are told apart by direction, not by distance to the
-    colours), then counts if it is within `color_tolerance` of that line and `min_strength` along it."""
-    pixels = image_HW3.astype(np.float32) - np.asarray(BACKGROUND, np.float32)  # (H, W, 3), origin = white
-    names = list(PALETTE)
-    residuals, strengths = [], []
-    for name in names:
-        direction = np.asarray(PALETTE[name], np.float32) - np.asarray(BACKGROUND, np.float32)
-        t = pixels @ direction / float(direction @ direction)  # (H, W): 0 at white, 1 at the colour
-        residuals.append(np.linalg.norm(pixels - np.maximum(t, 0)[..., None] * direction, axis=-1))
-        strengths.append(t)
-    residual_KHW, strength_KHW = np.stack(residuals), np.stack(strengths)
-    best_HW = residual_KHW.argmin(axis=0)
-    best_residual = np.take_along_axis(residual_KHW, best_HW[None], 0)[0]
-    best_strength = np.take_along_axis(strength_KHW, best_HW[None], 0)[0]
-    found_HW = (best_residual <= options.color_tolerance) & (best_strength >= options.min_strength)
-    return {name: found_HW & (best_HW == k) for k, name in enumerate(names)}
+    """Boolean (H, W) mask per palette colour of one image (`color_index`'s rule)."""
+    index_HW = color_index(image_HW3[None], options)[0]
+    return {name: index_HW == k for k, name in enumerate(PALETTE)}
 
 
 def classify_shape(mask_hw: np.ndarray, options: GenevalLiteOptions) -> str:
@@ -130,22 +139,35 @@ def classify_shape(mask_hw: np.ndarray, options: GenevalLiteOptions) -> str:
     return "square" if occupancy >= options.square_corner else "circle"
 
 
-def detect(image_HW3: np.ndarray, options: GenevalLiteOptions) -> list[Detection]:
-    """All objects in one image, in colour order then scan order."""
-    height, width = image_HW3.shape[:2]
+def detect_batch(images_BHW3: np.ndarray, options: GenevalLiteOptions) -> list[list[Detection]]:
+    """All objects in each image, in colour order then scan order. Connected components are labelled once
+    per colour for the whole batch (8-connectivity within an image, none across images)."""
+    count, height, width = images_BHW3.shape[:3]
     min_area = options.min_area * height * width / _REFERENCE_AREA
-    found = []
-    for color, mask in color_masks(image_HW3, options).items():
-        labels, _ = ndimage.label(mask, structure=np.ones((3, 3), dtype=bool))
-        for index, box in enumerate(ndimage.find_objects(labels), start=1):
-            component = labels[box] == index
+    index = np.concatenate([color_index(images_BHW3[i:i + _PIXEL_BATCH], options)
+                            for i in range(0, count, _PIXEL_BATCH)]) if count else np.empty((0, height, width), np.int8)
+    within_image = np.zeros((3, 3, 3), dtype=bool)
+    within_image[1] = True
+    found: list[list[Detection]] = [[] for _ in range(count)]
+    for k, color in enumerate(PALETTE):
+        labels, _ = ndimage.label(index == k, structure=within_image)
+        for label, box in enumerate(ndimage.find_objects(labels), start=1):
+            if box is None:
+                continue
+            image, ys, xs = box
+            component = labels[box][0] == label
             area = int(component.sum())
-            ys, xs = box
             if area < min_area or min(xs.stop - xs.start, ys.stop - ys.start) < 3:
                 continue  # speckles and one- or two-pixel slivers (edges of another colour's object)
-            found.append(Detection(classify_shape(component, options), color, (xs.start + xs.stop) / 2,
-                                   (ys.start + ys.stop) / 2, xs.stop - xs.start, ys.stop - ys.start, area))
+            found[image.start].append(Detection(classify_shape(component, options), color, (xs.start + xs.stop) / 2,
+                                                (ys.start + ys.stop) / 2, xs.stop - xs.start,
+                                                ys.stop - ys.start, area))
     return found
+
+
+def detect(image_HW3: np.ndarray, options: GenevalLiteOptions) -> list[Detection]:
+    """All objects in one image, in colour order then scan order."""
+    return detect_batch(image_HW3[None], options)[0]
 
 
 def relation_holds(obj: Detection, ref: Detection, relation: str) -> bool:
@@ -219,8 +241,7 @@ class GenevalLiteReward:
         if len(metadata) != len(array):
             raise ValueError(f"geneval_lite: got {len(array)} images but {len(metadata)} metadata entries")
         scores, accuracy, seen = [], [], []
-        for i, (image, meta) in enumerate(zip(array, metadata)):
-            found = detect(image, self.options)
+        for i, (found, meta) in enumerate(zip(detect_batch(array, self.options), metadata)):
             score, strict = score_detections(found, parse_target(meta, i))
             scores.append((1.0 - self.options.strict_weight) * score + self.options.strict_weight * float(strict))
             accuracy.append(float(strict))

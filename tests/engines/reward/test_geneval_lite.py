@@ -8,7 +8,7 @@ import torch
 from PIL import Image, ImageFilter
 
 from engines.reward.base import build_reward, reward_names
-from engines.reward.geneval_lite import Detection, relation_holds
+from engines.reward.geneval_lite import Detection, GenevalLiteOptions, color_masks, detect, detect_batch, relation_holds
 from engines.store.scenes import SceneObject, render, scene_pairs, target_json
 
 
@@ -79,6 +79,22 @@ def test_position_near_misses(transform):
     assert _score(stacked, CIRCLE_LEFT_OF_SQUARE, transform) == (pytest.approx(2 / 3), 0.0)  # above, not left
     # The square is missing: count terms 1 and 0, no reference for the relation.
     assert _score(left[:1], CIRCLE_LEFT_OF_SQUARE, transform) == (pytest.approx(1 / 3), 0.0)
+
+
+def test_batched_detection_equals_one_image_at_a_time():
+    """The batch labels components of all images at once: objects at the bottom edge of one image and the
+    top edge of the next stay apart, and every image's detections and colour masks equal its own pass."""
+    images, _, _ = scene_pairs(40, seed=5)
+    edge = [render([SceneObject("square", "red", 32, 59, 12)]), render([SceneObject("square", "red", 32, 4, 12)])]
+    noisy = np.clip(images + np.random.default_rng(1).normal(0, 40, images.shape), 0, 255).astype(np.uint8)
+    batch = np.concatenate([np.stack(edge), images, noisy])
+    options = GenevalLiteOptions()
+    found = detect_batch(batch, options)
+    assert found == [detect(image, options) for image in batch]
+    assert [len(f) for f in found[:2]] == [1, 1] and found[0][0].cy > 50 and found[1][0].cy < 14
+    assert sum(len(f) for f in found[2:42]) >= 40  # every scene has at least one object
+    masks = color_masks(batch[2], options)
+    assert sum(int(m.sum()) for m in masks.values()) > 0 and not (masks["red"] & masks["blue"]).any()
 
 
 def test_blank_image_and_speckles_score_zero():
