@@ -40,7 +40,7 @@ from engines.reward.base import RewardOutput, check_positive, register_reward, t
 from engines.store.scenes import BACKGROUND, PALETTE, validate_target
 
 _REFERENCE_AREA = 64 * 64  # min_area is given for 64x64 images
-_PIXEL_BATCH = 16  # images per color_index pass: larger arrays leave the CPU caches and run slower per image
+_PASS_PIXELS = 16 * 64 * 64  # pixels per color_index pass: larger arrays leave the CPU caches and run slower
 _POSITION_THRESHOLD = 0.1  # GenEval's: offsets shrink by this x the summed box sizes
 _DIRECTIONS = {"left of": (-1.0, 0.0), "right of": (1.0, 0.0), "above": (0.0, -1.0), "below": (0.0, 1.0)}
 
@@ -144,8 +144,9 @@ def detect_batch(images_BHW3: np.ndarray, options: GenevalLiteOptions) -> list[l
     per colour for the whole batch (8-connectivity within an image, none across images)."""
     count, height, width = images_BHW3.shape[:3]
     min_area = options.min_area * height * width / _REFERENCE_AREA
-    index = np.concatenate([color_index(images_BHW3[i:i + _PIXEL_BATCH], options)
-                            for i in range(0, count, _PIXEL_BATCH)]) if count else np.empty((0, height, width), np.int8)
+    per_pass = max(1, _PASS_PIXELS // (height * width))
+    index = np.concatenate([color_index(images_BHW3[i:i + per_pass], options)
+                            for i in range(0, count, per_pass)]) if count else np.empty((0, height, width), np.int8)
     within_image = np.zeros((3, 3, 3), dtype=bool)
     within_image[1] = True
     found: list[list[Detection]] = [[] for _ in range(count)]
