@@ -15,11 +15,10 @@ import argparse
 import json
 import os
 import platform
-import statistics
-import time
 
 import numpy as np
 
+from common import time_median  # benchmarks/common.py, beside this script
 from engines.reward.geneval_lite import GenevalLiteOptions, detect, parse_target, score_detections
 from engines.reward.multi import MultiReward, RewardComponent, RewardConfig
 from engines.store.scenes import scene_pairs, target_json
@@ -31,36 +30,34 @@ def noisy_scenes(count: int, size: int, seed: int = 3) -> tuple[np.ndarray, list
     return np.clip(images + noise, 0, 255).astype(np.uint8), prompts, [{"ground_truth": target_json(t)} for t in targets]
 
 
-def timed(fn, repeats: int) -> tuple[float, object]:
-    out = fn()  # warm-up
-    seconds = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        out = fn()
-        seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds), out
-
-
 def measure(count: int, size: int, repeats: int) -> dict:
     images, prompts, metadata = noisy_scenes(count, size)
     reward = MultiReward(RewardConfig(components=[RewardComponent("geneval_lite")]))
-    batched_s, batched = timed(lambda: reward(images, prompts, metadata).scores, repeats)
     options = GenevalLiteOptions()
-    one_s, one = timed(lambda: [score_detections(detect(image, options), parse_target(meta, i))[0]
-                                for i, (image, meta) in enumerate(zip(images, metadata))], repeats)
-    if not np.array_equal(batched.numpy(), np.asarray(one, dtype=np.float32)):
+
+    def batched():
+        return reward(images, prompts, metadata).scores.numpy()
+
+    def one_at_a_time():
+        return np.asarray([score_detections(detect(image, options), parse_target(meta, i))[0]
+                           for i, (image, meta) in enumerate(zip(images, metadata))], dtype=np.float32)
+
+    scores = batched()
+    if not np.array_equal(scores, one_at_a_time()):
         raise SystemExit("batched and per-image scores differ")
+    batched_s = time_median(batched, repeats=repeats, warmup=1, device="cpu")
+    one_s = time_median(one_at_a_time, repeats=repeats, warmup=1, device="cpu")
     return {"image_size": size, "images": count, "batched_s": round(batched_s, 4), "per_image_s": round(one_s, 4),
             "batched_images_per_s": round(count / batched_s, 1), "per_image_images_per_s": round(count / one_s, 1),
-            "speedup": round(one_s / batched_s, 2), "mean_score": round(float(batched.mean()), 4)}
+            "speedup": round(one_s / batched_s, 2), "mean_score": round(float(scores.mean()), 4)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None, help="write the results as JSON here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     results = {
         "machine": {"cpu_count": os.cpu_count(), "processor": platform.machine(), "python": platform.python_version(),
                     "load_average_1min_at_start": round(os.getloadavg()[0], 2)},
@@ -71,6 +68,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)
+    return results
 
 
 if __name__ == "__main__":
