@@ -26,7 +26,6 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 from configs.loader import to_dict
 from configs.schema import ExperimentConfig, load_experiment
 from engines import cluster
-from engines.store.embeddings import EmbeddingCache
 from flows.build import build_engines
 from flows.dp_step import dp_step
 from flows.rl_step import rl_step
@@ -234,9 +233,14 @@ def _retention(engines: cluster.Engines, step: int) -> None:
     if run.compact_every and (step + 1) % run.compact_every == 0:
         engines.store.compact()
         engines.store.cleanup(older_than_seconds=_KEEP_VERSIONS_S)
-        # the prompt-embedding cache gains a fragment for each step that meets new prompts
-        cache = EmbeddingCache(os.path.join(engines.config.run_dir, "embeddings.lance"),
-                               storage_options=run.storage_options or None)
+        engines.run("rollout", _compact_embeddings)
+
+
+def _compact_embeddings(engines: cluster.Engines) -> None:
+    """Merge the rollout's prompt-embedding cache, which gains a fragment for each step that meets new prompts
+    (run where the rollout and its cache live: this process, or its Ray actor)."""
+    cache = engines.rollout.cache
+    if cache is not None:
         cache.compact()
         cache.table.cleanup(older_than_seconds=_KEEP_VERSIONS_S)
 

@@ -159,19 +159,16 @@ class LanceTable:
         return True
 
     def scan(self, columns: list[str], filter: str | None = None, *, row_address: bool = False,
-             blobs_as_bytes: bool = False, late_materialization: bool | None = None) -> pa.Table | None:
-        """Rows in table order (insertion order, kept by compaction); None when no table yet.
-
-        late_materialization: None lets Lance choose; False reads every column of every scanned row in one
-        pass, which reads whole fragments when the filter keeps a few of their rows (a compacted table).
-        """
+             blobs_as_bytes: bool = False) -> pa.Table | None:
+        """Rows in table order (insertion order, kept by compaction); None when no table yet. Lance chooses
+        late materialization itself (forcing it off read whole compacted fragments for a few rows)."""
         with self._lock:
             ds = self.dataset()
             if ds is None:
                 return None
             scanner = ds.scanner(
                 columns=columns, filter=filter, scan_in_order=True, with_row_address=row_address or None,
-                blob_handling="all_binary" if blobs_as_bytes else None, late_materialization=late_materialization)
+                blob_handling="all_binary" if blobs_as_bytes else None)
             return scanner.to_table()
 
     def delete(self, predicate: str) -> None:
