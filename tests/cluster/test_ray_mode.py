@@ -44,9 +44,13 @@ def test_ray_mode_matches_local_and_keeps_actors_warm(ray_cluster, workdir):
     from engines import cluster
     from flows.train import train
 
-    two_steps = TINY + ["run.steps=2", "model.device=auto"]
+    # compact_every 2: the second step's compaction merges the prompt-embedding cache inside the rollout's actor
+    two_steps = TINY + ["run.steps=2", "model.device=auto", "run.compact_every=2"]
     train(config=None, overrides=two_steps + ["run.name=local"])
     train(config=None, overrides=two_steps + RAY + ["run.name=remote"])
+    for run_name in ("local", "remote"):
+        embeddings = lance.dataset(os.path.join(workdir, f"runs/{run_name}/embeddings.lance"))
+        assert len(embeddings.get_fragments()) == 1, run_name
     local, remote = _metrics(workdir, "local"), _metrics(workdir, "remote")
     for key in ("critic/rewards/mean", "critic/advantages/max", "actor/pg_loss", "actor/grad_norm", "val/reward",
                 "reward/jpeg_compressibility"):
@@ -59,7 +63,7 @@ def test_ray_mode_matches_local_and_keeps_actors_warm(ray_cluster, workdir):
     assert engine["holds"] == ["adapter", "rollout", "trainer", "store"] and engine["policy_version"] == 2
 
     # a later flow run of the same run name finds the warm actors: the model is not built again
-    train(config=None, overrides=TINY + RAY + ["run.name=remote", "run.steps=3"])
+    train(config=None, overrides=TINY + RAY + ["run.name=remote", "run.steps=3", "run.compact_every=2"])
     again = {a["name"]: a for a in cluster.list_actors("remote")}
     assert again["remote/engine"]["actor_id"] == engine["actor_id"]
     assert again["remote/engine"]["pid"] == engine["pid"] and again["remote/engine"]["builds"] == 1
