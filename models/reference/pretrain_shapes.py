@@ -20,7 +20,8 @@ What it builds (a `StableDiffusion3Pipeline`, so models/sd3.py, the rollout, the
   numbers per token exceed the width and it learns far slower), `--width`, `--layers`. `--text-tokens` sets
   the CLIP length (the tokenizers' `model_max_length`, 77 as SD3; every shapes caption fits in 24).
 Everything but the VAE trains jointly with the rectified-flow loss (x_sigma = (1 - sigma) x0 + sigma
-noise, target noise - x0, logit-normal sigmas as SD3), with caption dropout to "" for CFG, AdamW, an
+noise, target noise - x0, logit-normal sigmas as SD3), with caption dropout to "" for CFG, AdamW (`--lr-schedule` and
+`--vae-lr-schedule`: constant after warm-up, the default and the shipped models', or a cosine to 0), an
 EMA of the weights (saved), and bf16 autocast on CUDA. It then samples the held-out prompts with the
 pipeline itself (ODE, `--eval-steps`, `--guidance-scale`) and scores them with `geneval_lite`.
 Outputs: the diffusers folder (safetensors) and OUT/pretrain_summary.json.
@@ -54,6 +55,7 @@ from models.tiny.tokenizers import clip_tokenizer, t5_tokenizer
 IMAGE_SIZE = 64
 LATENT_CHANNELS = 4
 ZERO_TOKENS = "32,96,256"  # T5-slot lengths cycled in training: 32 holds every caption, 256 is the default
+SCHEDULES = ("constant", "cosine")  # learning rate after warm-up: held, or a cosine to 0 over the run's steps
 HELDOUT = os.path.join(os.path.dirname(__file__), "..", "..", "data", "shapes_heldout.jsonl")
 
 
@@ -68,6 +70,7 @@ class PretrainConfig:
     batch_size: int = 256
     lr: float = 7e-4
     warmup: int = 200
+    lr_schedule: str = "constant"
     width: int = 128
     layers: int = 8
     patch_size: int = 4
@@ -79,6 +82,7 @@ class PretrainConfig:
     num_images: int = 100_000
     vae_steps: int = 1500
     vae_batch: int = 64
+    vae_lr_schedule: str = "constant"
     caption_dropout: float = 0.1
     ema_decay: float = 0.999
     shift: float = 3.0
@@ -112,6 +116,10 @@ class PretrainConfig:
             raise ValueError(f"--text-tokens must be in [8, 77] (CLIP's length), got {self.text_tokens}")
         if not self.zero_token_counts or min(self.zero_token_counts) < 1 or max(self.zero_token_counts) > 512:
             raise ValueError(f"--zero-tokens must be comma-separated lengths in [1, 512], got {self.zero_tokens!r}")
+        for name in ("lr_schedule", "vae_lr_schedule"):
+            if getattr(self, name) not in SCHEDULES:
+                raise ValueError(f"--{name.replace('_', '-')} must be one of {', '.join(SCHEDULES)}, "
+                                 f"got {getattr(self, name)!r}")
         if self.max_seconds < 0:
             raise ValueError(f"--max-seconds must be >= 0 (0: no limit), got {self.max_seconds}")
         if not 0 <= self.caption_dropout < 1 or not 0 <= self.ema_decay < 1:
@@ -248,12 +256,24 @@ def flow_matching_loss(transformer: SD3Transformer2DModel, latents_BCHW: torch.T
 
 
 # --------------------------------------------------------------------------------- training
+def lr_factor(step: int, steps: int, warmup: int, schedule: str) -> float:
+    """Multiplier of the base learning rate at `step` (0-based): a linear warm-up over `warmup` steps, then
+    1 ("constant") or a cosine from 1 at the warm-up's end to 0 at step `steps` ("cosine")."""
+    ramp = min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+    if schedule == "constant" or step < warmup:
+        return ramp
+    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def train_vae(vae: AutoencoderKL, images: torch.Tensor, cfg: PretrainConfig) -> dict:
     """Reconstruction training (MSE on sampled latents + 1e-6 KL, so the posterior becomes nearly
     deterministic), then shift/scaling factors from the latents' mean/std. Returns metrics."""
     device = images.device
     generator = torch.Generator(device).manual_seed(cfg.seed + 1)
     optimizer = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, cfg.vae_steps, 0, cfg.vae_lr_schedule))
     vae.train()
     for step in range(cfg.vae_steps):
         x = to_model_range(images[torch.randint(len(images), (cfg.vae_batch,), generator=generator, device=device)])
@@ -263,6 +283,7 @@ def train_vae(vae: AutoencoderKL, images: torch.Tensor, cfg: PretrainConfig) -> 
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        schedule.step()
         if step % cfg.log_every == 0 or step == cfg.vae_steps - 1:
             print(f"vae step {step:5d}  loss {loss.item():.5f}", flush=True)
     vae.eval().requires_grad_(False)
@@ -285,7 +306,8 @@ def train_flow(pipe: StableDiffusion3Pipeline, images: torch.Tensor, ids: tuple[
     modules = [pipe.transformer, pipe.text_encoder, pipe.text_encoder_2]
     params = [p for m in modules for p in m.train().parameters()]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / cfg.warmup))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, cfg.steps, cfg.warmup, cfg.lr_schedule))
     ema = [p.detach().clone() for p in params]
     generator = torch.Generator(device).manual_seed(cfg.seed + 2)
     empty = [tokenize(tok, [""]).to(device) for tok in (pipe.tokenizer, pipe.tokenizer_2)]  # CFG's negative
@@ -309,7 +331,7 @@ def train_flow(pipe: StableDiffusion3Pipeline, images: torch.Tensor, ids: tuple[
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
-        warmup.step()
+        schedule.step()
         decay = min(cfg.ema_decay, (1 + step) / (10 + step))  # short memory early, while weights move fast
         torch._foreach_lerp_(ema, [p.detach() for p in params], 1.0 - decay)
         losses.append(loss.detach())

@@ -2,6 +2,7 @@
 flow-matching loss and saves a folder that diffusers and our SD3 adapter load offline."""
 
 import json
+import math
 import os
 
 import pytest
@@ -10,7 +11,7 @@ from diffusers import StableDiffusion3Pipeline
 
 from models.base import SampleShape, load_adapter
 from models.reference.pretrain_shapes import (PretrainConfig, build_pipeline, encode_text, logit_normal_sigmas,
-                                              parse_args, run, tokenize)
+                                              lr_factor, parse_args, run, tokenize)
 
 TINY = dict(device="cpu", seed=0, batch_size=8, lr=2e-3, warmup=5, width=32, layers=1, text_width=16,
             text_layers=2, num_images=64, vae_steps=10, vae_batch=8, eval_prompts=2, eval_steps=2, workers=1,
@@ -55,6 +56,17 @@ def test_logit_normal_sigmas_shift_maps_the_median():
     assert 0 < s.min() and s.max() < 1 and s.median().item() == pytest.approx(0.75, abs=0.01)
 
 
+def test_lr_schedules_warm_up_then_hold_or_follow_a_cosine_to_zero():
+    # Warm-up (step + 1) / warmup in both; then constant 1, or 0.5 (1 + cos(pi (step - warmup) / (steps - warmup))).
+    assert [lr_factor(s, 100, 10, "constant") for s in (0, 4, 9, 50, 99)] == pytest.approx([0.1, 0.5, 1, 1, 1])
+    assert [lr_factor(s, 100, 10, "cosine") for s in (0, 9, 10, 55, 100)] == pytest.approx([0.1, 1, 1, 0.5, 0])
+    assert lr_factor(40, 100, 10, "cosine") == pytest.approx(0.5 * (1 + math.cos(math.pi / 3)))
+    assert lr_factor(750, 1500, 0, "cosine") == pytest.approx(0.5)  # the VAE's schedule: no warm-up
+    cfg = parse_args(["--out", "x", "--device", "cpu", "--lr-schedule", "cosine", "--vae-lr-schedule", "cosine"])
+    assert (cfg.lr_schedule, cfg.vae_lr_schedule) == ("cosine", "cosine")
+    assert PretrainConfig(out="x", device="cpu").lr_schedule == "constant"  # the shipped models' recipe
+
+
 def test_bad_flags_are_named():
     with pytest.raises(ValueError, match="--device must be cpu or cuda"):
         PretrainConfig(out="x", device="tpu")
@@ -66,6 +78,10 @@ def test_bad_flags_are_named():
         PretrainConfig(out="x", device="cpu", vae_levels=3, patch_size=16)
     with pytest.raises(ValueError, match="--text-tokens must be in"):
         PretrainConfig(out="x", device="cpu", text_tokens=100)
+    with pytest.raises(ValueError, match="--lr-schedule must be one of constant, cosine, got 'linear'"):
+        PretrainConfig(out="x", device="cpu", lr_schedule="linear")
+    with pytest.raises(ValueError, match="--vae-lr-schedule must be one of"):
+        PretrainConfig(out="x", device="cpu", vae_lr_schedule="step")
     with pytest.raises(ValueError, match="--zero-tokens must be comma-separated"):
         PretrainConfig(out="x", device="cpu", zero_tokens="32,many")
 
@@ -80,7 +96,8 @@ def test_text_tokens_too_short_for_the_captions_is_refused_before_training(tmp_p
 @pytest.mark.slow
 def test_short_cpu_run_lowers_loss_and_saves_a_loadable_pipeline(tmp_path):
     out = str(tmp_path / "shapes")
-    cfg = parse_args(["--out", out, "--steps", "40"] + [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()])
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    cfg = parse_args(["--out", out, "--steps", "40", "--lr-schedule", "cosine", "--vae-lr-schedule", "cosine", *flags])
     summary = run(cfg)
     assert summary["final_loss"] < 0.8 * summary["first_loss"], summary
     with open(os.path.join(out, "pretrain_summary.json")) as f:
