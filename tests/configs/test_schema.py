@@ -41,7 +41,7 @@ def test_algorithm_bundle_with_overrides():
 
 
 def test_algorithm_override_replaces_the_section_and_a_field_override_edits_it():
-    """The quickstart sets DiffusionNFT fields (a 4-step window, an old-policy EMA, noise 0.7). `algorithm=NAME`
+    """The quickstart sets DiffusionNFT fields (a 4-step window, an old-policy EMA, noise 0.5). `algorithm=NAME`
     starts from NAME's bundle and keeps none of them; `algorithm.name=NAME` renames and keeps them. It used to
     be silently ignored."""
     quick = load_experiment(None).algorithm
@@ -87,8 +87,8 @@ def test_base_config_merges_sections_key_by_key(tmp_path):
     assert (cfg.train.lr, cfg.train.lora_rank) == (1e-4, shapes.train.lora_rank)
     assert (cfg.rollout.num_inference_steps, cfg.rollout.group_size) == (6, shapes.rollout.group_size)
     assert cfg.algorithm == shapes.algorithm
-    edited = _write(tmp_path / "edited.yaml", "base: shapes_quick\nalgorithm: {noise_level: 0.5}\n")
-    assert load_experiment(edited).algorithm == dataclasses.replace(shapes.algorithm, noise_level=0.5)
+    edited = _write(tmp_path / "edited.yaml", "base: shapes_quick\nalgorithm: {noise_level: 0.9}\n")
+    assert load_experiment(edited).algorithm == dataclasses.replace(shapes.algorithm, noise_level=0.9)
     other = _write(tmp_path / "other.yaml", "base: shapes_quick\nalgorithm: {name: flow_grpo, kl_coef: 0.0}\n")
     assert load_experiment(other).algorithm == get_algorithm("flow_grpo", kl_coef=0.0)
     assert load_experiment(other, ["run.steps=3"]).run.steps == 3  # overrides apply after the merge
