@@ -17,7 +17,8 @@ GenEval category from `geneval_lite`'s info.
 
 Direct-preference algorithms (dpo, diffusion_nft, awm) train with DirectPreferenceTrainer, DiffusionNFT
 sampling with its old adapter, as the flow does. Writes benchmarks/results/shapes_rl_<config>[_<tag>]_<device>.json
-(per-step training reward, strict accuracy, timings and trainer metrics; a reward-curve PNG beside it).
+(per-step training reward, strict accuracy, timings and trainer metrics; a reward-curve PNG beside it) after
+every validation, so a run stopped early keeps what it measured; "finished" says whether it ran to its end.
 """
 
 from __future__ import annotations
@@ -114,11 +115,41 @@ def main(argv: list[str] | None = None) -> dict:
     val_records = [held[i] for i in range(min(cfg.data.num_val_prompts, len(held)))]
     group = cfg.rollout.group_size
 
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    name = os.path.splitext(os.path.basename(args.config))[0]
+    slug = re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
+    os.makedirs(args.out_dir, exist_ok=True)
+    path = os.path.join(args.out_dir, f"shapes_rl_{name}{'_' + args.tag if args.tag else ''}_{slug}.json")
+    curve, step_seconds, train_metrics, history, other_sampling = [], [], [], [], {}
+
+    def record(finished: bool) -> dict:
+        """The result so far, written to `path` (atomically: a run stopped by a timeout or a crash keeps the
+        record of its last validation, with "finished": false)."""
+        result = {
+            "config": name, "overrides": args.overrides, "device": device_name, "torch": torch.__version__,
+            "finished": finished, "steps": len(curve), "samples_per_step": cfg.rollout.samples_per_step,
+            "val_prompts": len(val_records), "val_samples_per_prompt": cfg.data.val_samples_per_prompt,
+            "before": history[0], "after": history[-1], "history": history,
+            "at_other_sampling": other_sampling,
+            "train_reward_curve": curve, "train_metrics": train_metrics,
+            "seconds_per_step_median": float(np.median(step_seconds)) if step_seconds else None,
+            "seconds_total": time.perf_counter() - started,
+            "tag": args.tag, "command": " ".join([
+                "python", "benchmarks/shapes_rl.py", "--config", args.config, *args.overrides,
+                *(["--max-minutes", str(args.max_minutes)] if args.max_minutes else []),
+                *(["--eval-also", *args.eval_also] if args.eval_also else []),
+                *(["--eval-only"] if args.eval_only else [])]),
+        }
+        with open(path + ".tmp", "w") as f:
+            json.dump(result, f, indent=2)
+        os.replace(path + ".tmp", path)
+        return result
+
     started = time.perf_counter()
-    history = [{"step": 0, **evaluate(rollout, reward, cfg, val_records)}]
+    history.append({"step": 0, **evaluate(rollout, reward, cfg, val_records)})
+    record(finished=False)
     print(json.dumps(history[-1]), flush=True)
-    other_sampling = {"before": _evaluate_also(rollout, reward, cfg, val_records, eval_also)}
-    curve, step_seconds, train_metrics = [], [], []
+    other_sampling["before"] = _evaluate_also(rollout, reward, cfg, val_records, eval_also)
     for step in range(0 if args.eval_only else cfg.run.steps):
         t0 = time.perf_counter()
         records = sampler.sample(step)
@@ -148,6 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
         out_of_time = args.max_minutes is not None and time.perf_counter() - started > 60 * args.max_minutes
         if (every and (step + 1) % every == 0) or step + 1 == cfg.run.steps or out_of_time:
             history.append({"step": step + 1, **evaluate(rollout, reward, cfg, val_records)})
+            record(finished=False)
             print(json.dumps(history[-1]), flush=True)
         if out_of_time:
             print(f"--max-minutes {args.max_minutes} reached after {step + 1} steps", flush=True)
@@ -155,26 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     if not args.eval_only:
         other_sampling["after"] = _evaluate_also(rollout, reward, cfg, val_records, eval_also)
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    name = os.path.splitext(os.path.basename(args.config))[0]
-    result = {
-        "config": name, "overrides": args.overrides, "device": device_name, "torch": torch.__version__,
-        "steps": len(curve), "samples_per_step": cfg.rollout.samples_per_step,
-        "val_prompts": len(val_records), "val_samples_per_prompt": cfg.data.val_samples_per_prompt,
-        "before": history[0], "after": history[-1], "history": history,
-        "at_other_sampling": other_sampling,
-        "train_reward_curve": curve, "train_metrics": train_metrics, "seconds_per_step_median": float(np.median(step_seconds)) if step_seconds else None,
-        "seconds_total": time.perf_counter() - started,
-        "tag": args.tag, "command": " ".join(["python", "benchmarks/shapes_rl.py", "--config", args.config, *args.overrides,
-                             *(["--max-minutes", str(args.max_minutes)] if args.max_minutes else []),
-                             *(["--eval-also", *args.eval_also] if args.eval_also else []),
-                             *(["--eval-only"] if args.eval_only else [])]),
-    }
-    slug = re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
-    os.makedirs(args.out_dir, exist_ok=True)
-    path = os.path.join(args.out_dir, f"shapes_rl_{name}{'_' + args.tag if args.tag else ''}_{slug}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
+    result = record(finished=True)
     _plot(curve, history, path[:-5] + ".png")
     print(f"before {history[0]['accuracy']:.3f} -> after {history[-1]['accuracy']:.3f}; wrote {path}", flush=True)
     return result

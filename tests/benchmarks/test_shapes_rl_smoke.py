@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -85,3 +86,35 @@ def test_shapes_rl_evaluates_at_fewer_steps_than_the_sde_window(tmp_path):
         "--eval-also", "num_inference_steps=2", "--out-dir", str(tmp_path)])
     two_steps = result["at_other_sampling"]["before"]["num_inference_steps=2"]
     assert 0.0 <= two_steps["reward"] < result["before"]["reward"]
+
+
+@pytest.mark.slow  # ~8 s on 2 cores
+def test_a_run_killed_after_a_validation_keeps_its_record(tmp_path):
+    """The result file is rewritten after every validation: a run killed (SIGKILL, as a timeout does) right after
+    its step-1 validation leaves a readable record of steps 0 and 1 marked unfinished; a whole run marks it
+    finished."""
+    tiny = ["run.steps=50", "run.validate_every=1", "rollout.prompts_per_step=2", "rollout.group_size=4",
+            "rollout.batch_size=8", "rollout.chunk_size=8", "train.mini_batch_prompts=2", "train.micro_batch_size=8",
+            "data.num_val_prompts=6", "data.val_samples_per_prompt=1"]
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "shapes_rl.py")
+    run = subprocess.Popen([sys.executable, script, "--config", "shapes_quick", *tiny, "--out-dir", str(tmp_path)],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        for line in run.stdout:
+            if line.startswith('{"step": 1,'):
+                break
+        else:
+            pytest.fail(f"shapes_rl.py ended (rc {run.wait()}) before its step-1 validation")
+    finally:
+        run.kill()
+        run.wait(timeout=30)
+    recorded = json.loads((tmp_path / "shapes_rl_shapes_quick_cpu.json").read_text())
+    assert recorded["finished"] is False and [h["step"] for h in recorded["history"]] == [0, 1]
+    assert len(recorded["train_reward_curve"]) == 1 and recorded["after"] == recorded["history"][1]
+    assert recorded["after"] == json.loads(line)
+    assert not (tmp_path / "shapes_rl_shapes_quick_cpu.json.tmp").exists()
+
+    whole = shapes_rl.main(["--config", "shapes_quick", *tiny, "run.steps=1", "--out-dir", str(tmp_path)])
+    assert whole["finished"] is True
+    assert json.loads((tmp_path / "shapes_rl_shapes_quick_cpu.json").read_text())["finished"] is True
