@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import re
@@ -46,7 +45,7 @@ from engines.store.scenes import TAGS, shapes_prompts  # noqa: E402
 from engines.train.preference import DirectPreferenceTrainer  # noqa: E402
 from engines.train.trainer import PolicyTrainer  # noqa: E402
 from models.base import load_adapter, set_tf32  # noqa: E402
-from tasks.common import sample_seed, validation_batch  # noqa: E402  (no Prefect import: the GPU machine has none)
+from tasks.common import sample_seed, validation_rollout  # noqa: E402  (no Prefect import: the GPU machine has none)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Trainer metrics kept per step in the result (besides the step's train reward, strict accuracy and timings).
@@ -55,20 +54,15 @@ TRAIN_METRICS = ("actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl", "actor/
 
 
 def evaluate(rollout: RolloutEngine, reward: MultiReward, cfg: ExperimentConfig, records, **sampling) -> dict:
-    """The flow's validation (ODE, data.val_samples_per_prompt images per prompt, tasks.common.validation_batch),
+    """The flow's validation (tasks.common.validation_rollout: ODE, data.val_samples_per_prompt images per prompt),
     with strict accuracy per category; `sampling` overrides fields of the config's sampling (e.g.
     guidance_scale, num_inference_steps)."""
     if not records:
         return {"reward": float("nan"), "accuracy": float("nan")}
-    ode = dataclasses.replace(cfg.sampling, noise_level=0.0, **sampling)
-    if ode.window.size > ode.num_inference_steps:  # fewer steps than the SDE window: at noise 0 it only marks steps
-        ode = dataclasses.replace(ode, window=dataclasses.replace(ode.window, size=ode.num_inference_steps,
-                                                                  start_range=(0, None)))
-    batch = validation_batch(records, cfg.run.seed, cfg.data.val_samples_per_prompt)
-    traj = rollout.generate(cfg=ode, **batch)
+    traj = validation_rollout(rollout, cfg, records, **sampling)
     out = reward(traj.images, traj.prompts, traj.metadata)
     accuracy = np.asarray(out.info["geneval_lite/accuracy"], dtype=np.float64)
-    tags = [m["tag"] for m in batch["metadata"]]
+    tags = [m["tag"] for m in traj.metadata]
     result = {"reward": float(out.scores.mean()), "accuracy": float(accuracy.mean())}
     for tag in TAGS:
         chosen = [a for a, t in zip(accuracy, tags) if t == tag]

@@ -7,7 +7,6 @@ and its committed Lance rows are reused. The MLflow run continues (same run id, 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -30,7 +29,7 @@ from flows.build import build_engines
 from flows.dp_step import dp_step
 from flows.rl_step import rl_step
 from flows.tracking import Tracker, image_grid
-from tasks.common import step_runner, validation_batch
+from tasks.common import step_runner, validation_rollout
 from tasks.sync import sync_engines
 from tasks.update import checkpoint_dir, latest_checkpoint, load_checkpoint_impl
 
@@ -59,10 +58,7 @@ def _run_state(cfg: ExperimentConfig) -> dict:
 
 def validation_samples(engines: cluster.Engines, step: int):
     """ODE samples (noise level 0) of the fixed validation prompts (runs where the rollout lives)."""
-    cfg = engines.config
-    sampling = dataclasses.replace(cfg.sampling, noise_level=0.0)
-    batch = validation_batch(engines.val_prompts, cfg.run.seed, cfg.data.val_samples_per_prompt)
-    return engines.rollout.generate(cfg=sampling, step=step, **batch)
+    return validation_rollout(engines.rollout, engines.config, engines.val_prompts, step=step)
 
 
 def validation_scores(engines: cluster.Engines, traj) -> dict:

@@ -4,6 +4,7 @@ JSON records persisted with the run."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from typing import Any, Callable
@@ -39,6 +40,18 @@ def validation_batch(records: list, run_seed: int, copies: int = 1) -> dict:
     return dict(prompts=[records[i].prompt for _, i in rows], group_ids=[records[i].uid for _, i in rows],
                 sample_index=[c for c, _ in rows], seeds=[run_seed + 7 + i + c * n for c, i in rows],
                 metadata=[{"ground_truth": records[i].ground_truth, **records[i].metadata} for _, i in rows])
+
+
+def validation_rollout(rollout, cfg, records: list, *, step: int = 0, **sampling):
+    """ODE samples (noise level 0) of the validation `records`, `cfg.data.val_samples_per_prompt` each
+    (validation_batch's seeds), with the config's sampling; `sampling` overrides its fields (guidance_scale,
+    num_inference_steps). An SDE window longer than the steps is cut to them: at noise 0 it only marks steps."""
+    ode = dataclasses.replace(cfg.sampling, noise_level=0.0, **sampling)
+    if ode.window.size > ode.num_inference_steps:
+        ode = dataclasses.replace(ode, window=dataclasses.replace(ode.window, size=ode.num_inference_steps,
+                                                                  start_range=(0, None)))
+    batch = validation_batch(records, cfg.run.seed, cfg.data.val_samples_per_prompt)
+    return rollout.generate(cfg=ode, step=step, **batch)
 
 
 def inject_fault(stage: str, step: int, chunk: int = 0) -> None:

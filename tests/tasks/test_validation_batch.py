@@ -1,5 +1,6 @@
 """Validation with several images per prompt (`data.val_samples_per_prompt`, GenEval's 4 per prompt): which
-seeds each copy gets, and that copy 0 reproduces a one-image validation's images exactly."""
+seeds each copy gets, that copy 0 reproduces a one-image validation's images exactly, and validation_rollout (the
+flow's and benchmarks/shapes_rl.py's validation) is that ODE sampling."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from configs.schema import load_experiment
 from engines.rollout import RolloutEngine
 from engines.store.prompts import PromptDataset
 from models.base import load_adapter
-from tasks.common import validation_batch
+from tasks.common import validation_batch, validation_rollout
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELDOUT = PromptDataset.load(os.path.join(REPO, "data", "shapes_heldout.jsonl"))
@@ -41,3 +42,18 @@ def test_two_images_per_prompt_repeat_the_one_image_validation_then_add_new_samp
     assert two.images.shape[0] == 6
     assert torch.equal(two.images[:3], one.images)  # same seeds, same images
     assert not torch.equal(two.images[3:], one.images)  # the second copies are new samples
+
+
+def test_validation_rollout_samples_the_ode_copies_and_takes_fewer_steps_than_the_window():
+    """The config's sampling at noise 0 on validation_batch's copies; overriding num_inference_steps below the
+    SDE window's 4 steps cuts the window instead of failing ("WindowPolicy.size 4 > num_steps 2")."""
+    cfg = load_experiment("quickstart", ["data.val_samples_per_prompt=2"])
+    rollout = RolloutEngine(load_adapter(os.path.join(REPO, "models", "reference", "shapes-early")), progress=False)
+    records = [HELDOUT[i] for i in range(3)]
+    traj = validation_rollout(rollout, cfg, records, step=5)
+    by_hand = rollout.generate(cfg=dataclasses.replace(cfg.sampling, noise_level=0.0),
+                               **validation_batch(records, cfg.run.seed, copies=2))
+    assert traj.images.shape[0] == 6 and torch.equal(traj.images, by_hand.images)
+    assert traj.prompts == [r.prompt for r in records] * 2
+    two_steps = validation_rollout(rollout, cfg, records, num_inference_steps=2)
+    assert two_steps.images.shape == traj.images.shape and not torch.equal(two_steps.images, traj.images)
