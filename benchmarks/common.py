@@ -14,6 +14,7 @@ Legend: B batch, T text tokens, D text hidden size, P pooled size.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import statistics
@@ -132,6 +133,17 @@ def device_slug(device: str) -> str:
         return "cpu"
     name = torch.cuda.get_device_name(torch.device(device)).lower().replace("nvidia", "").strip()
     return re.sub(r"[^a-z0-9]+", "_", name.split()[0]) if name else "gpu"
+
+
+def write_json(path: str | None, result: dict) -> None:
+    """Write `result` to `path` whole or not at all (a .tmp file, then a rename), so a benchmark that rewrites its
+    record as it goes leaves a readable file when it is stopped; None: write nothing."""
+    if path is None:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=2)
+    os.replace(path + ".tmp", path)
 
 
 def synchronize(device: str) -> None:

@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> dict:
     probes["training"] = probe_training(bench, [n for n, t in probes["forward"]["sdpa_ms_per_image"].items()
                                                  if isinstance(t, float) and n != "default"])
     result["probes"] = probes
-    _write(out, result)
+    common.write_json(out, result)
     main_phase, levers, result["main_attempts"] = None, None, []
     for levers in choose_levers(args, recipe, probes):
         try:
@@ -463,15 +463,15 @@ def main(argv: list[str] | None = None) -> dict:
                   stage_seconds=main_phase["stage_seconds"], stage_ms_per_image=main_phase["stage_ms_per_image"],
                   peak_memory_gib=main_phase["peak_memory_gib"], mfu=main_phase["mfu_datasheet"],
                   main=main_phase, variants=[])
-    _write(out, result)
+    common.write_json(out, result)
     if args.profile:
         result["profile"] = profile_step(bench)
-        _write(out, result)
+        common.write_json(out, result)
     for name in filter(None, args.variants.split(",")):
         _run_variant(bench, result, name, levers, main_phase, started)
-        _write(out, result)
+        common.write_json(out, result)
     result["total_wall_seconds"] = time.perf_counter() - started
-    _write(out, result)
+    common.write_json(out, result)
     _print_summary(result)
     return result
 
@@ -518,15 +518,6 @@ def profile_step(bench: Bench, rows: int = 40) -> dict:
     return {"stage_seconds": stages, "self_time_total_ms": total / 1e3,
             "top": [{"name": e.key[:120], "calls": e.count, "self_ms": getattr(e, "self_" + key) / 1e3,
                      "share": getattr(e, "self_" + key) / max(total, 1)} for e in top]}
-
-
-def _write(path: str | None, result: dict) -> None:
-    if path is None:
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f, indent=2)
-    os.replace(path + ".tmp", path)
 
 
 def _print_summary(result: dict) -> None:

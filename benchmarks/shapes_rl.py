@@ -37,6 +37,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from algorithms.advantages import group_advantages  # noqa: E402
+from common import write_json  # noqa: E402  (benchmarks/common.py, beside this script)
 from configs.schema import ExperimentConfig, load_experiment  # noqa: E402
 from engines.reward.multi import MultiReward  # noqa: E402
 from engines.rollout import RolloutEngine  # noqa: E402
@@ -112,7 +113,6 @@ def main(argv: list[str] | None = None) -> dict:
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     name = os.path.splitext(os.path.basename(args.config))[0]
     slug = re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
-    os.makedirs(args.out_dir, exist_ok=True)
     path = os.path.join(args.out_dir, f"shapes_rl_{name}{'_' + args.tag if args.tag else ''}_{slug}.json")
     curve, step_seconds, train_metrics, history, other_sampling = [], [], [], [], {}
 
@@ -134,9 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
                 *(["--eval-also", *args.eval_also] if args.eval_also else []),
                 *(["--eval-only"] if args.eval_only else [])]),
         }
-        with open(path + ".tmp", "w") as f:
-            json.dump(result, f, indent=2)
-        os.replace(path + ".tmp", path)
+        write_json(path, result)
         return result
 
     started = time.perf_counter()
