@@ -18,7 +18,7 @@ import platform
 
 import numpy as np
 
-from common import time_median  # benchmarks/common.py, beside this script
+from common import time_median, write_json  # benchmarks/common.py, beside this script
 from engines.reward.geneval_lite import GenevalLiteOptions, detect, parse_target, score_detections
 from engines.reward.multi import MultiReward, RewardComponent, RewardConfig
 from engines.store.scenes import scene_pairs, target_json
@@ -65,9 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
         "runs": [measure(args.images, 64, args.repeats), measure(max(1, args.images // 16), 256, args.repeats)],
     }
     print(json.dumps(results, indent=2))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.out, results)
     return results
 
 
