@@ -12,7 +12,7 @@ from engines.store.prompts import PromptDataset
 from flows.build import REFERENCE_DIR, resolve_model_path
 from models.reference.pretrain_shapes import HELDOUT, PretrainConfig, evaluate, folder_megabytes
 
-SHIPPED = ("shapes", "shapes-early", "shapes-small")
+SHIPPED = ("shapes", "shapes-small")
 
 
 def _summary(name: str) -> dict:

@@ -33,7 +33,7 @@ def test_copies_get_new_seeds_and_copy_zero_keeps_the_one_image_seeds():
 
 def test_two_images_per_prompt_repeat_the_one_image_validation_then_add_new_samples():
     cfg = load_experiment("quickstart", [])
-    rollout = RolloutEngine(load_adapter(os.path.join(REPO, "models", "reference", "shapes-early")), progress=False)
+    rollout = RolloutEngine(load_adapter(os.path.join(REPO, "models", "reference", "shapes-small")), progress=False)
     records = [HELDOUT[i] for i in range(3)]
     # ODE as validation samples; chunks of 3 so the first chunk of six is the three-sample batch itself
     ode = dataclasses.replace(cfg.sampling, noise_level=0.0, batch_size=3)
@@ -48,7 +48,7 @@ def test_validation_rollout_samples_the_ode_copies_and_takes_fewer_steps_than_th
     """The config's sampling at noise 0 on validation_batch's copies; overriding num_inference_steps below the
     SDE window's 4 steps cuts the window instead of failing ("WindowPolicy.size 4 > num_steps 2")."""
     cfg = load_experiment("quickstart", ["data.val_samples_per_prompt=2"])
-    rollout = RolloutEngine(load_adapter(os.path.join(REPO, "models", "reference", "shapes-early")), progress=False)
+    rollout = RolloutEngine(load_adapter(os.path.join(REPO, "models", "reference", "shapes-small")), progress=False)
     records = [HELDOUT[i] for i in range(3)]
     traj = validation_rollout(rollout, cfg, records, step=5)
     by_hand = rollout.generate(cfg=dataclasses.replace(cfg.sampling, noise_level=0.0),
