@@ -13,7 +13,7 @@ import sys
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict]:
-    from flows.commands import cluster, sample, score, tiny_model, train
+    from flows.commands import cluster, random_model, sample, score, tiny_model, train
 
     parser = argparse.ArgumentParser(
         prog="diffrl",
@@ -22,7 +22,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train.add_parser(sub)  # train and config set their own handlers
     handlers = {}
-    for name, module in (("sample", sample), ("score", score), ("tiny-model", tiny_model), ("cluster", cluster)):
+    for name, module in (("sample", sample), ("score", score), ("tiny-model", tiny_model), ("random-model", random_model),
+                         ("cluster", cluster)):
         module.add_parser(sub)
         handlers[name] = module.run
     return parser, handlers
