@@ -2,17 +2,14 @@
 
 Builds the recipe's pipeline with random weights at real size on the device (benchmarks/common.py: real
 transformer and VAE; no text encoder -- random prompt embeddings of the real shapes are read through the
-engine's persistent embedding-cache path, as a run reads cached prompts), then drives the engine code the
-flows call, for `--warmup` + `--steps` RL steps:
+engine's persistent embedding-cache path, as a run reads cached prompts), then runs `--warmup` + `--steps` RL
+steps through the step core the `rl_step` flow runs (engines/step/run.py run_step, stages called directly, no
+trajectory store): generate (rollout, VAE decode) -> score (jpeg_compressibility, a CPU rule reward streamed
+behind the rollout) -> advantages -> update_actor (replay + loss + backward + optimizer steps) -> sync_weights.
 
-    traj = RolloutEngine.generate(...)            # rollout, VAE decode included
-    out  = reward(traj.images, ...)               # rule reward (jpeg_compressibility), timed apart
-    adv  = algorithms.advantages.group_advantages(out.scores, traj.group_ids)
-    PolicyTrainer.update(traj, adv, rollout)      # replay + loss + backward + optimizer steps
-    PolicyTrainer.sync_weights(rollout)
-
-images/GPU/s = images per step / (rollout + advantages + update + sync seconds x GPUs); text encoding
-and the reward are excluded (the reward's cost is reported separately). Before the steps, probes time
+images/GPU/s = images per step / (seconds per step x GPUs), a step's seconds being the time from the end of one
+step to the end of the next, as a run sees it (the reward included; text encoding excluded). Before
+2026-11-25 the figure summed the stage times without the reward (32-52 ms of 10-16 s steps). Before the steps, probes time
 single forwards/backwards (CFG batching, SDPA backends, micro-batch x activation checkpointing, VAE decode,
 FLOPs per forward); `auto` levers are set from them. After the main measurement, variants change one
 lever each (old-log-prob recompute, full checkpointing, no KL, torch.compile) and are timed the same way.
@@ -41,10 +38,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (also puts the repository root on sys.path)
 
-from algorithms.advantages import group_advantages  # noqa: E402
 from algorithms.catalog import Algorithm, get_algorithm  # noqa: E402
-from engines.reward.jpeg import JpegOptions, jpeg_compressibility  # noqa: E402
-from engines.rollout import RolloutEngine, SamplingConfig  # noqa: E402
+from configs.schema import DataConfig, ExperimentConfig, RolloutConfig, RunConfig  # noqa: E402
+from engines import cluster  # noqa: E402
+from engines.reward.multi import MultiReward, RewardComponent, RewardConfig  # noqa: E402
+from engines.rollout import RolloutEngine  # noqa: E402
+from engines.step.memory import StepMemory  # noqa: E402
+from engines.step.run import DirectStages, StepClock, run_step  # noqa: E402
+from engines.store.prompts import PromptDataset, PromptRecord, PromptSampler  # noqa: E402
 from engines.train.config import TrainConfig  # noqa: E402
 from engines.train.setup import apply_lora_compute  # noqa: E402
 from engines.train.trainer import PolicyTrainer  # noqa: E402
@@ -120,7 +121,8 @@ class Levers:
 
 
 class Bench:
-    """Owns the adapter, engines and reward of one benchmark run, and applies levers between phases."""
+    """Owns the engines of one benchmark run (the step core's Engines, without a store) and applies levers
+    between phases."""
 
     def __init__(self, recipe: Recipe, args):
         self.recipe, self.args, self.device = recipe, args, args.device
@@ -132,16 +134,28 @@ class Bench:
         table[recipe.negative_prompt] = common.random_encoding(self.adapter, recipe.negative_tokens, gen)
         self.table = table
         self.engine = RolloutEngine(self.adapter, cache=common.PrecomputedEmbeddings(table), progress=False)
-        alg = recipe.algorithm
-        self.sampling = SamplingConfig(
-            num_inference_steps=recipe.num_inference_steps, height=recipe.resolution, width=recipe.resolution,
-            guidance_scale=recipe.guidance_scale, negative_prompt=recipe.negative_prompt,
-            noise_level=alg.noise_level, sde_type=alg.sde_type, window=alg.window, batch_size=recipe.rollout_batch)
-        cfg = TrainConfig(lora_rank=recipe.lora_rank, lora_alpha=recipe.lora_alpha, lr=recipe.lr,
-                          mini_batch_prompts=recipe.mini_batch_prompts, micro_batch_size=4,
-                          lora_compute=args.lora_compute)
-        self.trainer = PolicyTrainer(self.adapter, alg, cfg, self.sampling, group_size=recipe.group_size)
-        self.reward = jpeg_compressibility(JpegOptions())
+        train = TrainConfig(lora_rank=recipe.lora_rank, lora_alpha=recipe.lora_alpha, lr=recipe.lr,
+                            mini_batch_prompts=recipe.mini_batch_prompts, micro_batch_size=4,
+                            lora_compute=args.lora_compute)
+        self.config = ExperimentConfig(
+            run=RunConfig(name=f"bench-{args.recipe}", steps=10**6, validate_every=0, log_images=0),
+            algorithm=recipe.algorithm, train=train,
+            rollout=RolloutConfig(
+                num_inference_steps=recipe.num_inference_steps, height=recipe.resolution, width=recipe.resolution,
+                guidance_scale=recipe.guidance_scale, negative_prompt=recipe.negative_prompt,
+                batch_size=recipe.rollout_batch, group_size=recipe.group_size,
+                prompts_per_step=recipe.prompts_per_step,
+                chunk_size=recipe.prompts_per_step * recipe.group_size),
+            reward=RewardConfig(components=[RewardComponent(name="jpeg_compressibility")]),
+            data=DataConfig(val=None, num_val_prompts=0))
+        self.trainer = PolicyTrainer(self.adapter, recipe.algorithm, train, self.config.sampling,
+                                     group_size=recipe.group_size)
+        records = PromptDataset([PromptRecord(uid=p, prompt=p) for p in self.prompts])
+        self.engines = cluster.Engines(
+            config=self.config, adapter=self.adapter, rollout=self.engine, trainer=self.trainer,
+            reward=MultiReward(self.config.reward), store=None,
+            prompts=PromptSampler(records, batch=recipe.prompts_per_step, seed=0), memory=StepMemory(asynchronous=True))
+        self.stages = DirectStages(self.engines)
         self.compiled = False
         set_tf32(args.tf32)  # the probes run with the main measurement's setting
 
@@ -151,11 +165,17 @@ class Bench:
 
     def apply(self, levers: Levers) -> None:
         """Set the levers on the engines (trainer config fields are read at every update)."""
-        self.sampling = dataclasses.replace(self.sampling, batch_size=levers.rollout_batch)
+        self.engines.memory.drain()   # nothing of the last phase (a prefetched rollout) runs past this point
+        self.engines.memory.release_before(10**9)
+        algorithm = dataclasses.replace(self.recipe.algorithm,
+                                        kl_coef=self.recipe.algorithm.kl_coef if levers.kl else 0.0)
+        self.config = dataclasses.replace(self.config, algorithm=algorithm,
+                                          rollout=dataclasses.replace(self.config.rollout,
+                                                                      batch_size=levers.rollout_batch))
+        self.engines.config = self.config
         self.trainer.cfg.micro_batch_size = levers.micro_batch
         self.trainer.cfg.old_log_probs = levers.old_log_probs
-        self.trainer.algorithm = dataclasses.replace(self.recipe.algorithm,
-                                                     kl_coef=self.recipe.algorithm.kl_coef if levers.kl else 0.0)
+        self.trainer.algorithm = algorithm
         self.adapter.attention = levers.sdpa  # what `model.attention` sets: the denoiser forwards prefer it
         set_tf32(levers.tf32)                  # what `model.tf32` sets
         apply_lora_compute(self.adapter.transformer, levers.lora_compute)  # what `train.lora_compute` sets
@@ -164,32 +184,14 @@ class Bench:
             self.adapter.compile_blocks()
             self.compiled = True
 
-    def step(self, step: int) -> dict[str, float]:
-        """One RL step; returns seconds per stage (reward apart)."""
-        recipe, sync = self.recipe, lambda: common.synchronize(self.device)
-        prompts = [p for p in self.prompts for _ in range(recipe.group_size)]
-        index = [i for _ in self.prompts for i in range(recipe.group_size)]
-        seeds = [step * 1_000_003 + i for i in range(len(prompts))]
-        sync()
-        t0 = time.perf_counter()
-        traj = self.engine.generate(prompts, prompts, index, seeds, self.sampling, step=step,
-                                    policy_version=self.trainer.policy_version)
-        sync()
-        t1 = time.perf_counter()
-        scored = self.reward(traj.images, traj.prompts, traj.metadata)
-        t2 = time.perf_counter()
-        alg = self.trainer.algorithm
-        adv = group_advantages(scored.scores, traj.group_ids, norm_by_std=alg.norm_by_std,
-                               global_std=alg.global_std, eps=alg.adv_eps)
-        t3 = time.perf_counter()
-        metrics = self.trainer.update(traj, adv, self.engine)
-        sync()
-        t4 = time.perf_counter()
-        self.trainer.sync_weights(self.engine)
-        t5 = time.perf_counter()
-        gap = metrics.get("rollout_corr/logprob_abs_diff_mean", float("nan"))
-        return {"rollout": t1 - t0, "reward": t2 - t1, "advantages": t3 - t2, "update": t4 - t3, "sync": t5 - t4,
-                "logprob_gap": gap}
+    def step(self, step: int, clock: StepClock) -> dict[str, float]:
+        """One RL step through the step core; its seconds as a run sees them and the stage seconds."""
+        metrics = run_step(self.engines, step, self.stages).metrics
+        seconds = clock.lap()
+        return {"step": seconds, "rollout": metrics["timing_s/generate"], "rollout_wait": metrics["timing_s/generate_wait"],
+                "reward": metrics["timing_s/reward"], "reward_wait": metrics["timing_s/reward_wait"],
+                "update": metrics["timing_s/update_actor"], "sync": metrics["timing_s/sync_weights"],
+                "logprob_gap": metrics.get("rollout_corr/logprob_abs_diff_mean", float("nan"))}
 
 
 # ---- probes ----------------------------------------------------------------------------------------
@@ -321,22 +323,20 @@ def run_phase(bench: Bench, name: str, levers: Levers, warmup: int, steps: int) 
     started = time.perf_counter()
     bench.apply(levers)
     common.reset_peak(bench.device)
-    records = []
+    records, clock = [], StepClock()
     for i in range(warmup + steps):
-        records.append(bench.step(bench.args.step_offset + i))
+        records.append(bench.step(bench.args.step_offset + i, clock))
     bench.args.step_offset += warmup + steps
     timed = records[warmup:]
     images = len(bench.prompts) * bench.recipe.group_size
-    stages = {k: sum(r[k] for r in timed) / len(timed) for k in ("rollout", "reward", "advantages", "update", "sync")}
-    step_s = stages["rollout"] + stages["advantages"] + stages["update"] + stages["sync"]
-    first = records[0]
-    first_s = first["rollout"] + first["advantages"] + first["update"] + first["sync"]
+    keys = ("step", "rollout", "rollout_wait", "reward", "reward_wait", "update", "sync")
+    stages = {k: sum(r[k] for r in timed) / len(timed) for k in keys}
     return {
         "name": name, "levers": dataclasses.asdict(levers), "images_per_step": images, "warmup_steps": warmup,
-        "timed_steps": steps, "images_per_gpu_s": images / step_s, "seconds_per_step": step_s,
-        "step_seconds_each": [r["rollout"] + r["advantages"] + r["update"] + r["sync"] for r in timed],
+        "timed_steps": steps, "images_per_gpu_s": images / stages["step"], "seconds_per_step": stages["step"],
+        "step_seconds_each": [r["step"] for r in timed],
         "stage_seconds": stages, "stage_ms_per_image": {k: 1e3 * v / images for k, v in stages.items()},
-        "first_step_seconds": first_s, "peak_memory_gib": common.peak_gib(bench.device),
+        "first_step_seconds": records[0]["step"], "peak_memory_gib": common.peak_gib(bench.device),
         "logprob_gap_mean": timed[-1]["logprob_gap"], "phase_wall_seconds": time.perf_counter() - started}
 
 
@@ -508,8 +508,9 @@ def profile_step(bench: Bench, rows: int = 40) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if bench.device.startswith("cuda") else [])
+    bench.engines.memory.drain()
     with profile(activities=activities) as prof:
-        stages = bench.step(bench.args.step_offset)
+        stages = bench.step(bench.args.step_offset, StepClock())
     bench.args.step_offset += 1
     key = "device_time_total" if bench.device.startswith("cuda") else "cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]

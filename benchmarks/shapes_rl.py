@@ -1,9 +1,9 @@
 """RL on the shipped reference shapes model, engines driven directly: held-out accuracy per category
 before and after training (the table of docs/reference-model.md).
 
-It runs an experiment config's RL loop with the same engine calls the `rl_step` flow's tasks make
-(rollout.generate -> reward -> group advantages -> trainer.update -> sync_weights), without Prefect,
-Lance or MLflow, so it also runs on machines that have only torch + diffusers (the GPU machine).
+It runs an experiment config's RL steps through the step core the `rl_step` flow runs (engines/step/run.py
+run_step: generate -> score -> advantages -> update_actor -> sync_weights, the same stage functions), with the
+stages called directly instead of as Prefect tasks and no trajectory store or MLflow (the engines-only loop).
 Evaluation is the flow's validation: ODE (noise level 0) samples of the fixed held-out prompts
 (`data.val`, the first `data.num_val_prompts`), scored by the config's reward; strict accuracy per
 GenEval category from `geneval_lite`'s info.
@@ -15,8 +15,7 @@ GenEval category from `geneval_lite`'s info.
     ... --eval-also num_inference_steps=10 guidance_scale=1   # also held-out accuracy at other sampling settings
     ... --eval-only --eval-also guidance_scale=1 guidance_scale=2   # evaluate the model only, no RL
 
-Direct-preference algorithms (dpo, diffusion_nft, awm) train with DirectPreferenceTrainer, DiffusionNFT
-sampling with its old adapter, as the flow does. Writes benchmarks/results/shapes_rl_<config>[_<tag>]_<device>.json
+Direct-preference algorithms (dpo, diffusion_nft, awm) train as in the flow (the same stages). Writes benchmarks/results/shapes_rl_<config>[_<tag>]_<device>.json
 (per-step training reward, strict accuracy, timings and trainer metrics; a reward-curve PNG beside it) after
 every validation, so a run stopped early keeps what it measured; "finished" says whether it ran to its end.
 """
@@ -24,7 +23,6 @@ every validation, so a run stopped early keeps what it measured; "finished" says
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -36,22 +34,20 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from algorithms.advantages import group_advantages  # noqa: E402
 from common import write_json  # noqa: E402  (benchmarks/common.py, beside this script)
 from configs.schema import ExperimentConfig, load_experiment  # noqa: E402
 from engines.reward.multi import MultiReward  # noqa: E402
 from engines.rollout import RolloutEngine  # noqa: E402
-from engines.store.prompts import PromptDataset, PromptSampler  # noqa: E402
-from engines.store.scenes import TAGS, shapes_prompts  # noqa: E402
-from engines.train.preference import DirectPreferenceTrainer  # noqa: E402
-from engines.train.trainer import PolicyTrainer  # noqa: E402
-from models.base import load_adapter, set_tf32  # noqa: E402
-from tasks.common import sample_seed, validation_rollout  # noqa: E402  (no Prefect import: the GPU machine has none)
+from engines.step.plan import validation_rollout  # noqa: E402
+from engines.step.run import DirectStages, StepClock, add_perf, run_step  # noqa: E402
+from engines.store.scenes import TAGS  # noqa: E402
+from flows.build import build_engines  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Trainer metrics kept per step in the result (besides the step's train reward, strict accuracy and timings).
 TRAIN_METRICS = ("actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl", "actor/kl_loss", "actor/pg_loss",
-                 "actor/old_deviate", "actor/implicit_acc", "timing_s/update_actor")
+                 "actor/old_deviate", "actor/implicit_acc", "timing_s/update_actor", "timing_s/reward_wait",
+                 "timing_s/generate_wait")
 
 
 def evaluate(rollout: RolloutEngine, reward: MultiReward, cfg: ExperimentConfig, records, **sampling) -> dict:
@@ -90,25 +86,11 @@ def main(argv: list[str] | None = None) -> dict:
     if not cfg.model.path.startswith("reference:shapes") or cfg.data.train != "generator:shapes" or not cfg.data.val:
         raise SystemExit("shapes_rl drives shapes configs: model.path reference:shapes[-early], data.train "
                          "generator:shapes and a held-out data.val")
-    device, dtype = cfg.model.device_and_dtype()
+    device, _ = cfg.model.device_and_dtype()
     torch.manual_seed(cfg.run.seed)
-    adapter = load_adapter(os.path.join(REPO, "models", "reference", cfg.model.path.split(":", 1)[1]),
-                           device=device, dtype=dtype)
-    adapter.attention = cfg.model.attention
-    set_tf32(cfg.model.tf32)
-    rollout = RolloutEngine(adapter, progress=False)
-    # The flow's choices (flows/build_preference.trainer_class, tasks/preference.uses_old_policy_rollout),
-    # restated here because those modules import Prefect.
-    trainer_class = DirectPreferenceTrainer if cfg.algorithm.family == "direct_preference" else PolicyTrainer
-    trainer = trainer_class(adapter, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size,
-                            device=device)
-    old_policy_rollout = cfg.algorithm.loss == "diffusion_nft_loss"  # DiffusionNFT samples with its old adapter
-    reward = MultiReward(cfg.reward)
-    train_set = shapes_prompts(cfg.data.num_generated, seed=cfg.run.seed)
-    sampler = PromptSampler(train_set, batch=cfg.rollout.prompts_per_step, seed=cfg.run.seed)
-    held = PromptDataset.load(os.path.join(REPO, cfg.data.val) if not os.path.isabs(cfg.data.val) else cfg.data.val)
-    val_records = [held[i] for i in range(min(cfg.data.num_val_prompts, len(held)))]
-    group = cfg.rollout.group_size
+    engines = build_engines(cfg, durable=False)  # the flow's engines, without a trajectory store
+    rollout, reward, val_records = engines.rollout, engines.reward, engines.val_prompts
+    stages = DirectStages(engines)
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     name = os.path.splitext(os.path.basename(args.config))[0]
@@ -142,37 +124,25 @@ def main(argv: list[str] | None = None) -> dict:
     record(finished=False)
     print(json.dumps(history[-1]), flush=True)
     other_sampling["before"] = _evaluate_also(rollout, reward, cfg, val_records, eval_also)
+    clock = StepClock()
     for step in range(0 if args.eval_only else cfg.run.steps):
-        t0 = time.perf_counter()
-        records = sampler.sample(step)
-        positions = range(len(records) * group)
-        with trainer.old_policy() if old_policy_rollout else contextlib.nullcontext():
-            traj = rollout.generate(
-                [records[p // group].prompt for p in positions], [records[p // group].uid for p in positions],
-                [p % group for p in positions], [sample_seed(cfg.run.seed, step, p) for p in positions],
-                cfg.sampling, step=step, policy_version=step,
-                metadata=[{"ground_truth": records[p // group].ground_truth, **records[p // group].metadata}
-                          for p in positions])
-        t_rollout = time.perf_counter()
-        out = reward(traj.images, traj.prompts, traj.metadata)
-        t_reward = time.perf_counter()
-        advantages = group_advantages(out.scores, traj.group_ids, norm_by_std=cfg.algorithm.norm_by_std,
-                                      global_std=cfg.algorithm.global_std)
-        metrics = trainer.update(traj, advantages, rollout)
-        trainer.sync_weights(rollout)
-        step_seconds.append(time.perf_counter() - t0)
-        curve.append(float(out.scores.mean()))
-        train_metrics.append({"reward": curve[-1], "accuracy": float(np.mean(out.info["geneval_lite/accuracy"])),
-                              "rollout_s": t_rollout - t0, "reward_s": t_reward - t_rollout,
+        metrics = run_step(engines, step, stages).metrics
+        step_seconds.append(add_perf(metrics, clock.lap())["perf/time_per_step"])
+        curve.append(metrics["critic/rewards/mean"])
+        train_metrics.append({"reward": curve[-1], "accuracy": metrics.get("reward/geneval_lite/accuracy", float("nan")),
+                              "rollout_s": metrics["timing_s/generate"], "reward_s": metrics["timing_s/reward"],
                               **{k: v for k, v in metrics.items() if k in TRAIN_METRICS}})
         print(f"step {step + 1}/{cfg.run.steps}  reward {curve[-1]:.3f}  grad_norm {metrics.get('actor/grad_norm', float('nan')):.3f}"
               f"  {step_seconds[-1]:.2f} s", flush=True)
         every = cfg.run.validate_every
         out_of_time = args.max_minutes is not None and time.perf_counter() - started > 60 * args.max_minutes
+        if out_of_time:
+            engines.memory.drain()  # a rollout prefetched for the next step must not run beside the evaluation
         if (every and (step + 1) % every == 0) or step + 1 == cfg.run.steps or out_of_time:
-            history.append({"step": step + 1, **evaluate(rollout, reward, cfg, val_records)})
-            record(finished=False)
-            print(json.dumps(history[-1]), flush=True)
+            with clock.excluded():
+                history.append({"step": step + 1, **evaluate(rollout, reward, cfg, val_records)})
+                record(finished=False)
+                print(json.dumps(history[-1]), flush=True)
         if out_of_time:
             print(f"--max-minutes {args.max_minutes} reached after {step + 1} steps", flush=True)
             break

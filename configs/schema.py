@@ -120,7 +120,9 @@ class RunConfig:
     checkpoint_every: int = 5      # kept checkpoints (a resume point is written after every step)
     validate_every: int = 0        # 0 = only before the first and after the last step
     log_images: int = 4            # rollout images logged to MLflow per step
-    keep_latents_steps: int = 0    # 0 = keep latents of every step; k = drop latents older than k steps
+    # latents (the bulk of a step, fp32) of the last k committed steps stay on disk, older ones are dropped
+    # (rows, rewards, images always stay); -1 keeps every step's. Resume needs only the step in flight.
+    keep_latents_steps: int = 2
     compact_every: int = 10        # every k steps merge the run's Lance fragments (reads slow with their count); 0 = never
     storage_options: dict = field(default_factory=dict)
 
@@ -131,6 +133,9 @@ class RunConfig:
             raise ValueError(f"run.steps must be >= 1, got {self.steps}")
         if self.compact_every < 0:
             raise ValueError(f"run.compact_every must be >= 0 (0 = never), got {self.compact_every}")
+        if self.keep_latents_steps < -1:
+            raise ValueError(f"run.keep_latents_steps must be >= 0 (steps whose latents stay) or -1 (keep every "
+                             f"step's), got {self.keep_latents_steps}")
 
 
 @dataclass

@@ -52,6 +52,7 @@ class Engines:
     prompts: Any                # engines.store.prompts.PromptSampler
     val_prompts: list = field(default_factory=list)  # fixed PromptRecords for validation
     extras: dict = field(default_factory=dict)
+    memory: Any = None          # engines.step.memory.StepMemory: the step in flight, the background writer
     split = False               # one process: the rollout always samples with the trainer's adapter
 
     def run(self, role: str, fn: Callable, *args: Any) -> Any:

@@ -11,6 +11,7 @@ from configs.schema import DataConfig, ExperimentConfig
 from engines import cluster
 from engines.reward.multi import MultiReward
 from engines.rollout.engine import RolloutEngine
+from engines.step.memory import StepMemory
 from engines.store.embeddings import EmbeddingCache
 from engines.store.prompts import PromptDataset, PromptSampler, compositional_prompts, ocr_prompts
 from engines.store.scenes import shapes_prompts
@@ -78,17 +79,22 @@ def load_prompts(source: str, data: DataConfig, *, seed: int) -> PromptDataset:
     return PromptDataset.load(source, storage_options=data.storage_options or None)
 
 
-def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | None = None):
+def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | None = None, *, durable: bool = True):
     """Load the model once and build the engines of the run; registered under the run name.
 
     `cluster.mode: ray` (called with actor="local" by the flow): the engines are built inside the run's
     named Ray actors instead (each calls back here with its actor name) and a handle is registered.
     Actors: "local"/"engine" build everything but the reward pool when it has its own actor.
+    durable=False (the engines-only benchmarks): no trajectory store and no embedding cache on disk; the
+    step core hands everything over in memory and writes nothing.
     """
     extras = dict(extras or {})
     check_preference_config(cfg)  # a direct-preference setting that cannot train fails before any work
     if actor == "local" and cfg.cluster.mode == "ray":
         return _start_ray(cfg, extras)
+    if not durable and (cfg.cluster.mode != "local" or cfg.data.sample_source == "offline"):
+        raise ValueError("engines without a store (durable=False) run in one process on online rollouts: "
+                         "cluster.mode local, data.sample_source online")
     needs_model = actor in ("local", "engine", "rollout", "trainer")
     offline = cfg.data.sample_source == "offline"
     train_set = train_prompts(cfg) if offline else load_prompts(cfg.data.train, cfg.data, seed=cfg.run.seed)
@@ -99,7 +105,7 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | No
     reward = MultiReward(cfg.reward) if actor in ("local", "reward") else None
     run_dir = cfg.run_dir
     storage = cfg.run.storage_options or None
-    store = TrajectoryStore(os.path.join(run_dir, "trajectories.lance"), storage_options=storage)
+    store = TrajectoryStore(os.path.join(run_dir, "trajectories.lance"), storage_options=storage) if durable else None
     adapter = rollout = trainer = None
     if needs_model:
         device, dtype = cfg.model.device_and_dtype()
@@ -108,7 +114,8 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | No
         adapter.attention = cfg.model.attention
         set_tf32(cfg.model.tf32)
         adapter.check_shape(_shape(cfg))
-        embed_cache = EmbeddingCache(os.path.join(run_dir, "embeddings.lance"), storage_options=storage)
+        embed_cache = EmbeddingCache(os.path.join(run_dir, "embeddings.lance"), storage_options=storage) \
+            if durable else None
         rollout = RolloutEngine(adapter, cache=embed_cache, progress=sys.stderr.isatty())
     if actor in ("local", "engine", "trainer"):
         trainer = trainer_class(cfg)(adapter, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size,
@@ -118,8 +125,11 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | No
     if adapter is not None and cfg.model.compile:  # after LoRA and FSDP have wrapped the blocks
         adapter.compile_blocks()
     val_prompts = [val_set[i] for i in range(min(cfg.data.num_val_prompts, len(val_set)))]
+    # One process holding every role hands the step over in memory and writes behind it; an actor's stages
+    # may be followed by another actor's, which reads what this one wrote: its writes are inline.
+    memory = StepMemory(asynchronous=actor == "local")
     engines = cluster.Engines(config=cfg, adapter=adapter, rollout=rollout, trainer=trainer, reward=reward,
-                              store=store, prompts=sampler, val_prompts=val_prompts, extras=extras)
+                              store=store, prompts=sampler, val_prompts=val_prompts, extras=extras, memory=memory)
     if actor == "local":
         cluster.put(cfg.run.name, engines)
     return engines

@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict]:
@@ -30,6 +31,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # when the command started (a caller may set it earlier): `diffrl train` reports its startup from here
+    os.environ.setdefault("DIFFRL_COMMAND_AT", str(time.time()))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Prefect logs every task state and HTTP call at INFO; keep the console to diffrl's own progress
     # lines unless the user asks for Prefect's (PREFECT_LOGGING_LEVEL=INFO).

@@ -14,8 +14,8 @@ from configs.schema import load_experiment
 from flows.build import build_engines
 from flows.tracking import Tracker
 from flows.train import validate
-from tasks.sync import sync_engines
-from tasks.update import checkpoint_dir, latest_checkpoint, load_checkpoint_impl
+from engines.step.run import sync_engines
+from engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint
 
 
 def resolve_checkpoint(cfg, checkpoint: str | None) -> str:
@@ -37,14 +37,13 @@ def evaluate(config: str | None = None, overrides: list[str] | None = None, chec
     cfg = load_experiment(config, overrides or [])
     checkpoint = resolve_checkpoint(cfg, checkpoint)
     engines = build_engines(cfg)
-    step = engines.run("trainer", load_checkpoint_impl, os.path.abspath(checkpoint))
-    sync_engines(engines, None)
+    step = engines.run("trainer", load_checkpoint, os.path.abspath(checkpoint))
+    sync_engines(engines, -1, prefetch_next=False)
     tracker = Tracker(experiment=cfg.run.experiment, run_name=f"{cfg.run.name}-eval",
                       state_path=os.path.join(cfg.run_dir, "eval.json"))
     tracker.set_tags({"diffrl.run_name": f"{cfg.run.name}-eval", "diffrl.checkpoint": os.path.abspath(checkpoint)})
     metrics = validate(engines, tracker, step + 1)  # the global step: RL steps done by this checkpoint
-    for key, value in metrics.items():
-        tracker.client.log_metric(tracker.run_id, key, value, step=step + 1)
+    tracker.log_values(metrics, step + 1)
     tracker.finish()
     print(f"[diffrl] evaluated {checkpoint}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     return {"checkpoint": checkpoint, "step": step, **metrics}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -13,12 +12,20 @@ import mlflow
 import numpy as np
 from mlflow.tracking import MlflowClient
 
+from engines.step.background import Background
+
 log = logging.getLogger("diffrl")
 
 
 def tracking_uri() -> str:
     """MLFLOW_TRACKING_URI when set, else sqlite:///mlflow.db in the working directory."""
     return os.environ.get("MLFLOW_TRACKING_URI", f"sqlite:///{os.path.abspath('mlflow.db')}")
+
+
+def open_tracking_store() -> None:
+    """Open the tracking store once (creating and migrating a new sqlite database takes seconds), so the run's
+    Tracker finds it ready; `diffrl train` does this while the model loads."""
+    MlflowClient(tracking_uri=tracking_uri()).search_experiments(max_results=1)
 
 
 def _flatten(data: dict, prefix: str = "") -> dict[str, str]:
@@ -42,9 +49,15 @@ def _git_commit() -> str:
 
 
 class Tracker:
-    """Owns the MLflow run of a diffrl run; its id is kept in runs/<name>/run.json for resume."""
+    """Owns the MLflow run of a diffrl run; its id is kept in runs/<name>/run.json for resume.
+
+    Writes (metrics, images, tags, params, artifacts) go through one background thread in call order, so the
+    training loop never waits for the tracking database; `finish` waits for them. A crash can lose the last
+    step's metrics: a resumed run logs a committed step whose metrics are missing (flows/train.py).
+    """
 
     def __init__(self, *, experiment: str, run_name: str, state_path: str):
+        self._writes = Background("tracker")
         # an explicit client, not mlflow.set_tracking_uri: that exports MLFLOW_TRACKING_URI, so a later
         # run in the same process from another working directory would log into this run's database
         self.uri = tracking_uri()
@@ -75,6 +88,9 @@ class Tracker:
         os.replace(tmp, self.state_path)
 
     def log_config(self, config: dict, config_yaml: str) -> None:
+        self._writes.submit(0, "MLflow config", self._log_config, config, config_yaml)
+
+    def _log_config(self, config: dict, config_yaml: str) -> None:
         params = _flatten(config)
         existing = self.client.get_run(self.run_id).data.params
         new = {k: v[:6000] for k, v in params.items() if k not in existing}
@@ -83,9 +99,12 @@ class Tracker:
         self.client.log_text(self.run_id, config_yaml, "config.yaml")
 
     def set_tags(self, tags: dict[str, str]) -> None:
+        self._writes.submit(0, "MLflow tags", self._set_tags, tags)
+
+    def _set_tags(self, tags: dict[str, str]) -> None:
         base = {"diffrl.version": _version(), "git.commit": _git_commit()}
-        for key, value in {**base, **tags}.items():
-            self.client.set_tag(self.run_id, key, str(value))
+        entries = [mlflow.entities.RunTag(key, str(value)) for key, value in {**base, **tags}.items()]
+        self.client.log_batch(self.run_id, tags=entries)
 
     def has_step(self, step: int) -> bool:
         return step in self._logged_steps
@@ -97,20 +116,42 @@ class Tracker:
         """Log a step's metrics once: a step already in MLflow (a resumed run) is not logged twice."""
         if step in self._logged_steps:
             return
+        self.log_values(metrics, step)
+        self._logged_steps.add(step)
+
+    def log_values(self, metrics: dict[str, float], step: int) -> None:
+        """Log metrics at `step` (no once-per-step bookkeeping: validation before training, startup times)."""
         entries = [mlflow.entities.Metric(k, float(v), _now_ms(), step) for k, v in sorted(metrics.items())
                    if v == v]  # NaN-free; non-finite values would break charts
         for i in range(0, len(entries), 500):
-            self.client.log_batch(self.run_id, metrics=entries[i:i + 500])
-        self._logged_steps.add(step)
+            self._writes.submit(step, "MLflow metrics", self._log_batch, entries[i:i + 500])
+
+    def _log_batch(self, entries: list) -> None:
+        self.client.log_batch(self.run_id, metrics=entries)
 
     def log_image(self, image_HW3: np.ndarray, path: str) -> None:
-        self.client.log_image(self.run_id, image_HW3, path)
+        self._writes.submit(0, f"MLflow image {path}", self.client.log_image, self.run_id, image_HW3, path)
 
     def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(self.run_id, local_path, artifact_path)
+        self._writes.submit(0, f"MLflow artifact {local_path}", self.client.log_artifact, self.run_id, local_path,
+                            artifact_path)
+
+    def flush(self) -> None:
+        """Wait for every queued write (raises the first that failed)."""
+        self._writes.flush()
 
     def finish(self, status: str = "FINISHED") -> None:
-        self.client.set_terminated(self.run_id, status=status)
+        """Wait for the queued writes, then mark the run terminated (also after a failed write, which is raised
+        unless the run failed already: then the run's own error is the one to see)."""
+        try:
+            self._writes.flush()
+        except Exception as e:  # noqa: BLE001
+            if status == "FINISHED":
+                raise
+            log.error("MLflow writes failed too: %s", e)
+        finally:
+            self.client.set_terminated(self.run_id, status=status)
+            self._writes.close()
 
     @property
     def ui_hint(self) -> str:
@@ -142,11 +183,3 @@ def _now_ms() -> int:
     import time
 
     return int(time.time() * 1000)
-
-
-def png_bytes(image_HW3: np.ndarray) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(image_HW3).save(buf, format="PNG")
-    return buf.getvalue()

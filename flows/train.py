@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -25,13 +26,16 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 from configs.loader import to_dict
 from configs.schema import ExperimentConfig, load_experiment
 from engines import cluster
+from engines.step.generate import rollout_images
+from engines.step.plan import validation_due, validation_rollout
+from engines.step.retention import describe_disk, latent_numel, retain
+from engines.step.run import StepClock, add_perf, settle, sync_engines
+from engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint
 from flows.build import build_engines
-from flows.dp_step import dp_step
 from flows.rl_step import rl_step
-from flows.tracking import Tracker, image_grid
-from tasks.common import step_runner, validation_rollout
-from tasks.sync import sync_engines
-from tasks.update import checkpoint_dir, latest_checkpoint, load_checkpoint_impl
+from flows.tracking import Tracker, image_grid, open_tracking_store
+from tasks.common import step_runner
+from tasks.stages import forget_unfinished
 
 log = logging.getLogger("diffrl")
 
@@ -101,8 +105,7 @@ def _log_rollout_images(engines: cluster.Engines, tracker: Tracker, step: int) -
     n = engines.config.run.log_images
     if n <= 0:
         return
-    traj = engines.store.read_chunk(step, 0, with_latents=False)
-    images = traj.images[:n]
+    images = engines.run("rollout", rollout_images, step, n)
     images = images.numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
     tracker.log_image(image_grid(images), f"rollout/step_{step:05d}.png")
 
@@ -110,42 +113,66 @@ def _log_rollout_images(engines: cluster.Engines, tracker: Tracker, step: int) -
 @flow(name="train", log_prints=False)
 def train(config: str | None = None, overrides: list[str] | None = None) -> dict:
     """Train the experiment `config` (a shipped name or a YAML path; default: the quickstart)."""
+    startup = Startup()
     cfg = load_experiment(config, overrides or [])
     _say(f"run {cfg.run.name!r}: {cfg.run.steps} steps of {cfg.algorithm.name} on {cfg.model.path} "
          f"({cfg.rollout.samples_per_step} images/step) in {cfg.run_dir}")
-    engines = build_engines(cfg)  # bad data, model or reward paths fail here, before any work
+    with ThreadPoolExecutor(max_workers=1) as pool:  # MLflow's database opens (or is created) while the model loads
+        store_ready = pool.submit(open_tracking_store)
+        engines = build_engines(cfg)  # bad data, model or reward paths fail here, before any work
+        startup.mark("engines")
+        store_ready.result()
     engines.extras["run_uid"] = _run_state(cfg)["uid"]
     engines.share_extras()  # ray mode: the actors (and the Ray workers running tasks) key caches by it
+    if engines.store is not None and cfg.data.sample_source == "online":
+        _say(describe_disk(cfg, engines.run("rollout", latent_numel)))
     tracker = Tracker(experiment=cfg.run.experiment, run_name=cfg.run.name,
                       state_path=os.path.join(cfg.run_dir, "run.json"))
+    startup.mark("mlflow")
     tracker.log_config(to_dict(cfg), yaml.safe_dump(to_dict(cfg), sort_keys=False))
     tracker.set_tags({"prefect.flow_run_id": flow_run.get_id() or "", "prefect.flow_run_url": flow_run.ui_url or "",
                       "diffrl.run_name": cfg.run.name})
     last = latest_checkpoint(cfg.run_dir)
     start = 0 if last is None else last + 1
-    if last is not None:
-        engines.run("trainer", load_checkpoint_impl, checkpoint_dir(engines.config.run_dir, last))
-        sync_engines(engines, None)
-        _say(f"resuming after step {last} (checkpoint {checkpoint_dir(cfg.run_dir, last)})")
-    one_step = dp_step if cfg.algorithm.family == "direct_preference" else rl_step
-    step_flow = one_step.with_options(result_storage=Path(os.path.abspath(os.path.join(cfg.run_dir, "prefect"))),
-                                      **step_runner(cfg))
-    # MLflow step = global step (RL steps done): step k's metrics at k + 1, validation before training at 0
-    if last is not None and not tracker.has_step(last + 1):
-        # the checkpoint committed but its metrics never reached MLflow: every stage is Cached
-        pin_step_key(step_flow, last)
-        with step_flow_settings():
-            tracker.log_metrics(step_flow(cfg.run.name, last), last + 1)
-    if start == 0 and not tracker.has_metric("val/reward", 0):
-        val = validate(engines, tracker, 0)
-        _say(f"before training: {_fmt(val)}")
-        _log_val(tracker, val, 0)
+    step_flow = rl_step.with_options(result_storage=Path(_results_dir(cfg)), **step_runner(cfg))
     try:
-        val = _train_steps(engines, tracker, step_flow, start)
+        if last is not None:
+            engines.run("trainer", load_checkpoint, checkpoint_dir(engines.config.run_dir, last))
+            sync_engines(engines, -1, prefetch_next=False)
+            _say(f"resuming after step {last} (checkpoint {checkpoint_dir(cfg.run_dir, last)})")
+        if getattr(engines, "memory", None) is not None:
+            engines.memory.first_step = start  # steps after it cannot have rows from an earlier process
+        # MLflow step = global step (RL steps done): step k's metrics at k + 1, validation before training at 0
+        if last is not None and not tracker.has_step(last + 1):
+            # the checkpoint committed but its metrics never reached MLflow: every stage is Cached
+            pin_step_key(step_flow, last)
+            with step_flow_settings():
+                metrics = step_flow(cfg.run.name, last)
+                tracker.log_metrics(add_perf(metrics, metrics["timing_s/step"]), last + 1)
+        if start < cfg.run.steps and engines.store is not None:
+            dropped = forget_unfinished(engines, start, _results_dir(cfg))
+            if dropped:
+                _say(f"step {start} runs again from its first stage whose writes did not land ({len(dropped)} "
+                     "persisted results dropped)")
+        if start == 0 and not tracker.has_metric("val/reward", 0):
+            val = validate(engines, tracker, 0)
+            _say(f"before training: {_fmt(val)}")
+            tracker.log_values(val, 0)
+        startup.mark("validation")
+        _say(startup.line())
+        tracker.log_values(startup.metrics(), start)
+        with step_flow_settings():  # once for all steps: building Prefect settings costs ~30 ms
+            val = _train_steps(engines, tracker, step_flow, start)
+        if getattr(engines, "memory", None) is not None:
+            engines.memory.drain()  # the last step's rows and checkpoint land before the run reports done
     except BaseException:
+        settle(engines)
         tracker.finish("FAILED")
         _say(f"step failed; rerun the same command to resume (run {cfg.run.name!r}, {cfg.run_dir})")
         raise
+    finally:
+        if getattr(engines, "memory", None) is not None:
+            engines.memory.close()
     final = latest_checkpoint(cfg.run_dir)
     tracker.log_artifact(checkpoint_dir(cfg.run_dir, final), "final_checkpoint")
     tracker.finish()
@@ -153,6 +180,34 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
     _say(f"trajectories: {os.path.join(cfg.run_dir, 'trajectories.lance')}; "
          f"checkpoints: {os.path.join(cfg.run_dir, 'checkpoints')}")
     return {"run": cfg.run.name, "mlflow_run_id": tracker.run_id, "last_step": final, **val}
+
+
+def _results_dir(cfg: ExperimentConfig) -> str:
+    """Where the step subflows persist their stage results (their file names are the stages' cache keys)."""
+    return os.path.abspath(os.path.join(cfg.run_dir, "prefect"))
+
+
+class Startup:
+    """Seconds from the `diffrl` command to the first RL step, by part: imports (before the flow), Prefect (its
+    temporary server and the flow run), engines (model load), MLflow, validation before training."""
+
+    def __init__(self):
+        self._last = time.time()
+        command = float(os.environ.get("DIFFRL_COMMAND_AT", self._last))
+        called = float(os.environ.get("DIFFRL_FLOW_CALLED_AT", command))
+        self.parts = {"imports": max(0.0, called - command), "prefect": max(0.0, self._last - called)}
+
+    def mark(self, part: str) -> None:
+        now = time.time()
+        self.parts[part] = now - self._last
+        self._last = now
+
+    def metrics(self) -> dict[str, float]:
+        return {"startup_s/total": sum(self.parts.values()), **{f"startup_s/{k}": v for k, v in self.parts.items()}}
+
+    def line(self) -> str:
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in self.parts.items())
+        return f"first step {sum(self.parts.values()):.1f} s after the command ({parts})"
 
 
 def pin_step_key(step_flow, step: int) -> None:
@@ -179,66 +234,33 @@ def pin_step_key(step_flow, step: int) -> None:
 def step_flow_settings():
     """Settings of the per-step subflow runs: no heartbeats. Prefect's heartbeat thread sleeps in 1 s
     slices and a finishing flow run joins it, which cost ~0.5 s of every step (benchmarks/
-    orchestration.py). The train flow run around the steps keeps its heartbeats, so a crashed process
-    is still detected there."""
+    orchestration.py). The train flow run around the steps keeps its heartbeats (its thread started
+    before, with its own copy of the settings), so a crashed process is still detected there."""
     return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 
 def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: int) -> dict:
-    """Steps start..steps-1, each a subflow; validation, MLflow and retention after each."""
+    """Steps start..steps-1, each a subflow; validation, MLflow and retention after each. A step's time is the
+    time between the ends of two steps, validation left out (engines/step/run.StepClock): with the next step's
+    rollout started right after a weight sync, that is what a step costs the run."""
     cfg = engines.config
     val = {}
+    clock = StepClock()
     for step in range(start, cfg.run.steps):
-        t0 = time.perf_counter()
         pin_step_key(step_flow, step)
-        with step_flow_settings():
-            metrics = step_flow(cfg.run.name, step)
+        metrics = step_flow(cfg.run.name, step)
         _log_rollout_images(engines, tracker, step)
-        _retention(engines, step)
-        # the whole step as the run sees it (subflow run, stages, images, retention), without validation
-        metrics["timing_s/step_total"] = time.perf_counter() - t0
-        every = cfg.run.validate_every
-        if (every and (step + 1) % every == 0) or step == cfg.run.steps - 1:
-            val = validate(engines, tracker, step + 1)
+        retain(engines, step)
+        metrics = add_perf(metrics, clock.lap())
+        if validation_due(cfg, step + 1):
+            with clock.excluded():
+                val = validate(engines, tracker, step + 1)
             metrics.update(val)
         tracker.log_metrics(metrics, step + 1)
         _say(f"step {step + 1}/{cfg.run.steps}: reward {metrics.get('critic/rewards/mean', float('nan')):.4f} "
-             f"{metrics.get('perf/throughput', 0):.2f} images/s ({time.perf_counter() - t0:.1f} s)"
-             + (f" | {_fmt(val)}" if val else ""))
+             f"{metrics['perf/throughput']:.2f} images/s ({metrics['perf/time_per_step']:.2f} s)"
+             + (f" | {_fmt(val)}" if val and validation_due(cfg, step + 1) else ""))
     return val
-
-
-def _log_val(tracker: Tracker, val: dict, step: int) -> None:
-    # validation before training is global step 0; later ones ride along with their step's metrics
-    for key, value in val.items():
-        tracker.client.log_metric(tracker.run_id, key, value, step=step)
-
-
-# Versions older than this go after a compaction: the previous compaction's copies, not the one a reader may be on.
-_KEEP_VERSIONS_S = 60.0
-
-
-def _retention(engines: cluster.Engines, step: int) -> None:
-    """Drop old latents (run.keep_latents_steps), and every run.compact_every steps merge the per-append
-    fragments of the run's tables and delete versions older than a minute. Every append adds a fragment, and
-    each read opens them all: without this a step's reads grow with the step number (measured in
-    docs/performance.md, "Step time over a long run")."""
-    run = engines.config.run
-    if run.keep_latents_steps > 0:
-        engines.store.drop_latents(run.keep_latents_steps, step)
-    if run.compact_every and (step + 1) % run.compact_every == 0:
-        engines.store.compact()
-        engines.store.cleanup(older_than_seconds=_KEEP_VERSIONS_S)
-        engines.run("rollout", _compact_embeddings)
-
-
-def _compact_embeddings(engines: cluster.Engines) -> None:
-    """Merge the rollout's prompt-embedding cache, which gains a fragment for each step that meets new prompts
-    (run where the rollout and its cache live: this process, or its Ray actor)."""
-    cache = engines.rollout.cache
-    if cache is not None:
-        cache.compact()
-        cache.table.cleanup(older_than_seconds=_KEEP_VERSIONS_S)
 
 
 def _fmt(metrics: dict) -> str:

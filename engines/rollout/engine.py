@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -110,12 +110,15 @@ class RolloutEngine:
 
     def generate(self, prompts: list[str], group_ids: list[str], sample_index: Sequence[int] | torch.Tensor,
                  seeds: Sequence[int] | torch.Tensor, cfg: SamplingConfig, *, step: int = 0,
-                 metadata: list[dict] | None = None, policy_version: int = 0) -> Trajectories:
+                 metadata: list[dict] | None = None, policy_version: int = 0,
+                 on_batch: Callable[[int, int, torch.Tensor], None] | None = None) -> Trajectories:
         """Sample B trajectories (B = len(prompts)) in chunks of cfg.batch_size samples per forward.
 
         `step` is the global RL step (MixGRPO window strategies). With cfg.same_noise_per_group every
         sample of a group starts from the initial noise of the seed of the group's first sample in
-        this call; its SDE noise still comes from its own seed.
+        this call; its SDE noise still comes from its own seed. `on_batch(start, stop, images)` is called
+        with each forward batch's decoded images (rows start..stop-1) as soon as they exist, while the next
+        batch denoises (the step core streams them to the reward).
         """
         seeds_B = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
         index_B = torch.as_tensor(sample_index, dtype=torch.int64).reshape(-1)
@@ -139,6 +142,8 @@ class RolloutEngine:
             for rows in chunks:
                 parts.append(self._sample_chunk(rows, positive, negative, seeds_B, noise_seeds_B, windows,
                                                 sigmas, cfg, shape, bar, started))
+                if on_batch is not None:
+                    on_batch(rows[0], rows[-1] + 1, parts[-1][-1])
         bar.close()
         latents, log_probs, sig, sig_prev, images = (torch.cat(t) for t in zip(*parts))
         return Trajectories(

@@ -12,11 +12,13 @@ LoRA state is gathered to full tensors (it is small); full weights stay sharded 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
 import tempfile
 import warnings
+from dataclasses import dataclass
 
 import fsspec
 import torch
@@ -134,8 +136,63 @@ def _join_optimizer(tensors: dict[str, torch.Tensor], groups: list) -> dict:
     return {"state": state, "param_groups": groups}
 
 
+@dataclass
+class LoraSnapshot:
+    """A LoRA trainer's whole checkpoint state as CPU copies, taken between updates, written later: the
+    step core writes it on its background writer while the next rollout runs (`snapshot`, then `write`)."""
+
+    step: int
+    trainable: dict[str, torch.Tensor]
+    optimizer: dict[str, torch.Tensor]
+    optimizer_groups: list
+    lora_layers: dict[str, torch.Tensor]
+    lora_metadata: dict
+    pipe_cls: type
+    trainer_state: dict
+    rng: dict[str, torch.Tensor]
+
+
+def snapshot(trainer, *, step: int) -> LoraSnapshot:
+    """Copy a single-process LoRA trainer's checkpoint state to the CPU now (the next update may start at once)."""
+    if not trainer.cfg.lora or trainer.world_size != 1:
+        raise ValueError("checkpoint.snapshot: only a single-process LoRA trainer is snapshotted; "
+                         "use save() for full fine-tuning or several ranks")
+    pipe_cls = type(trainer.adapter.pipe)
+    if not hasattr(pipe_cls, "save_lora_weights"):
+        raise TypeError(f"{pipe_cls.__name__} has no save_lora_weights: diffusers cannot load LoRAs for it")
+    # clones: on a CPU model the state dict views the live parameters, which the next update changes
+    trainable = {k: v.detach().clone() for k, v in trainable_state(trainer, all_lora=True).items()}
+    optim_tensors, optim_groups = _split_optimizer(get_optimizer_state_dict(
+        trainer.adapter.transformer, trainer.optimizer, options=_FULL))
+    targets = trainer.cfg.lora_targets or tuple(trainer.adapter.default_lora_targets)
+    return LoraSnapshot(
+        step=step, trainable=trainable, optimizer={k: v.detach().clone() for k, v in optim_tensors.items()},
+        optimizer_groups=copy.deepcopy(optim_groups), lora_layers=lora_state(trainer, trainable),
+        lora_metadata=lora_config(trainer.cfg, targets).to_dict(), pipe_cls=pipe_cls,
+        trainer_state=copy.deepcopy(_trainer_state(trainer, step)),
+        rng={k: v.clone() for k, v in _rng_state().items()})
+
+
+def write(state: LoraSnapshot, path: str) -> str:
+    """Write a snapshot as the checkpoint folder `path` (the layout `save` writes; any thread)."""
+    path = path.rstrip("/")
+    with tempfile.TemporaryDirectory() as tmp:
+        state.pipe_cls.save_lora_weights(tmp, transformer_lora_layers=state.lora_layers,
+                                         transformer_lora_adapter_metadata=state.lora_metadata)
+        for name in os.listdir(tmp):
+            _write(f"{path}/lora/{name}", open(os.path.join(tmp, name), "rb").read())
+    _write(f"{path}/trainable.safetensors", st_save(state.trainable))
+    _write(f"{path}/optimizer.safetensors", st_save(state.optimizer))
+    _write(f"{path}/optimizer.json", json.dumps(state.optimizer_groups).encode())
+    _write(f"{path}/trainer_state.json", json.dumps(state.trainer_state).encode())
+    _write(f"{path}/rng_rank0.safetensors", st_save(state.rng))
+    return path
+
+
 def save(trainer, path: str, *, step: int) -> str:
     """Write a checkpoint folder at `path` (see the module docstring); every rank must call it."""
+    if trainer.cfg.lora and trainer.world_size == 1:
+        return write(snapshot(trainer, step=step), path)
     path = path.rstrip("/")
     model = trainer.adapter.transformer
     rank = world()[0]

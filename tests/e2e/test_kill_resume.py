@@ -52,6 +52,25 @@ def test_killed_run_resumes_with_every_step_once(workdir):
     assert steps == [1, 2, 3]
 
 
+@pytest.mark.slow
+def test_a_crash_before_queued_rows_land_resumes_with_every_step_once(workdir):
+    """The step core writes rows behind the stages that made them: the process dies in the background writer
+    while it writes step 1's second chunk, after that chunk's generate stage may have completed (and persisted
+    its Prefect result). The rerun drops such results whose rows never landed and makes the chunk again."""
+    killed = _diffrl(TINY, workdir, DIFFRL_INJECT_FAULT="write_rows@1.1:exit")
+    assert killed.returncode == 137, killed.stderr[-2000:]
+    done = _diffrl(TINY, workdir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resuming after step 0" in done.stderr
+    rows = lance.dataset(f"{workdir}/runs/quickstart/trajectories.lance").to_table(columns=["step", "chunk"])
+    pairs = list(zip(rows.column("step").to_pylist(), rows.column("chunk").to_pylist()))
+    chunks = [(s, c) for s in range(3) for c in range(2)]
+    assert {k: pairs.count(k) for k in chunks} == {k: 4 for k in chunks}  # every chunk once, none twice
+    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    run = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])[0]
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "critic/rewards/mean")) == [1, 2, 3]
+
+
 def test_bad_config_key_exits_2_with_one_line(workdir):
     bad = _diffrl(["train.lrr=1"], workdir)
     assert bad.returncode == 2

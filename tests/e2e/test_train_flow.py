@@ -86,9 +86,11 @@ def test_the_flow_compacts_its_tables_every_compact_every_steps(workdir):
     """Each append adds a Lance fragment and each read opens them all: without compaction an 80-step run's steps
     slowed from 0.45 to 1.0 s (docs/performance.md). With run.compact_every 2, 4 steps leave one fragment per
     table instead of one per append; every row, reward and advantage reads back as in an uncompacted run of the
-    same seeds; and a resumed run goes on from the compacted tables."""
-    train(config=None, overrides=TINY + ["run.steps=4", "run.compact_every=0", "run.name=plain"])
-    train(config=None, overrides=TINY + ["run.steps=4", "run.compact_every=2", "run.name=compacted"])
+    same seeds; and a resumed run goes on from the compacted tables. (Every step's latents are kept here, to
+    compare them: run.keep_latents_steps=-1.)"""
+    keep = "run.keep_latents_steps=-1"
+    train(config=None, overrides=TINY + ["run.steps=4", "run.compact_every=0", "run.name=plain", keep])
+    train(config=None, overrides=TINY + ["run.steps=4", "run.compact_every=2", "run.name=compacted", keep])
     plain_fragments = _fragments("runs/plain")
     assert plain_fragments.pop("embeddings") > 1  # one per step that met new prompts
     assert plain_fragments == {"trajectories": 8, "rewards": 8, "advantages": 4}  # 2 chunks a step
@@ -101,7 +103,7 @@ def test_the_flow_compacts_its_tables_every_compact_every_steps(workdir):
         assert torch.equal(a.latents, b.latents) and torch.equal(a.log_probs, b.log_probs)
         assert torch.equal(plain.read_rewards(step)[0], compacted.read_rewards(step)[0])
         assert torch.equal(plain.read_advantages(step), compacted.read_advantages(step))
-    train(config=None, overrides=TINY + ["run.steps=6", "run.compact_every=2", "run.name=compacted"])
+    train(config=None, overrides=TINY + ["run.steps=6", "run.compact_every=2", "run.name=compacted", keep])
     assert compacted.steps() == list(range(6)) and _fragments("runs/compacted")["trajectories"] == 1
     assert all(compacted.num_rows(step) == ROWS_PER_STEP for step in range(6))
 

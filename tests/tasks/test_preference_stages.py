@@ -11,8 +11,9 @@ from engines import cluster
 from engines.train.preference import lora_pairs
 from flows.build import build_engines
 from flows.build_preference import check_preference_config
-from tasks.generate import chunk_plan
-from tasks.preference import generate_with_old_policy_impl, training_rows
+from engines.step.generate import generate
+from engines.step.plan import chunk_plan
+from engines.step.update import training_rows
 
 GROUPS = ["a", "a", "a", "b", "b", "c", "c"]
 REWARDS = torch.tensor([0.1, 0.9, 0.5, 0.3, 0.3, 0.2, 0.7])
@@ -47,7 +48,8 @@ def test_nft_rollout_samples_with_the_old_adapter(tmp_path, tiny_model):
             gen = torch.Generator().manual_seed(0)
             for new, _ in lora_pairs(engines.adapter.transformer):
                 new.add_(0.5 * torch.randn(new.shape, generator=gen))
-        generate_with_old_policy_impl(engines, 0, 0)
+        generate(engines, 0, 0)
+        engines.memory.writer.flush()
         stored = engines.store.read_chunk(0, 0)
         plan = chunk_plan(engines, 0, 0)
         args = ([r.prompt for r in plan["records"]], [r.uid for r in plan["records"]], plan["sample_index"],

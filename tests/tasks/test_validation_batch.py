@@ -13,7 +13,7 @@ from configs.schema import load_experiment
 from engines.rollout import RolloutEngine
 from engines.store.prompts import PromptDataset
 from models.base import load_adapter
-from tasks.common import validation_batch, validation_rollout
+from engines.step.plan import validation_batch, validation_rollout
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELDOUT = PromptDataset.load(os.path.join(REPO, "data", "shapes_heldout.jsonl"))

@@ -1,0 +1,163 @@
+"""`diffrl train` as users run it, against the engines-only loop on the same config, in one call (issue 25).
+
+1. The product: `python -m flows.cli train CONFIG run.steps=N ...` in a subprocess (Prefect flow with one subflow
+   per step, Lance tables, MLflow, checkpoints), in a scratch working directory. Its seconds per step are the
+   flow's own `perf/time_per_step` (end of one step to the end of the next, validation left out), read back from
+   MLflow; startup is `startup_s/*` (the command to the first step, by part); bytes are what the run folder holds
+   at the end, per step.
+2. The engines: the same config's engines built in this process without a store (flows.build.build_engines
+   durable=False), stepped through the same step core (engines/step/run.py run_step, stages called directly):
+   no Prefect, no Lance, no MLflow, no checkpoints. Same seeds and prompts.
+
+flow_over_engine = median seconds per step of 1 / median of 2, over the steps after --warmup.
+
+    python benchmarks/train_e2e.py --config configs/shapes_flow_grpo.yaml --steps 30 \\
+        --out benchmarks/results/train_e2e_shapes_h200.json
+    python benchmarks/train_e2e.py --config configs/shapes_quick.yaml --steps 4 --warmup 1 model.device=cpu \\
+        --out /tmp/e2e.json     # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402  (also puts the repository root on sys.path)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_flow(config: str, overrides: list[str], workdir: str, timeout_s: float) -> dict:
+    """`diffrl train` in a subprocess in `workdir`; its per-step and startup metrics from MLflow, and its bytes."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    log_path = os.path.join(workdir, "train.log")
+    started = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.run([sys.executable, "-m", "flows.cli", "train", config, *overrides], cwd=workdir,
+                              stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
+    wall = time.time() - started
+    with open(log_path) as f:
+        tail = f.read()[-4000:]
+    if proc.returncode != 0:
+        raise RuntimeError(f"diffrl train exited with {proc.returncode}:\n{tail}")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    run_id = runs[0].info.run_id
+
+    def series(key: str) -> dict[int, float]:
+        return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+
+    per_step = {key: series(key) for key in ("perf/time_per_step", "timing_s/generate", "timing_s/generate_wait",
+                                             "timing_s/reward", "timing_s/reward_wait", "timing_s/update_actor",
+                                             "timing_s/checkpoint", "timing_s/sync_weights", "critic/rewards/mean",
+                                             "rollout_corr/logprob_abs_diff_mean")}
+    startup = {k.split("/", 1)[1]: v for k, v in runs[0].data.metrics.items() if k.startswith("startup_s/")}
+    return {"wall_seconds": wall, "per_step": per_step, "startup_s": startup, "log_tail": tail[-1500:]}
+
+
+def run_engines(config: str, overrides: list[str], steps: int) -> dict:
+    """The engines-only loop: the flow's engines without a store, stepped through the same step core."""
+    import torch
+
+    from configs.schema import load_experiment
+    from engines.step.run import DirectStages, StepClock, add_perf, run_step
+    from flows.build import build_engines
+
+    cfg = load_experiment(config, overrides)
+    torch.manual_seed(cfg.run.seed)
+    started = time.perf_counter()
+    engines = build_engines(cfg, durable=False)
+    build_s = time.perf_counter() - started
+    stages, clock, per_step = DirectStages(engines), StepClock(), []
+    for step in range(steps):
+        metrics = add_perf(run_step(engines, step, stages).metrics, clock.lap())
+        per_step.append({k: metrics[k] for k in ("perf/time_per_step", "timing_s/generate", "timing_s/reward",
+                                                 "timing_s/update_actor", "critic/rewards/mean")})
+        print(f"engines step {step + 1}/{steps}: {metrics['perf/time_per_step']:.3f} s", file=sys.stderr, flush=True)
+    engines.memory.drain()
+    return {"build_seconds": build_s, "per_step": per_step}
+
+
+def folder_bytes(path: str) -> dict[str, int]:
+    """Bytes under each entry of a run folder (the Lance tables, checkpoints, persisted results)."""
+    out = {}
+    for entry in sorted(os.listdir(path)):
+        full = os.path.join(path, entry)
+        out[entry] = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(full) for f in files) \
+            if os.path.isdir(full) else os.path.getsize(full)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="experiment config (a shipped name or a YAML path)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides for both runs")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the medians")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds the `diffrl train` run may take")
+    parser.add_argument("--keep", default=None, help="keep the flow's working directory here (default: a temp dir)")
+    parser.add_argument("--out", default=None, help="write the JSON result here")
+    args = parser.parse_args(argv)
+    if args.steps <= args.warmup:
+        raise SystemExit(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+    overrides = [*args.overrides, f"run.steps={args.steps}", "run.validate_every=0", "run.name=train-e2e"]
+    workdir = args.keep or tempfile.mkdtemp(prefix="train_e2e_")
+    os.makedirs(workdir, exist_ok=True)
+    config = args.config if not os.path.exists(args.config) else os.path.abspath(args.config)
+
+    flow = run_flow(config, [*overrides, f"run.root={workdir}/runs"], workdir, args.timeout)
+    engines = run_engines(config, [*overrides, f"run.root={workdir}/engines-runs"], args.steps)
+
+    import torch
+
+    from configs.schema import load_experiment
+
+    cfg = load_experiment(config, overrides)
+    timed = list(range(args.warmup + 1, args.steps + 1))  # MLflow steps are 1-based
+    flow_s = statistics.median(flow["per_step"]["perf/time_per_step"][s] for s in timed)
+    engine_s = statistics.median(engines["per_step"][s - 1]["perf/time_per_step"] for s in timed)
+    images = cfg.rollout.samples_per_step
+    run_bytes = folder_bytes(os.path.join(workdir, "runs", "train-e2e"))
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() and cfg.model.device != "cpu" else \
+        f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+    def medians(series: dict[int, float]) -> float | None:
+        values = [series[s] for s in timed if s in series]
+        return statistics.median(values) if values else None
+
+    result = {
+        "benchmark": "train_e2e", "config": args.config, "overrides": args.overrides, "device": device,
+        "torch": torch.__version__, "steps": args.steps, "warmup_steps": args.warmup, "images_per_step": images,
+        "flow_seconds_per_step": flow_s, "engine_seconds_per_step": engine_s, "flow_over_engine": flow_s / engine_s,
+        "flow_images_per_gpu_s": images / flow_s, "engine_images_per_gpu_s": images / engine_s,
+        "flow_stage_medians_s": {k: medians(v) for k, v in flow["per_step"].items()},
+        "startup_s": flow["startup_s"], "flow_wall_seconds": flow["wall_seconds"],
+        "engine_build_seconds": engines["build_seconds"],
+        "run_folder_bytes": run_bytes, "bytes_per_step": sum(run_bytes.values()) / args.steps,
+        "bytes_per_sample": sum(run_bytes.values()) / args.steps / images,
+        "keep_latents_steps": cfg.run.keep_latents_steps,
+        "flow_seconds_each": [flow["per_step"]["perf/time_per_step"].get(s) for s in range(1, args.steps + 1)],
+        "engine_seconds_each": [e["perf/time_per_step"] for e in engines["per_step"]],
+        "flow_reward_each": [flow["per_step"]["critic/rewards/mean"].get(s) for s in range(1, args.steps + 1)],
+        "engine_reward_each": [e["critic/rewards/mean"] for e in engines["per_step"]],
+        "flow_log_tail": flow["log_tail"],
+        "command": " ".join(["python", "benchmarks/train_e2e.py", *(argv if argv is not None else sys.argv[1:])]),
+    }
+    common.write_json(args.out, result)
+    print(json.dumps({k: v for k, v in result.items() if not k.endswith("_each") and k != "flow_log_tail"}, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The step core through both of its callers: the Prefect flow (`diffrl train`) and the engines-only loop
+(benchmarks), on the tiny SD3 model on the CPU. Same config and seeds: the same samples, rewards and weights."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from safetensors.torch import load_file
+
+from configs.schema import load_experiment
+from engines import cluster
+from engines.step.run import DirectStages, StepClock, add_perf, run_step
+from engines.train.checkpoint import trainable_state
+from flows.build import build_engines
+from flows.train import train
+from e2e_settings import TINY as E2E_TINY
+
+# the whole-flow tests' run, with 2 samples per rollout forward: each 4-sample chunk streams 2 sub-batches to the reward
+TINY = E2E_TINY + ["rollout.batch_size=2"]
+
+
+def _engines_only(overrides: list[str], name: str) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    cfg = load_experiment(None, TINY + overrides + [f"run.name={name}"])
+    engines = build_engines(cfg, durable=False)
+    try:
+        stages, clock, metrics = DirectStages(engines), StepClock(), []
+        for step in range(cfg.run.steps):
+            metrics.append(add_perf(run_step(engines, step, stages).metrics, clock.lap()))
+        engines.memory.drain()
+        return metrics, trainable_state(engines.trainer, all_lora=True)
+    finally:
+        cluster.drop(name)
+
+
+def test_the_flow_and_the_engines_only_loop_run_the_same_steps(workdir):
+    """Rewards of every step (so the samples, and the weights that sampled them) and the final LoRA weights are
+    bit-identical between `diffrl train`'s flow and the engines-only loop; only the flow writes anything."""
+    train(config=None, overrides=TINY + ["run.name=flow"])
+    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    run = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])[0]
+    flow_rewards = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "critic/rewards/mean")}
+    flow_weights = load_file("runs/flow/checkpoints/step_2/trainable.safetensors")
+
+    engine_metrics, engine_weights = _engines_only(["run.root=engines-only"], "engines-only")
+    assert not os.path.exists("engines-only")  # no store, no checkpoints, nothing written
+    assert [flow_rewards[s] for s in (1, 2, 3)] == pytest.approx([m["critic/rewards/mean"] for m in engine_metrics],
+                                                                  abs=0, rel=1e-6)
+    assert sorted(flow_weights) == sorted(engine_weights)
+    for name, value in engine_weights.items():
+        assert torch.equal(flow_weights[name], value), name
+    # every step after the first found its rollout started right after the previous step's weight sync
+    assert [m["rollout/prefetched_chunks"] for m in engine_metrics] == [2, 2, 0]  # none after the last step
+    assert all(m["perf/time_per_step"] > 0 and m["perf/throughput"] > 0 for m in engine_metrics)
+
+
+def test_prefetched_rollouts_equal_rollouts_on_demand(workdir):
+    """The next step's rollout started right after the weight sync samples exactly what the step would have sampled
+    itself (validate_every=1 validates after every step, so nothing is prefetched there)."""
+    prefetched, weights = _engines_only(["run.steps=2"], "prefetched")
+    on_demand, weights_on_demand = _engines_only(["run.steps=2", "run.validate_every=1"], "on-demand")
+    assert [m["rollout/prefetched_chunks"] for m in prefetched] == [2, 0]
+    assert [m["rollout/prefetched_chunks"] for m in on_demand] == [0, 0]
+    for key in ("critic/rewards/mean", "critic/rewards/max", "actor/pg_loss", "actor/grad_norm"):
+        assert [m[key] for m in prefetched] == [m[key] for m in on_demand], key
+    assert all(torch.equal(weights[k], weights_on_demand[k]) for k in weights)
