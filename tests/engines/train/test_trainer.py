@@ -95,6 +95,31 @@ def test_save_load_reproduces_the_next_step_exactly(tiny_model, tmp_path, lora):
         assert torch.equal(value, expected_weights[name]), name
 
 
+def test_snapshot_equals_the_torch_distributed_state_dicts_and_is_a_copy(tiny_model):
+    """The single-process snapshot reads parameters and optimizer state directly (fast): the same names, values and
+    param groups as get_model_state_dict / get_optimizer_state_dict give, and copies that a later update leaves
+    alone (the background writer writes them while the next rollout runs)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from engines.train import checkpoint
+
+    _, engine, trainer = _setup(tiny_model("sd3"))
+    traj = _rollout(engine, trainer)
+    trainer.update(traj, torch.tensor([1.0, -1.0, 0.5, -0.5]), engine)
+    snap = checkpoint.snapshot(trainer, step=1)
+    reference = {k: v.clone() for k, v in trainable_state(trainer, all_lora=True).items()}  # views on the CPU
+    assert sorted(snap.trainable) == sorted(reference)
+    assert all(torch.equal(snap.trainable[k], v) for k, v in reference.items())
+    tensors, groups = checkpoint._split_optimizer(get_optimizer_state_dict(
+        trainer.adapter.transformer, trainer.optimizer, options=checkpoint._FULL))
+    assert sorted(snap.optimizer) == sorted(tensors) and groups == snap.optimizer_groups
+    assert all(torch.equal(snap.optimizer[k], v) for k, v in tensors.items())
+    trainer.update(traj, torch.tensor([1.0, -1.0, 0.5, -0.5]), engine)
+    moved = trainable_state(trainer, all_lora=True)
+    assert any(not torch.equal(snap.trainable[k], moved[k]) for k in moved)   # the live weights moved on...
+    assert all(torch.equal(snap.trainable[k], v) for k, v in reference.items())  # ...the snapshot did not
+
+
 def test_lora_checkpoint_loads_into_the_diffusers_pipeline(tiny_model, tmp_path):
     from diffusers import StableDiffusion3Pipeline
 
