@@ -33,6 +33,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (also puts the repository root on sys.path)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Per-step metrics both runs record (medians in the result).
+STAGE_KEYS = ("perf/time_per_step", "timing_s/step", "timing_s/generate", "timing_s/generate_wait", "timing_s/reward",
+              "timing_s/reward_wait", "timing_s/update_actor", "timing_s/checkpoint", "timing_s/sync_weights",
+              "critic/rewards/mean", "rollout_corr/logprob_abs_diff_mean")
 
 
 def run_flow(config: str, overrides: list[str], workdir: str, timeout_s: float) -> dict:
@@ -41,6 +45,7 @@ def run_flow(config: str, overrides: list[str], workdir: str, timeout_s: float) 
     env.pop("MLFLOW_TRACKING_URI", None)
     log_path = os.path.join(workdir, "train.log")
     started = time.time()
+    env["DIFFRL_COMMAND_AT"] = str(started)  # its startup report counts from here (the interpreter's start included)
     with open(log_path, "w") as log:
         proc = subprocess.run([sys.executable, "-m", "flows.cli", "train", config, *overrides], cwd=workdir,
                               stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
@@ -58,10 +63,7 @@ def run_flow(config: str, overrides: list[str], workdir: str, timeout_s: float) 
     def series(key: str) -> dict[int, float]:
         return {m.step: m.value for m in client.get_metric_history(run_id, key)}
 
-    per_step = {key: series(key) for key in ("perf/time_per_step", "timing_s/generate", "timing_s/generate_wait",
-                                             "timing_s/reward", "timing_s/reward_wait", "timing_s/update_actor",
-                                             "timing_s/checkpoint", "timing_s/sync_weights", "critic/rewards/mean",
-                                             "rollout_corr/logprob_abs_diff_mean")}
+    per_step = {key: series(key) for key in STAGE_KEYS}
     startup = {k.split("/", 1)[1]: v for k, v in runs[0].data.metrics.items() if k.startswith("startup_s/")}
     return {"wall_seconds": wall, "per_step": per_step, "startup_s": startup, "log_tail": tail[-1500:]}
 
@@ -82,8 +84,7 @@ def run_engines(config: str, overrides: list[str], steps: int) -> dict:
     stages, clock, per_step = DirectStages(engines), StepClock(), []
     for step in range(steps):
         metrics = add_perf(run_step(engines, step, stages).metrics, clock.lap())
-        per_step.append({k: metrics[k] for k in ("perf/time_per_step", "timing_s/generate", "timing_s/reward",
-                                                 "timing_s/update_actor", "critic/rewards/mean")})
+        per_step.append({k: metrics.get(k) for k in STAGE_KEYS})
         print(f"engines step {step + 1}/{steps}: {metrics['perf/time_per_step']:.3f} s", file=sys.stderr, flush=True)
     engines.memory.drain()
     return {"build_seconds": build_s, "per_step": per_step}
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None) -> dict:
         "flow_seconds_per_step": flow_s, "engine_seconds_per_step": engine_s, "flow_over_engine": flow_s / engine_s,
         "flow_images_per_gpu_s": images / flow_s, "engine_images_per_gpu_s": images / engine_s,
         "flow_stage_medians_s": {k: medians(v) for k, v in flow["per_step"].items()},
+        "engine_stage_medians_s": {k: medians({i + 1: e[k] for i, e in enumerate(engines["per_step"])
+                                               if e.get(k) is not None}) for k in STAGE_KEYS},
         "startup_s": flow["startup_s"], "flow_wall_seconds": flow["wall_seconds"],
         "engine_build_seconds": engines["build_seconds"],
         "run_folder_bytes": run_bytes, "bytes_per_step": sum(run_bytes.values()) / args.steps,

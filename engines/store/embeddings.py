@@ -34,6 +34,16 @@ class EmbeddingCache:
     def __init__(self, uri: str, *, storage_options: dict | None = None):
         self.table = LanceTable(uri, storage_options=storage_options)
         self.table.dataset()  # a corrupt table fails here, naming its path
+        # Keys known to be stored, read once: a rollout meeting new prompts every step (a generator's) then asks
+        # the table nothing. Only this handle's puts are added, so another process's later puts are not seen (a
+        # miss encodes the prompt again; the put of a stored key is a no-op).
+        self._keys: set[str] | None = None
+
+    def _known(self) -> set[str]:
+        if self._keys is None:
+            rows = self.table.scan(["key"])
+            self._keys = set() if rows is None else set(rows.column("key").to_pylist())
+        return self._keys
 
     def _lookup(self, keys: list[str], columns: list[str]) -> pa.Table:
         parts = []
@@ -48,7 +58,10 @@ class EmbeddingCache:
 
     def get(self, fingerprint: str, prompts: list[str]) -> dict[str, dict[str, torch.Tensor]]:
         """prompt -> {tensor name: tensor with batch dim 1} for the cached prompts; others absent."""
-        keys = {cache_key(fingerprint, p): p for p in dict.fromkeys(prompts)}
+        known = self._known()
+        keys = {k: p for p in dict.fromkeys(prompts) if (k := cache_key(fingerprint, p)) in known}
+        if not keys:
+            return {}
         rows = self._lookup(list(keys), ["encoding"])
         found = rows.column("key").to_pylist()
         blobs = rows.column("encoding").to_pylist()
@@ -65,8 +78,8 @@ class EmbeddingCache:
                     raise ValueError(f"EmbeddingCache.put: {name!r} of prompt {prompt!r} must be a tensor with "
                                      f"batch dim 1, got {shape}")
         keys = {cache_key(fingerprint, p): p for p in encodings}
-        present = set(self._lookup(list(keys), []).column("key").to_pylist())
-        fresh = [k for k in keys if k not in present]
+        known = self._known()
+        fresh = [k for k in keys if k not in known]
         if not fresh:
             return 0
         blobs = [save_tensors({n: t.detach().cpu().contiguous() for n, t in encodings[keys[k]].items()})
@@ -75,6 +88,7 @@ class EmbeddingCache:
         self.table.append(pa.Table.from_pydict(
             {"key": fresh, "fingerprint": [fingerprint] * len(fresh), "prompt": [keys[k] for k in fresh],
              "encoding": blobs, "write_id": [write_id] * len(fresh)}, schema=_SCHEMA))
+        known.update(fresh)
         return len(fresh)
 
     def __len__(self) -> int:
