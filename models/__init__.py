@@ -1,5 +1,3 @@
-"""Model adapters, one file per architecture. Importing this package registers all of them."""
-# Each architecture file registers itself with models.base.register_adapter on import.
-from models import wan  # noqa: F401
-from models import qwen_image, z_image  # noqa: F401
-from models import sd3, flux  # noqa: F401
+"""Model adapters, one file per architecture (models.base.ADAPTER_MODULES); each registers itself with
+models.base.register_adapter when imported. They are imported on demand: loading an SD3 folder imports
+models/sd3.py (and the diffusers and transformers classes it needs), not every architecture's."""

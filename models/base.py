@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import json
 import os
 from abc import ABC, abstractmethod
@@ -35,9 +36,14 @@ def register_adapter(cls: type["ModelAdapter"]) -> type["ModelAdapter"]:
     return cls
 
 
+# The architecture files, in the order a model_index.json is matched against them (imported on demand: each
+# pulls in its diffusers pipeline, which costs seconds of import time).
+ADAPTER_MODULES = ("models.sd3", "models.flux", "models.qwen_image", "models.z_image", "models.wan")
+
+
 def _load_all_adapters() -> None:
-    # Importing the package registers every architecture file (models/__init__.py imports them).
-    import models  # noqa: F401
+    for module in ADAPTER_MODULES:
+        importlib.import_module(module)
 
 
 def supported_architectures() -> dict[str, tuple[str, ...]]:
@@ -63,9 +69,11 @@ def detect_architecture(path: str) -> str:
         raise ValueError(f"{path!r} has no model_index.json: not a diffusers pipeline folder")
     with open(index_path) as f:
         class_name = json.load(f).get("_class_name")
-    for arch, classes in supported_architectures().items():
-        if class_name in classes:
-            return arch
+    for module in ADAPTER_MODULES:  # import only as far as the one that handles it
+        importlib.import_module(module)
+        for arch, cls in _ADAPTERS.items():
+            if class_name in cls.pipeline_classes:
+                return arch
     known = sorted(c for classes in supported_architectures().values() for c in classes)
     raise ValueError(f"{index_path}: pipeline class {class_name!r} is not supported; supported: {known}")
 

@@ -12,6 +12,8 @@ to write) and the next `submit`, `wait` or `flush` raises the failure in the cal
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections import deque
 from concurrent.futures import Future
@@ -25,8 +27,8 @@ class BackgroundError(RuntimeError):
 class Background:
     """An ordered queue of calls run on one daemon thread; each call is tagged with the RL step it serves."""
 
-    def __init__(self, name: str, *, inline: bool = False):
-        self.name, self.inline = name, inline
+    def __init__(self, name: str, *, inline: bool = False, nice: int = 0):
+        self.name, self.inline, self.nice = name, inline, nice
         self._queue: deque[tuple[int, str, Callable, tuple, Future]] = deque()
         self._cond = threading.Condition()
         self._failure: BaseException | None = None
@@ -93,6 +95,9 @@ class Background:
 
     # ---- the worker's side -------------------------------------------------------------------------
     def _work(self) -> None:
+        if self.nice:  # Linux: a thread's own priority; threads it starts (PNG encoders) inherit it
+            with contextlib.suppress(OSError, AttributeError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: bool(self._queue) or self._closed)

@@ -48,7 +48,8 @@ class StepMemory:
 
     def __init__(self, *, asynchronous: bool):
         self.asynchronous = asynchronous
-        self.writer = Background("writer", inline=not asynchronous)
+        # nice 10: the writer's CPU work (PNG, Arrow) yields to the reward and the rollout's kernel launches
+        self.writer = Background("writer", inline=not asynchronous, nice=10)
         self._rollouts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diffrl-rollout")
         self._rewards = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diffrl-reward")
         self._lock = threading.Lock()
@@ -56,6 +57,7 @@ class StepMemory:
         self._streamed: dict[tuple[int, int], list[Future]] = {}   # (step, chunk) -> Futures[(RewardOutput, s)]
         self._rewards_done: dict[tuple[int, int], ChunkRewards] = {}
         self._advantages: dict[int, torch.Tensor] = {}
+        self._snapshot: Future | None = None   # the last checkpoint snapshot, taken on the rollout worker
         # The first step of this process: earlier-or-equal steps may have durable state from a previous
         # process (resume), later ones cannot, so only those check the store before sampling.
         self.first_step = 0
@@ -106,6 +108,16 @@ class StepMemory:
         """All `count` chunks of a step in chunk order, or None unless every one is held here."""
         parts = [self.chunk(step, c) for c in range(count)]
         return None if any(p is None for p in parts) else [p[0] for p in parts]
+
+    def start_snapshot(self, take: Callable[[], object]) -> None:
+        """Run `take()` (a checkpoint snapshot) on the rollout worker ahead of the next step's rollout: it overlaps
+        the flow's work between steps; `wait_snapshot` must return before the weights change again."""
+        self._snapshot = self._rollouts.submit(take)
+
+    def wait_snapshot(self) -> None:
+        """Block until the last snapshot is taken (raises its error)."""
+        if self._snapshot is not None:
+            self._snapshot.result()
 
     # ---- rewards ---------------------------------------------------------------------------------------
     def stream_reward(self, step: int, chunk: int, score: Callable[[], object]) -> None:
@@ -160,6 +172,7 @@ class StepMemory:
         """Wait for running rollouts and rewards (their errors are the stages' to raise), then the writer."""
         with self._lock:
             pending = list(self._chunks.values()) + [f for fs in self._streamed.values() for f in fs]
+        pending += [self._snapshot] if self._snapshot is not None else []
         for future in pending:
             try:
                 future.result()

@@ -23,27 +23,29 @@ ROW_BYTES = 1024   # prompt, keys, log-probs, sigmas, metadata of one row (an up
 
 
 def retain(engines: Any, step: int) -> None:
-    """After step `step` is done: drop latents older than run.keep_latents_steps and, every run.compact_every
-    steps, merge fragments and delete old versions. Queued on the background writer (after the step's
+    """After step `step` is done: every run.compact_every steps, drop latents older than run.keep_latents_steps,
+    merge fragments and delete old versions (every step's drop when compact_every is 0). Queued on the background writer (after the step's
     checkpoint) when this process owns the writes; done here otherwise (the Ray driver's own store view)."""
     run = engines.config.run
     compact = bool(run.compact_every) and (step + 1) % run.compact_every == 0
     memory = getattr(engines, "memory", None)
     if memory is None:
-        _retain(engines.store, run.keep_latents_steps, step, compact)
+        _retain(engines.store, run.keep_latents_steps, step, compact, run.compact_every)
         if compact:
             engines.run("rollout", compact_embeddings)
         return
     if engines.store is None:
         return
     memory.writer.submit(step, f"retention after step {step}", _retain, engines.store, run.keep_latents_steps, step,
-                         compact)
+                         compact, run.compact_every)
     if compact:
         memory.writer.submit(step, "embedding cache compaction", compact_embeddings, engines)
 
 
-def _retain(store: Any, keep_latents_steps: int, step: int, compact: bool) -> None:
-    if keep_latents_steps >= 0:
+def _retain(store: Any, keep_latents_steps: int, step: int, compact: bool, compact_every: int) -> None:
+    # Dropping rewrites the rows it nulls: batched at compaction time (which frees the bytes) it is one rewrite
+    # per compact_every steps instead of one per step; without compaction, every step.
+    if keep_latents_steps >= 0 and (compact or not compact_every):
         store.drop_latents(keep_latents_steps, step)
     if compact:
         store.compact()

@@ -99,6 +99,7 @@ def update(engines: Any, step: int, chunk: int = 0) -> Updated:
         return Updated(step, rows=int(saved.pop("update/rows", 0)), metrics=saved)
     inject_fault("update_actor", step)
     started = time.perf_counter()
+    engines.memory.wait_snapshot()  # the previous step's checkpoint copies its weights before they change
     traj = step_trajectories(engines, step)
     advantages_B = step_advantages(engines, step)
     rewards, _, valid = step_rewards(engines, step)
@@ -133,12 +134,18 @@ def commit_checkpoint(engines: Any, step: int, metrics: dict) -> None:
     """Save the trainer and commit the step. A single-process LoRA trainer is snapshotted now and written by the
     background writer (after the step's rows); otherwise every rank saves here (the state is gathered) and
     rank 0 commits."""
-    cfg, trainer = engines.config, engines.trainer
-    if engines.memory.asynchronous and trainer.cfg.lora and trainer.world_size == 1:
-        state = checkpoint.snapshot(trainer, step=step)
-        engines.memory.writer.submit(step, f"checkpoint of step {step}", _write_and_commit, cfg.run_dir, step,
-                                     cfg.run.checkpoint_every, metrics,
-                                     lambda path: checkpoint.write(state, path))
+    cfg, trainer, memory = engines.config, engines.trainer, engines.memory
+    if memory.asynchronous and trainer.cfg.lora and trainer.world_size == 1:
+        # Counters and RNG now (the weight sync moves them); the tensors on the rollout worker, ahead of the next
+        # step's rollout (the next update waits for it); the files on the writer, after the step's rows.
+        meta = checkpoint.snapshot_meta(trainer, step)
+
+        def take() -> None:
+            state = checkpoint.snapshot(trainer, step=step, meta=meta)
+            memory.writer.submit(step, f"checkpoint of step {step}", _write_and_commit, cfg.run_dir, step,
+                                 cfg.run.checkpoint_every, metrics, lambda path: checkpoint.write(state, path))
+
+        memory.start_snapshot(take)
         return
     rank = world()[0]
     tmp = checkpoint_dir(cfg.run_dir, step) + ".tmp"

@@ -152,8 +152,14 @@ class LoraSnapshot:
     rng: dict[str, torch.Tensor]
 
 
-def snapshot(trainer, *, step: int) -> LoraSnapshot:
-    """Copy a single-process LoRA trainer's checkpoint state to the CPU now (the next update may start at once)."""
+def snapshot_meta(trainer, step: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The counters, schedule and RNG state of a checkpoint (what the weight sync and the next rollout change)."""
+    return copy.deepcopy(_trainer_state(trainer, step)), {k: v.clone() for k, v in _rng_state().items()}
+
+
+def snapshot(trainer, *, step: int, meta: tuple[dict, dict] | None = None) -> LoraSnapshot:
+    """Copy a single-process LoRA trainer's checkpoint state to the CPU (the next update may start right after).
+    `meta`: snapshot_meta taken earlier, when the tensors are copied later, on another thread."""
     if not trainer.cfg.lora or trainer.world_size != 1:
         raise ValueError("checkpoint.snapshot: only a single-process LoRA trainer is snapshotted; "
                          "use save() for full fine-tuning or several ranks")
@@ -168,12 +174,12 @@ def snapshot(trainer, *, step: int) -> LoraSnapshot:
                  if p.requires_grad or "lora_" in name}
     optim_tensors, optim_groups = _split_optimizer(_optimizer_state(model, trainer.optimizer))
     targets = trainer.cfg.lora_targets or tuple(trainer.adapter.default_lora_targets)
+    trainer_state, rng = meta if meta is not None else snapshot_meta(trainer, step)
     return LoraSnapshot(
         step=step, trainable=trainable, optimizer={k: v.detach().clone() for k, v in optim_tensors.items()},
         optimizer_groups=copy.deepcopy(optim_groups), lora_layers=lora_state(trainer, trainable),
         lora_metadata=lora_config(trainer.cfg, targets).to_dict(), pipe_cls=pipe_cls,
-        trainer_state=copy.deepcopy(_trainer_state(trainer, step)),
-        rng={k: v.clone() for k, v in _rng_state().items()})
+        trainer_state=trainer_state, rng=rng)
 
 
 def _optimizer_state(model, optimizer) -> dict:
