@@ -37,16 +37,18 @@ def step_chunks(cfg: Any) -> int:
 
 
 def store_call(engines: Any, step: int, what: str, fn, *args, **kwargs):
-    """A store operation after every write queued before it (the writer owns the store while a step runs)."""
+    """A store operation after every write made before it (the writer owns the store while a step runs)."""
     if engines.store is None:
         raise ValueError(f"{what}: this run keeps no trajectory store (engines-only), and the data is not in memory")
+    engines.memory.release_writes()
     return engines.memory.writer.call(step, what, functools.partial(fn, *args, **kwargs))
 
 
 def store_submit(engines: Any, step: int, what: str, fn, *args) -> None:
-    """Queue a durable write behind the writes before it; nothing when the run keeps no store."""
+    """A durable write, in order behind the writes before it (held until the update: StepMemory.queue_write);
+    nothing when the run keeps no store."""
     if engines.store is not None:
-        engines.memory.writer.submit(step, what, fn, *args)
+        engines.memory.queue_write(step, what, fn, *args)
 
 
 def maybe_committed(engines: Any, step: int) -> bool:

@@ -58,6 +58,7 @@ class StepMemory:
         self._rewards_done: dict[tuple[int, int], ChunkRewards] = {}
         self._advantages: dict[int, torch.Tensor] = {}
         self._snapshot: Future | None = None   # the last checkpoint snapshot, taken on the rollout worker
+        self._held: list[tuple] = []           # the step's durable writes, until the update releases them
         # The first step of this process: earlier-or-equal steps may have durable state from a previous
         # process (resume), later ones cannot, so only those check the store before sampling.
         self.first_step = 0
@@ -108,6 +109,24 @@ class StepMemory:
         """All `count` chunks of a step in chunk order, or None unless every one is held here."""
         parts = [self.chunk(step, c) for c in range(count)]
         return None if any(p is None for p in parts) else [p[0] for p in parts]
+
+    # ---- durable writes --------------------------------------------------------------------------------
+    def queue_write(self, tag: int, what: str, fn: Callable, *args) -> None:
+        """A durable write of the step in flight. Held until `release_writes` (the update releases them: the GPU
+        then trains while the writer works, instead of the writer's CPU work slowing the reward and the
+        rollout's kernel launches); written at once where writes are inline (Ray)."""
+        if not self.asynchronous:
+            self.writer.submit(tag, what, fn, *args)
+            return
+        with self._lock:
+            self._held.append((tag, what, fn, args))
+
+    def release_writes(self) -> None:
+        """Queue the held writes on the writer, in the order they were made."""
+        with self._lock:
+            held, self._held = self._held, []
+        for tag, what, fn, args in held:
+            self.writer.submit(tag, what, fn, *args)
 
     def start_snapshot(self, take: Callable[[], object]) -> None:
         """Run `take()` (a checkpoint snapshot) on the rollout worker ahead of the next step's rollout: it overlaps
@@ -178,6 +197,7 @@ class StepMemory:
                 future.result()
             except BaseException:  # noqa: BLE001 - reported by the stage that reads it
                 pass
+        self.release_writes()
         self.writer.flush()
 
     def close(self) -> None:

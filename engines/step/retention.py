@@ -36,6 +36,7 @@ def retain(engines: Any, step: int) -> None:
         return
     if engines.store is None:
         return
+    memory.wait_snapshot()  # its job queues the step's checkpoint: retention comes after it
     memory.writer.submit(step, f"retention after step {step}", _retain, engines.store, run.keep_latents_steps, step,
                          compact, run.compact_every)
     if compact:

@@ -100,6 +100,7 @@ def update(engines: Any, step: int, chunk: int = 0) -> Updated:
     inject_fault("update_actor", step)
     started = time.perf_counter()
     engines.memory.wait_snapshot()  # the previous step's checkpoint copies its weights before they change
+    engines.memory.release_writes()  # the step's rows, rewards and advantages land while the GPU trains
     traj = step_trajectories(engines, step)
     advantages_B = step_advantages(engines, step)
     rewards, _, valid = step_rewards(engines, step)

@@ -85,15 +85,28 @@ def run_train(args: argparse.Namespace) -> int:
     from configs.schema import load_experiment
 
     config, overrides = _split(args)
-    load_experiment(config, overrides)  # fail on bad input before Prefect or any model starts
+    cfg = load_experiment(config, overrides)  # fail on bad input before Prefect or any model starts
     server = _start_prefect_server()  # boots in its own process while this one imports torch, diffusers, MLflow
     from flows.train import train
 
+    _import_model_code(cfg)
     if server is not None:
         server.join()
     os.environ["DIFFRL_FLOW_CALLED_AT"] = str(time.time())  # the startup report's "imports" end here
     train(config=config, overrides=overrides)
     return 0
+
+
+def _import_model_code(cfg) -> None:
+    """Import the model's adapter (diffusers, transformers: seconds) while the Prefect server boots; a path that
+    does not resolve is left to the flow, which reports it."""
+    from flows.build import resolve_model_path
+    from models.base import detect_architecture
+
+    try:
+        detect_architecture(resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed))
+    except (ValueError, OSError):
+        pass
 
 
 def _start_prefect_server():

@@ -49,7 +49,7 @@ def test_nft_rollout_samples_with_the_old_adapter(tmp_path, tiny_model):
             for new, _ in lora_pairs(engines.adapter.transformer):
                 new.add_(0.5 * torch.randn(new.shape, generator=gen))
         generate(engines, 0, 0)
-        engines.memory.writer.flush()
+        engines.memory.drain()  # the held rows land
         stored = engines.store.read_chunk(0, 0)
         plan = chunk_plan(engines, 0, 0)
         args = ([r.prompt for r in plan["records"]], [r.uid for r in plan["records"]], plan["sample_index"],
