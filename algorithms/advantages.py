@@ -1,13 +1,14 @@
 """Group-relative advantages (GRPO) and the reward/advantage statistics the trainer logs.
 
 A group is the set of samples generated for one prompt. The advantage of sample i in group g is
-(r_i - mean_g) / (std + eps), where std is the population std (ddof 0) of the whole batch
-(``global_std``, flow_grpo's ``sample.global_std = True``) or of group g. ``norm_by_std=False``
-is Dr.GRPO (Liu et al. 2025, arXiv:2503.20783): r_i - mean_g.
+(r_i - mean_g) / (std + eps), where std is the std of the whole batch (``global_std``, flow_grpo's
+``sample.global_std = True``) or of group g, with ``ddof`` 0 (the population std, flow_grpo's
+PerPromptStatTracker) or 1 (the sample std: DanceGRPO divides by the group's ``torch.std`` + 1e-8, and
+verl-omni's estimator uses it too). ``norm_by_std=False`` is Dr.GRPO (Liu et al. 2025, arXiv:2503.20783):
+r_i - mean_g.
 
-Deviations: flow_grpo's PerPromptStatTracker computes the same thing in numpy; verl-omni's
-estimator uses the unbiased std (ddof 1) -- here it is ddof 0 as flow_grpo and the issue say.
-A group of one gets advantage 0 (its mean is its reward).
+A group of one gets advantage 0 (its mean is its reward; with ddof 1 its std, undefined, counts as 0).
+At DanceGRPO's 12 samples per group, ddof 0 gives advantages sqrt(12/11) = 1.044 times ddof 1's.
 """
 
 from __future__ import annotations
@@ -30,15 +31,16 @@ def _group_index(group_ids, batch: int) -> tuple[torch.Tensor, int]:
     return torch.tensor(index, dtype=torch.int64), len(dense)
 
 
-def _group_moments(rewards: torch.Tensor, index: torch.Tensor, num_groups: int):
-    """Per-group (count, mean, population std), each (G,)."""
+def _group_moments(rewards: torch.Tensor, index: torch.Tensor, num_groups: int, ddof: int = 0):
+    """Per-group (count, mean, std with `ddof`), each (G,); a group of at most `ddof` samples has std 0."""
     index = index.to(rewards.device)
     count = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device).index_add_(
         0, index, torch.ones_like(rewards)
     )
     mean = torch.zeros_like(count).index_add_(0, index, rewards) / count
     centered = rewards - mean[index]
-    var = torch.zeros_like(count).index_add_(0, index, centered**2) / count
+    squares = torch.zeros_like(count).index_add_(0, index, centered**2)
+    var = torch.where(count > ddof, squares / (count - ddof).clamp_min(1), torch.zeros_like(count))
     return count, mean, var.sqrt()
 
 
@@ -67,6 +69,7 @@ def group_advantages(
     norm_by_std: bool = True,
     global_std: bool = True,
     eps: float = 1e-4,
+    ddof: int = 0,
 ) -> torch.Tensor:
     """(r - group mean) / (std + eps) per sample; (B,) fp32 (fp64 if rewards are fp64).
 
@@ -74,17 +77,23 @@ def group_advantages(
         rewards: (B,) scalar rewards.
         group_ids: B hashable ids (e.g. prompt strings) or a (B,) int tensor.
         norm_by_std: divide by std + eps (False = Dr.GRPO).
-        global_std: std of the whole batch (True) or of each group (False), both ddof 0.
+        global_std: std of the whole batch (True) or of each group (False).
         eps: added to the std.
+        ddof: 0 for the population std (flow_grpo), 1 for the sample std (DanceGRPO, verl-omni).
     """
+    if ddof not in (0, 1):
+        raise ValueError(f"ddof must be 0 (population std) or 1 (sample std); got {ddof}")
     rewards = _as_rewards(rewards)
     index, num_groups = _group_index(group_ids, rewards.shape[0])
-    _, mean, group_std = _group_moments(rewards, index, num_groups)
+    _, mean, group_std = _group_moments(rewards, index, num_groups, ddof)
     index = index.to(rewards.device)
     centered = rewards - mean[index]
     if not norm_by_std:
         return centered
-    std = rewards.std(correction=0) if global_std else group_std[index]
+    if global_std:
+        std = rewards.std(correction=ddof) if rewards.numel() > ddof else rewards.new_zeros(())
+    else:
+        std = group_std[index]
     return centered / (std + eps)
 
 

@@ -28,7 +28,8 @@ class Algorithm:
         (trains on final samples re-noised by the forward process).
     sde_type, noise_level: the rollout sampler (algorithms.sde); noise_level 0 = ODE rollout.
     window: which steps are stochastic and trained (algorithms.windows).
-    norm_by_std, global_std, adv_eps: group advantages (algorithms.advantages).
+    norm_by_std, global_std, adv_eps, adv_std_ddof: group advantages (algorithms.advantages): divide by
+        the batch's (global_std) or each group's std, population (ddof 0) or sample (ddof 1), plus adv_eps.
     loss: name of the loss function in algorithms.losses.
     clip_ratio, adv_clip_max: PPO ratio clip and advantage clamp.
     kl_coef: weight of kl_loss to the reference policy (policy_gradient; 0 = no reference).
@@ -49,6 +50,7 @@ class Algorithm:
     norm_by_std: bool = True
     global_std: bool = True
     adv_eps: float = 1e-4
+    adv_std_ddof: int = 0
     loss: str = "flow_grpo_loss"
     clip_ratio: float = 1e-4
     adv_clip_max: float = 5.0
@@ -76,6 +78,9 @@ class Algorithm:
         for name in ("clip_ratio", "adv_clip_max", "adv_eps", "beta", "mix_beta"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Algorithm.{name} must be > 0; got {getattr(self, name)}")
+        if self.adv_std_ddof not in (0, 1):
+            raise ValueError(f"Algorithm.adv_std_ddof must be 0 (population std) or 1 (sample std); "
+                             f"got {self.adv_std_ddof}")
 
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -99,7 +104,10 @@ ALGORITHMS: dict[str, Algorithm] = {
             sde_type="dance_sde",
             noise_level=0.3,
             window=WindowPolicy("dance_fraction", timestep_fraction=0.6),
+            # DanceGRPO's advantages: (r - mean) / (torch.std + 1e-8) within each group (ddof 1)
             global_std=False,
+            adv_std_ddof=1,
+            adv_eps=1e-8,
         ),
         Algorithm("flow_dppo", loss="flow_dppo_loss", kl_threshold=1e-5),
         Algorithm("dpo", family="direct_preference", noise_level=0.0, loss="dpo_loss", beta=5000.0,

@@ -164,10 +164,13 @@ def grpo_guard_loss(
       r = exp((log_prob - old_log_prob + bias) * s)
       loss = mean(weights * max(-A r, -A clip(r)) / sqrt_dt^2)   -- gradient re-weighting over t
 
-    Deviation: the published code (flow_grpo / verl-omni GRPOGuardLoss) takes s and sqrt_dt as
-    *batch means* (all samples of a flow_grpo micro-batch share the timestep). We use each
-    sample's own s and sqrt_dt, which is identical when the timestep is shared and correct when
-    a micro-batch mixes timesteps (per-sample windows).
+    The bias is one per sample, as the paper describes (and verl-omni's GRPOGuardLoss computes it).
+    Deviation: flow_grpo's scripts/train_sd3_GRPO_Guard.py averages it over the whole batch (a mean over
+    dims 1.. of a (B,) tensor), so a micro-batch shares one bias: the losses agree only when every sample
+    drifts equally, and the gradient with respect to the transition mean differs even then (a shared
+    bias spreads each sample's drift over the batch). We follow the paper. s and sqrt_dt are each
+    sample's own too (flow_grpo and verl-omni take batch means, equal when the micro-batch shares a
+    timestep; ours stays right when it mixes timesteps, as per-sample windows do).
     """
     _check_positive("clip_ratio", clip_ratio)
     _check_positive("adv_clip_max", adv_clip_max)

@@ -42,7 +42,7 @@ def advantages(engines: Any, step: int, chunk: int = 0) -> Advantaged:
     kept = valid.nonzero().squeeze(1)
     kept_groups = [keys.group_ids[i] for i in kept.tolist()]
     advantages_B[kept] = group_advantages(rewards[kept], kept_groups, norm_by_std=algo.norm_by_std,
-                                          global_std=algo.global_std, eps=algo.adv_eps)
+                                          global_std=algo.global_std, eps=algo.adv_eps, ddof=algo.adv_std_ddof)
     engines.memory.put_advantages(step, advantages_B)
     store_submit(engines, step, f"advantages of step {step}", _write_advantages, engines, step, keys, advantages_B)
     stats = {**reward_stats(rewards[kept], kept_groups), **advantage_stats(advantages_B[kept])}

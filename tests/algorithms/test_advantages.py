@@ -29,6 +29,37 @@ def test_group_std_and_dr_grpo():
     assert dr.dtype == torch.float32
 
 
+def test_sample_std_per_group_closed_form_and_dance_grpo_bundle():
+    """DanceGRPO's advantages: (r - group mean) / (group sample std (ddof 1) + 1e-8); the dance_grpo bundle uses it."""
+    from algorithms.catalog import get_algorithm
+
+    rewards = torch.tensor([0.2, 0.9, 0.4, 0.7, 1.0, 0.1, 0.5, 0.5, 0.6], dtype=torch.float64)
+    ids = ["a"] * 4 + ["b"] * 3 + ["c"] + ["d"]  # groups of 4, 3 and two of one sample
+    expected = torch.empty_like(rewards)
+    for g in sorted(set(ids)):
+        rows = [i for i, x in enumerate(ids) if x == g]
+        r = rewards[rows]
+        n = len(rows)
+        mean = sum(r.tolist()) / n
+        std = (sum((v - mean) ** 2 for v in r.tolist()) / (n - 1)) ** 0.5 if n > 1 else 0.0  # undefined for one: 0
+        expected[rows] = (r - mean) / (std + 1e-8)
+    dance = get_algorithm("dance_grpo")
+    assert (dance.global_std, dance.adv_std_ddof, dance.adv_eps) == (False, 1, 1e-8)
+    adv = group_advantages(rewards, ids, global_std=dance.global_std, eps=dance.adv_eps, ddof=dance.adv_std_ddof)
+    torch.testing.assert_close(adv, expected, rtol=0, atol=1e-12)
+    # ddof 0 at 12 samples per group: sqrt(12/11) times ddof 1's (4.4 % larger)
+    twelve = torch.arange(12, dtype=torch.float64) ** 1.5
+    ratio = group_advantages(twelve, ["g"] * 12, global_std=False, eps=1e-12) / group_advantages(
+        twelve, ["g"] * 12, global_std=False, eps=1e-12, ddof=1)
+    torch.testing.assert_close(ratio, torch.full((12,), (12 / 11) ** 0.5, dtype=torch.float64))
+    # the batch's sample std with global_std
+    glob = group_advantages(REWARDS, IDS, eps=1e-4, ddof=1)
+    torch.testing.assert_close(glob, torch.tensor([-1.0, 1.0, 0.0, 0.0, 2.0, -2.0], dtype=torch.float64)
+                               / (REWARDS.std(correction=1) + 1e-4), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="ddof must be 0"):
+        group_advantages(REWARDS, IDS, ddof=2)
+
+
 def test_stats():
     stats = reward_stats(REWARDS, IDS)
     assert stats["critic/rewards/mean"] == pytest.approx(2.0)
