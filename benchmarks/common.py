@@ -27,21 +27,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from models.realsize import QWEN_IMAGE_SCHEDULER, SD35M_SCHEDULER, SD35M_VAE  # noqa: E402
 from trainer_fsdp import QWEN_IMAGE, SD35_MEDIUM  # noqa: E402
 
-# stabilityai/stable-diffusion-3.5-medium vae/config.json: 16 latent channels, no quant convs.
-SD3_VAE = dict(
-    in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
-    up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
-    act_fn="silu", latent_channels=16, norm_num_groups=32, sample_size=1024, scaling_factor=1.5305,
-    shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False)
-SD3_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0)
-# Qwen/Qwen-Image vae/config.json equals AutoencoderKLQwenImage's defaults (base_dim 96, z_dim 16).
-QWEN_VAE: dict = {}
-# Qwen/Qwen-Image scheduler_config.json: exponential dynamic shift, stretched to end at 0.02.
-QWEN_SCHEDULER = dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_shift=0.5,
-                      max_shift=0.9, base_image_seq_len=256, max_image_seq_len=8192, shift_terminal=0.02,
-                      time_shift_type="exponential")
+# The published VAE and scheduler configs (models/realsize.py, which `diffrl random-model` writes out).
+SD3_VAE = SD35M_VAE
+SD3_SCHEDULER = SD35M_SCHEDULER
+QWEN_VAE: dict = {}  # Qwen/Qwen-Image vae/config.json equals AutoencoderKLQwenImage's defaults
+QWEN_SCHEDULER = QWEN_IMAGE_SCHEDULER
 
 # --tiny: the same classes at smoke-test size (numbers are meaningless).
 TINY_SD3 = dict(SD35_MEDIUM, num_layers=2, attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,

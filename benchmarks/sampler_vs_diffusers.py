@@ -29,20 +29,11 @@ from diffusers import StableDiffusion3Pipeline  # noqa: E402
 
 from common import PrecomputedEmbeddings  # noqa: E402  (benchmarks/common.py)
 from engines.rollout import RolloutEngine, SamplingConfig  # noqa: E402
+from models.realsize import SD35M_SCHEDULER, SD35M_TRANSFORMER, SD35M_VAE  # noqa: E402
 from models.sd3 import SD3Adapter  # noqa: E402
 
-# stabilityai/stable-diffusion-3.5-medium transformer/config.json, written out.
-SD35_MEDIUM_TRANSFORMER = dict(
-    sample_size=128, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64, num_attention_heads=24,
-    joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048, out_channels=16,
-    pos_embed_max_size=384, dual_attention_layers=tuple(range(13)), qk_norm="rms_norm")
-# The SD3 / SD3.5 VAE (vae/config.json): 16 latent channels, no quant convs, scale 1.5305, shift 0.0609.
-SD3_VAE = dict(
-    in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
-    up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
-    act_fn="silu", latent_channels=16, norm_num_groups=32, sample_size=1024, scaling_factor=1.5305,
-    shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False)
-SD3_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0)
+# The published SD3.5-Medium configs (models/realsize.py).
+SD35_MEDIUM_TRANSFORMER, SD3_VAE, SD3_SCHEDULER = SD35M_TRANSFORMER, SD35M_VAE, SD35M_SCHEDULER
 TEXT_TOKENS = 77 + 256  # CLIP + T5 at the pipeline's default max_sequence_length
 
 # --tiny: the same classes at smoke-test size.

@@ -28,14 +28,12 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 from engines.train.config import TrainConfig  # noqa: E402
+from models.realsize import QWEN_IMAGE_TRANSFORMER, SD35M_TRANSFORMER  # noqa: E402
 from engines.train.setup import build_optimizer, prepare_denoiser, shard, world  # noqa: E402
 
-SD35_MEDIUM = dict(sample_size=128, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64,
-                   num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536,
-                   pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=384,
-                   dual_attention_layers=tuple(range(13)), qk_norm="rms_norm")
-QWEN_IMAGE = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
-                  num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56))
+# The published transformer configs, written out once in models/realsize.py (`diffrl random-model`).
+SD35_MEDIUM = SD35M_TRANSFORMER
+QWEN_IMAGE = QWEN_IMAGE_TRANSFORMER
 SD3_LORA = ("attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out", "attn.to_k", "attn.to_out.0",
             "attn.to_q", "attn.to_v")
 QWEN_LORA = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",

@@ -223,29 +223,11 @@ def qwen_prompt_tokenizer(vocab_size: int = QWEN_BPE_VOCAB_SIZE):
     tokens the pipeline drops), trained on 4,000 prompts from the OCR and GenEval-style generators plus the
     tiny corpus: their words become single tokens (~1 token per word, as with Qwen's 151k vocabulary).
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import Qwen2Tokenizer
-
     from engines.store.prompts import compositional_prompts, ocr_prompts
-    from models.tiny.qwen import _QWEN_SPLIT, _TEMPLATE_REPEATS, _TEMPLATE_TEXT, ENDOFTEXT, IM_END, IM_START
-    from models.tiny.tokenizers import CORPUS
+    from models.tiny.qwen import qwen_tokenizer
 
     texts = [r.prompt for r in ocr_prompts(3000, seed=0)] + [r.prompt for r in compositional_prompts(1000, seed=0)]
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_QWEN_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[ENDOFTEXT, IM_START, IM_END],
-        initial_alphabet=sorted(pre_tokenizers.ByteLevel.alphabet()), show_progress=False)
-    tok.train_from_iterator([*texts, *CORPUS, *[_TEMPLATE_TEXT] * _TEMPLATE_REPEATS], trainer=trainer)
-    trained = json.loads(tok.to_str())["model"]
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["merges"]]
-    return Qwen2Tokenizer(vocab=dict(trained["vocab"]), merges=merges, model_max_length=131072,
-                          extra_special_tokens=[IM_START, IM_END])
+    return qwen_tokenizer(vocab_size=vocab_size, extra_texts=texts)
 
 
 PLANS: dict[str, Callable[[dict | None], Plan]] = {"sd35m": sd35m_plan, "qwen_image": qwen_image_plan}

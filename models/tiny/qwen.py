@@ -13,6 +13,7 @@ dynamic-shift scheduler (with `shift_terminal`), Z-Image's static shift 3.0 sche
 from __future__ import annotations
 
 import json
+from typing import Sequence
 
 import torch
 from diffusers import (
@@ -61,8 +62,10 @@ _TEMPLATE_TEXT = ("system\nDescribe the image by detailing the color, shape, siz
 _TEMPLATE_REPEATS = 20
 
 
-def qwen_tokenizer(*, vocab_size: int = 600, chat_template: str | None = None) -> Qwen2Tokenizer:
-    """A Qwen2-style byte-level BPE tokenizer trained in memory on the shared corpus.
+def qwen_tokenizer(*, vocab_size: int = 600, chat_template: str | None = None,
+                   extra_texts: Sequence[str] = ()) -> Qwen2Tokenizer:
+    """A Qwen2-style byte-level BPE tokenizer trained in memory on the shared corpus (after `extra_texts`, e.g.
+    the prompts a run will see, so their words become single tokens).
 
     Specials: `<|endoftext|>` (id 0; also pad/eos/unk as in Qwen's tokenizers), `<|im_start|>`,
     `<|im_end|>`. Deterministic: fixed corpus, deterministic trainer. Pass `chat_template` (e.g.
@@ -78,7 +81,7 @@ def qwen_tokenizer(*, vocab_size: int = 600, chat_template: str | None = None) -
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=[ENDOFTEXT, IM_START, IM_END],
         initial_alphabet=sorted(pre_tokenizers.ByteLevel.alphabet()), show_progress=False)
-    tok.train_from_iterator([*CORPUS, *[_TEMPLATE_TEXT] * _TEMPLATE_REPEATS], trainer=trainer)
+    tok.train_from_iterator([*extra_texts, *CORPUS, *[_TEMPLATE_TEXT] * _TEMPLATE_REPEATS], trainer=trainer)
     trained = json.loads(tok.to_str())["model"]
     vocab = dict(trained["vocab"])
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["merges"]]
