@@ -276,6 +276,8 @@ class RayEngines:
     trajectory table (reads for logging and retention); models never leave their actors.
     """
 
+    memory = None  # the step core's hand-off lives in each actor (engines/step/memory.py), not in this handle
+
     def __init__(self, run_name: str, config: Any, actors: dict[str, Any], extras: dict, store: Any = None,
                  val_prompts: list | None = None):
         self.run_name, self.config, self.actors, self.extras = run_name, config, actors, extras

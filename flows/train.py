@@ -140,7 +140,7 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
             engines.run("trainer", load_checkpoint, checkpoint_dir(engines.config.run_dir, last))
             sync_engines(engines, -1, prefetch_next=False)
             _say(f"resuming after step {last} (checkpoint {checkpoint_dir(cfg.run_dir, last)})")
-        if getattr(engines, "memory", None) is not None:
+        if engines.memory is not None:
             engines.memory.first_step = start  # steps after it cannot have rows from an earlier process
         # MLflow step = global step (RL steps done): step k's metrics at k + 1, validation before training at 0
         if last is not None and not tracker.has_step(last + 1):
@@ -163,7 +163,7 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
         tracker.log_values(startup.metrics(), start)
         with step_flow_settings():  # once for all steps: building Prefect settings costs ~30 ms
             val = _train_steps(engines, tracker, step_flow, start)
-        if getattr(engines, "memory", None) is not None:
+        if engines.memory is not None:
             engines.memory.drain()  # the last step's rows and checkpoint land before the run reports done
     except BaseException:
         settle(engines)
@@ -171,7 +171,7 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
         _say(f"step failed; rerun the same command to resume (run {cfg.run.name!r}, {cfg.run_dir})")
         raise
     finally:
-        if getattr(engines, "memory", None) is not None:
+        if engines.memory is not None:
             engines.memory.close()
     final = latest_checkpoint(cfg.run_dir)
     tracker.log_artifact(checkpoint_dir(cfg.run_dir, final), "final_checkpoint")

@@ -43,7 +43,7 @@ class Background:
         self._raise_failure()
         future: Future = Future()
         if self.inline:
-            _run_into(future, fn, args)
+            run_into(future, fn, args)
             if future.exception() is not None:
                 raise future.exception()
             return future
@@ -106,7 +106,7 @@ class Background:
                     return
                 tag, what, fn, args, future = self._queue.popleft()
                 self._busy_tag = tag
-            _run_into(future, fn, args)
+            run_into(future, fn, args)
             with self._cond:
                 self._busy_tag = None
                 if future.exception() is not None and self._failure is None:
@@ -117,7 +117,8 @@ class Background:
                 self._cond.notify_all()
 
 
-def _run_into(future: Future, fn: Callable, args: tuple) -> None:
+def run_into(future: Future, fn: Callable, args: tuple) -> None:
+    """Run fn(*args) into `future`: its result, or the exception it raised."""
     if not future.set_running_or_notify_cancel():
         return
     try:

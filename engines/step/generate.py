@@ -62,11 +62,10 @@ def generate(engines: Any, step: int, chunk: int) -> Generated:
     """Roll out one chunk (or take the rollout that ran ahead of this stage) and queue its rows for the store;
     a chunk already committed is not generated again."""
     memory, started = engines.memory, time.perf_counter()
-    if not memory.has_chunk(step, chunk) and maybe_committed(engines, step) and store_call(
-            engines, step, f"has_chunk({step}, {chunk})", engines.store.has_chunk, step, chunk):
-        rows = len(store_call(engines, step, "read keys", engines.store.read_chunk, step, chunk,
-                              with_latents=False, with_images=False))
-        return Generated(step, chunk, rows=rows, seconds=0.0, waited=0.0, reused=True)
+    if not memory.has_chunk(step, chunk) and maybe_committed(engines, step):
+        rows = store_call(engines, step, f"chunk_rows({step}, {chunk})", engines.store.chunk_rows, step, chunk)
+        if rows:
+            return Generated(step, chunk, rows=rows, seconds=0.0, waited=0.0, reused=True)
     if not memory.has_chunk(step, chunk):
         memory.start_rollout(step, chunk, functools.partial(sample_chunk, engines, step, chunk))
     traj, seconds = memory.chunk(step, chunk)
@@ -153,7 +152,7 @@ def _write_rewards(engines: Any, step: int, keys: Any, scores, components, valid
 
 
 # ---- offline pairs ------------------------------------------------------------------------------------
-def offline_pairs(engines: Any, step: int) -> Generated:
+def offline_pairs(engines: Any, step: int, chunk: int = 0) -> Generated:
     """Offline DPO: the step's preference pairs (from the VAE-latent cache) as chunk 0, with reward 1 for the
     chosen and 0 for the rejected image; a committed step is reused."""
     started = time.perf_counter()

@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from engines.step.background import Background
+from engines.step.background import Background, run_into
 from engines.trajectories import Trajectories
 
 
@@ -74,10 +74,7 @@ class StepMemory:
                 self._chunks[(step, chunk)] = self._rollouts.submit(_timed, rollout)
                 return
         future: Future = Future()
-        try:
-            future.set_result(_timed(rollout))
-        except BaseException as e:  # noqa: BLE001 - raised by chunk(), as a worker's failure would be
-            future.set_exception(e)
+        run_into(future, _timed, (rollout,))  # a failure is raised by chunk(), as a worker's would be
         with self._lock:
             self._chunks[(step, chunk)] = future
 

@@ -9,6 +9,7 @@ images always stay.
 
 from __future__ import annotations
 
+import os
 import shutil
 from typing import Any
 
@@ -28,7 +29,7 @@ def retain(engines: Any, step: int) -> None:
     checkpoint) when this process owns the writes; done here otherwise (the Ray driver's own store view)."""
     run = engines.config.run
     compact = bool(run.compact_every) and (step + 1) % run.compact_every == 0
-    memory = getattr(engines, "memory", None)
+    memory = engines.memory
     if memory is None:
         _retain(engines.store, run.keep_latents_steps, step, compact, run.compact_every)
         if compact:
@@ -99,8 +100,6 @@ def describe_disk(cfg: Any, latent_elements: int) -> str:
 
 
 def _existing(path: str) -> str:
-    import os
-
     path = os.path.abspath(path)
     while not os.path.exists(path):
         path = os.path.dirname(path)

@@ -29,7 +29,7 @@ log = logging.getLogger("diffrl")
 def sync_engines(engines: Any, step: int, chunk: int = 0, prefetch_next: bool = True) -> Synced:
     """Bring the rollout to the trainer's weights wherever they live (in-process or colocated actor: the shared
     adapter; split actors: the changed tensors travel trainer -> rollout)."""
-    if getattr(engines, "split", False):
+    if engines.split:
         return engines.pipe(("trainer", learn_stages.export_for_rollout), ("rollout", learn_stages.load_from_trainer),
                             step)
     return engines.run("trainer", learn_stages.sync, step, 0, prefetch_next)
@@ -42,15 +42,11 @@ def _on(role: str, fn: Callable) -> Callable:
     return call
 
 
-def _offline_pairs(engines: Any, step: int, chunk: int = 0) -> Generated:
-    return engines.run("trainer", sample_stages.offline_pairs, step)
-
-
 # Stage name -> (driver-side call running the stage where its role lives, the record type it returns).
 STAGES: dict[str, tuple[Callable, type]] = {
     "generate": (_on("rollout", sample_stages.generate), Generated),
     "score": (_on("reward", sample_stages.score), Scored),
-    "offline_pairs": (_offline_pairs, Generated),
+    "offline_pairs": (_on("trainer", sample_stages.offline_pairs), Generated),
     "advantages": (_on("reward", learn_stages.advantages), Advantaged),
     "update_actor": (_on("trainer", learn_stages.update), Updated),
     "sync_weights": (sync_engines, Synced),
@@ -112,7 +108,7 @@ def settle(engines: Any) -> None:
     """After a failed stage: let this process's running rollouts and rewards end and commit the writes queued
     before the failure, so a retry reuses them. A failure of the writer itself is logged, not raised over the
     stage's own error."""
-    memory = getattr(engines, "memory", None)
+    memory = engines.memory
     if memory is None:
         return
     try:

@@ -111,7 +111,12 @@ class TrajectoryStore:
 
     def has_chunk(self, step: int, chunk: int) -> bool:
         """Whether (step, chunk) is committed."""
-        return chunk in self.committed_chunks(step)
+        return self.chunk_rows(step, chunk) > 0
+
+    def chunk_rows(self, step: int, chunk: int) -> int:
+        """Committed samples of (step, chunk); 0 when it is not committed."""
+        keys = self._step_keys(step)
+        return int(pc.sum(pc.equal(keys.column("chunk"), chunk)).as_py() or 0)
 
     def committed_chunks(self, step: int) -> set[int]:
         """Chunks of `step` that are committed."""
