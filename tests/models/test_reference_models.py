@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+import torch
 from diffusers import StableDiffusion3Pipeline
 
 from engines.store.prompts import PromptDataset
@@ -41,7 +42,9 @@ def test_cpu_sized_model_draws_scenes_geneval_lite_accepts():
     """The pretraining evaluation (the pipeline, ODE 10 steps, CFG 4.5, prompt i with seed i) on the first
     24 held-out prompts: the summary's 45.6 % is over 204 prompts on an H200, so on this CPU only a floor
     is checked — a model that did not learn the task scores 0."""
-    pipe = StableDiffusion3Pipeline.from_pretrained(resolve_model_path("reference:shapes-small"), local_files_only=True)
+    # stored in fp16, run in fp32 as diffrl loads it (model.dtype: fp32): fp16 convolutions do not run on a CPU
+    pipe = StableDiffusion3Pipeline.from_pretrained(resolve_model_path("reference:shapes-small"), local_files_only=True,
+                                                    torch_dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     cfg = PretrainConfig(out="", device="cpu", seed=0, eval_prompts=24, eval_steps=10, guidance_scale=4.5)
     accuracy = evaluate(pipe, PromptDataset.load(HELDOUT), cfg)["accuracy"]
