@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from algorithms.windows import sample_windows
 from models.base import SampleShape
 
 # Versions older than this go after a compaction: the previous compaction's copies, not the one a reader may be on
@@ -75,7 +76,9 @@ def disk_estimate(cfg: Any, latent_elements: int) -> dict[str, float]:
     counted at their raw size (PNG is at most that); latents stay on disk for keep_latents_steps steps plus up
     to compact_every more until a compaction frees the dropped ones."""
     samples, steps = cfg.rollout.samples_per_step, cfg.run.steps
-    window = cfg.algorithm.window.size if cfg.data.sample_source == "online" else 1
+    # the stored window: what the rollout keeps for this policy and number of steps (offline pairs keep one step)
+    window = sample_windows(cfg.algorithm.window, cfg.rollout.num_inference_steps, torch.zeros(1, dtype=torch.long),
+                            0).size if cfg.data.sample_source == "online" else 1
     latents = samples * (window + 1) * latent_elements * 4
     rows = samples * (ROW_BYTES + cfg.rollout.height * cfg.rollout.width * 3 * max(cfg.rollout.num_frames, 1))
     keep = cfg.run.keep_latents_steps

@@ -128,3 +128,10 @@ def test_scientific_notation_without_a_dot_is_a_number_everywhere():
 def test_bad_values_are_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_experiment(None, overrides)
+
+
+def test_keep_latents_steps_takes_a_count_or_minus_one():
+    assert load_experiment(None, []).run.keep_latents_steps == 2
+    assert load_experiment(None, ["run.keep_latents_steps=-1"]).run.keep_latents_steps == -1
+    with pytest.raises(ConfigError, match=r"run.keep_latents_steps must be >= 0 .* or -1 .*got -2"):
+        load_experiment(None, ["run.keep_latents_steps=-2"])

@@ -108,6 +108,17 @@ def test_the_flow_compacts_its_tables_every_compact_every_steps(workdir):
     assert all(compacted.num_rows(step) == ROWS_PER_STEP for step in range(6))
 
 
+def test_default_retention_drops_old_latents_and_keeps_the_rows(workdir):
+    """run.keep_latents_steps defaults to 2: after 4 steps compacted every 2, step 0's latents are gone (a read
+    that needs them says so) while its rows stay, and the last steps' latents read back for a resume."""
+    train(config=None, overrides=TINY + ["run.steps=4", "run.compact_every=2"])
+    store = TrajectoryStore("runs/quickstart/trajectories.lance")
+    with pytest.raises(ValueError, match="dropped by retention"):
+        store.read_step(0)
+    assert store.read_step(0, with_latents=False).prompts  # prompts, images, rewards stay
+    assert store.read_step(3).latents.shape[-1] > 0
+
+
 def test_compact_every_must_not_be_negative(workdir):
     with pytest.raises(ConfigError, match=r"run.compact_every must be >= 0 \(0 = never\), got -1"):
         train(config=None, overrides=TINY + ["run.compact_every=-1"])
