@@ -1,13 +1,13 @@
 # Two commands do all the set-up on a fresh machine:
 #   make quickstart   create .venv, install torch first, install diffrl, train the embedded default
-#   make test         the same set-up, then the whole test suite
+#   make test         the same set-up, then lint (ruff, import layers) and the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 TORCH  ?= torch==2.13.0
 
-.PHONY: venv install quickstart test test-fast clean
+.PHONY: venv install quickstart lint test test-fast clean
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,13 @@ install: $(VENV)/.installed
 quickstart: install
 	$(VENV)/bin/diffrl train
 
-test: install
+# the habits of docs/architecture.md: ruff (lint + format) and the import layers (pyproject's importlinter contracts)
+lint: install
+	$(VENV)/bin/ruff check diffrl tests benchmarks
+	$(VENV)/bin/ruff format --check diffrl tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
+
+test: lint
 	$(PY) -m pytest tests
 
 test-fast: install

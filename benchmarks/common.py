@@ -27,22 +27,38 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from models.realsize import QWEN_IMAGE_SCHEDULER, SD35M_SCHEDULER, SD35M_VAE  # noqa: E402
 from trainer_fsdp import QWEN_IMAGE, SD35_MEDIUM  # noqa: E402
 
-# The published VAE and scheduler configs (models/realsize.py, which `diffrl random-model` writes out).
+from diffrl.engines.realsize import QWEN_IMAGE_SCHEDULER, SD35M_SCHEDULER, SD35M_VAE  # noqa: E402
+
+# The published VAE and scheduler configs (diffrl/engines/realsize.py, which `diffrl random-model` writes out).
 SD3_VAE = SD35M_VAE
 SD3_SCHEDULER = SD35M_SCHEDULER
 QWEN_VAE: dict = {}  # Qwen/Qwen-Image vae/config.json equals AutoencoderKLQwenImage's defaults
 QWEN_SCHEDULER = QWEN_IMAGE_SCHEDULER
 
 # --tiny: the same classes at smoke-test size (numbers are meaningless).
-TINY_SD3 = dict(SD35_MEDIUM, num_layers=2, attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,
-                caption_projection_dim=16, pooled_projection_dim=24, sample_size=32, pos_embed_max_size=64,
-                dual_attention_layers=(0,))
+TINY_SD3 = dict(
+    SD35_MEDIUM,
+    num_layers=2,
+    attention_head_dim=8,
+    num_attention_heads=2,
+    joint_attention_dim=32,
+    caption_projection_dim=16,
+    pooled_projection_dim=24,
+    sample_size=32,
+    pos_embed_max_size=64,
+    dual_attention_layers=(0,),
+)
 TINY_SD3_VAE = dict(SD3_VAE, block_out_channels=(8, 16, 16, 16), layers_per_block=1, norm_num_groups=4)
-TINY_QWEN = dict(QWEN_IMAGE, num_layers=2, num_attention_heads=2, attention_head_dim=16, joint_attention_dim=32,
-                 axes_dims_rope=(4, 6, 6))
+TINY_QWEN = dict(
+    QWEN_IMAGE,
+    num_layers=2,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    joint_attention_dim=32,
+    axes_dims_rope=(4, 6, 6),
+)
 TINY_QWEN_VAE = dict(base_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
 
 
@@ -52,12 +68,18 @@ def build_adapter(arch: str, *, tiny: bool, device: str, dtype: torch.dtype):
     Weights are initialised directly on the device in `dtype` (a 20 B model in fp32 on the host would
     take minutes and 80 GB); the VAE is built in fp32 and cast.
     """
-    from diffusers import (AutoencoderKL, AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler,
-                           QwenImagePipeline, QwenImageTransformer2DModel, SD3Transformer2DModel,
-                           StableDiffusion3Pipeline)
+    from diffusers import (
+        AutoencoderKL,
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImagePipeline,
+        QwenImageTransformer2DModel,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
 
-    from models.qwen_image import QwenImageAdapter
-    from models.sd3 import SD3Adapter
+    from diffrl.models.qwen_image import QwenImageAdapter
+    from diffrl.models.sd3 import SD3Adapter
 
     if arch not in ("sd3", "qwen_image"):
         raise ValueError(f"arch must be one of ['sd3', 'qwen_image']; got {arch!r}")
@@ -66,8 +88,11 @@ def build_adapter(arch: str, *, tiny: bool, device: str, dtype: torch.dtype):
     with torch.device(device):
         torch.set_default_dtype(dtype)
         try:
-            transformer = (SD3Transformer2DModel(**(TINY_SD3 if tiny else SD35_MEDIUM)) if arch == "sd3" else
-                           QwenImageTransformer2DModel(**(TINY_QWEN if tiny else QWEN_IMAGE)))
+            transformer = (
+                SD3Transformer2DModel(**(TINY_SD3 if tiny else SD35_MEDIUM))
+                if arch == "sd3"
+                else QwenImageTransformer2DModel(**(TINY_QWEN if tiny else QWEN_IMAGE))
+            )
         finally:
             torch.set_default_dtype(previous)
         if arch == "sd3":
@@ -77,13 +102,25 @@ def build_adapter(arch: str, *, tiny: bool, device: str, dtype: torch.dtype):
     vae.to(dtype=dtype)
     if arch == "sd3":
         pipe = StableDiffusion3Pipeline(
-            transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**SD3_SCHEDULER), vae=vae,
-            text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None, text_encoder_3=None,
-            tokenizer_3=None)
+            transformer=transformer,
+            scheduler=FlowMatchEulerDiscreteScheduler(**SD3_SCHEDULER),
+            vae=vae,
+            text_encoder=None,
+            tokenizer=None,
+            text_encoder_2=None,
+            tokenizer_2=None,
+            text_encoder_3=None,
+            tokenizer_3=None,
+        )
         adapter = SD3Adapter(pipe, device=device, dtype=dtype)
     else:
-        pipe = QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_SCHEDULER), vae=vae,
-                                 text_encoder=None, tokenizer=None, transformer=transformer)
+        pipe = QwenImagePipeline(
+            scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_SCHEDULER),
+            vae=vae,
+            text_encoder=None,
+            tokenizer=None,
+            transformer=transformer,
+        )
         adapter = QwenImageAdapter(pipe, device=device, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
     adapter.source = f"random-{arch}{'-tiny' if tiny else ''}"
@@ -116,8 +153,10 @@ class PrecomputedEmbeddings:
         return {p: self.table[p] for p in prompts}
 
     def put(self, fingerprint: str, encodings: dict) -> None:
-        raise ValueError(f"prompts {sorted(encodings)[:3]} have no precomputed embedding: the benchmark does not "
-                         "encode text; add them to the table")
+        raise ValueError(
+            f"prompts {sorted(encodings)[:3]} have no precomputed embedding: the benchmark does not "
+            "encode text; add them to the table"
+        )
 
 
 def device_slug(device: str) -> str:
@@ -199,7 +238,7 @@ def set_checkpointing(transformer, fraction: float) -> None:
         transformer.disable_gradient_checkpointing()
         return
     blocks = list(transformer.transformer_blocks)
-    chosen = {id(b) for b in blocks[:round(fraction * len(blocks))]}
+    chosen = {id(b) for b in blocks[: round(fraction * len(blocks))]}
     full = torch.utils.checkpoint.checkpoint
 
     def checkpoint_some(block, *args, **kwargs):
@@ -227,7 +266,11 @@ def sdpa_backend(name: str):
     if name == "default":
         yield
         return
-    backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-               "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[name]
+    backend = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[name]
     with sdpa_kernel([backend]):
         yield

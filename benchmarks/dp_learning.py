@@ -42,21 +42,33 @@ def quarter_gain(per_step: list[list[float]]) -> dict:
 
     (m1, v1), (m2, v2) = mean_var(first), mean_var(last)
     se = math.sqrt(v1 / len(first) + v2 / len(last))
-    return {"first_quarter_mean": m1, "last_quarter_mean": m2, "gain": m2 - m1, "stderr": se,
-            "gain_over_2se": (m2 - m1) > 2 * se, "steps_per_quarter": q, "samples_per_quarter": len(first)}
+    return {
+        "first_quarter_mean": m1,
+        "last_quarter_mean": m2,
+        "gain": m2 - m1,
+        "stderr": se,
+        "gain_over_2se": (m2 - m1) > 2 * se,
+        "steps_per_quarter": q,
+        "samples_per_quarter": len(first),
+    }
 
 
 def step_rewards(run_dir: str, steps: int) -> list[dict[tuple[str, int], float]]:
     """Every valid sample's reward of each step, keyed by (group_id, sample_index)."""
-    from engines.store.trajectories import TrajectoryStore
+    from diffrl.engines.store.trajectories import TrajectoryStore
 
     store = TrajectoryStore(os.path.join(run_dir, "trajectories.lance"))
     out = []
     for step in range(steps):
         traj = store.read_step(step, with_latents=False, with_images=False)
         rewards, _, valid = store.read_rewards(step)
-        out.append({(g, int(i)): float(r) for g, i, r, v in
-                    zip(traj.group_ids, traj.sample_index.tolist(), rewards.tolist(), valid.tolist()) if v})
+        out.append(
+            {
+                (g, int(i)): float(r)
+                for g, i, r, v in zip(traj.group_ids, traj.sample_index.tolist(), rewards.tolist(), valid.tolist())
+                if v
+            }
+        )
     return out
 
 
@@ -76,8 +88,8 @@ def metric_history(workdir: str, experiment: str, key: str) -> list[float]:
 
 def run_one(config: str, steps: int, overrides: list[str]) -> dict:
     """One training run in a temporary working directory; the learning statistics (and `_rewards`)."""
-    from configs.schema import load_experiment
-    from flows.train import train
+    from diffrl.configs.schema import load_experiment
+    from diffrl.flows.train import train
 
     cfg = load_experiment(config, [f"run.steps={steps}", *overrides])
     workdir = tempfile.mkdtemp(prefix=f"dp_learning_{config}_")
@@ -90,8 +102,14 @@ def run_one(config: str, steps: int, overrides: list[str]) -> dict:
         started = time.perf_counter()
         train(config=config, overrides=[f"run.steps={steps}", *overrides])
         seconds = time.perf_counter() - started
-        result = {"config": config, "overrides": overrides, "steps": steps, "seconds": round(seconds, 1),
-                  "algorithm": cfg.algorithm.name, "sample_source": cfg.data.sample_source}
+        result = {
+            "config": config,
+            "overrides": overrides,
+            "steps": steps,
+            "seconds": round(seconds, 1),
+            "algorithm": cfg.algorithm.name,
+            "sample_source": cfg.data.sample_source,
+        }
         if cfg.data.sample_source == "offline":
             result["implicit_acc"] = metric_history(workdir, cfg.run.experiment, "actor/implicit_acc")
         else:

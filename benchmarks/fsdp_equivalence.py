@@ -35,9 +35,17 @@ METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/ratio_mea
 
 
 def _run(args: list[str]) -> None:
-    done = subprocess.run(args, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-                              [REPO, os.environ.get("PYTHONPATH", "")])})
+    done = subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+        },
+    )
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed:\n{done.stderr[-4000:]}")
 
@@ -56,26 +64,37 @@ def compare(one: str, two: str) -> dict:
     update_norm = sum(float(w1[k].float().norm()) ** 2 for k in lora_b) ** 0.5
     with open(os.path.join(one, "metrics.json")) as f1, open(os.path.join(two, "metrics.json")) as f2:
         m1, m2 = json.load(f1), json.load(f2)
-    metric_diff = {name: max(abs(a[name] - b[name]) / max(1.0, abs(a[name])) for a, b in zip(m1, m2))
-                   for name in METRICS}
-    return {"max_abs_weight_diff": weight_diff, "max_abs_lora_B": update,
-            "lora_B_rel_norm_diff": diff_norm / update_norm, "metric_max_rel_diff": metric_diff,
-            "metrics_1_process": m1, "metrics_2_processes": m2}
+    metric_diff = {
+        name: max(abs(a[name] - b[name]) / max(1.0, abs(a[name])) for a, b in zip(m1, m2)) for name in METRICS
+    }
+    return {
+        "max_abs_weight_diff": weight_diff,
+        "max_abs_lora_B": update,
+        "lora_B_rel_norm_diff": diff_norm / update_norm,
+        "metric_max_rel_diff": metric_diff,
+        "metrics_1_process": m1,
+        "metrics_2_processes": m2,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
-    parser.add_argument("--atol", type=float, default=1e-5,
-                        help="fp32: largest relative metric difference and LoRA B relative norm difference")
-    parser.add_argument("--floor-factor", type=float, default=2.0,
-                        help="bf16: allowed multiple of the reduction-order noise floor")
+    parser.add_argument(
+        "--atol",
+        type=float,
+        default=1e-5,
+        help="fp32: largest relative metric difference and LoRA B relative norm difference",
+    )
+    parser.add_argument(
+        "--floor-factor", type=float, default=2.0, help="bf16: allowed multiple of the reduction-order noise floor"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.device == "cuda" and torch.cuda.device_count() < 2:
         raise SystemExit(f"needs 2 GPUs; torch sees {torch.cuda.device_count()}")
-    from models.tiny import build_tiny
+    from diffrl.models.tiny import build_tiny
 
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "tiny-sd3")
@@ -84,26 +103,49 @@ def main(argv: list[str] | None = None) -> dict:
         for path in (one, two, reordered):
             os.makedirs(path)
         _run([sys.executable, WORKER, model, one, args.device, args.dtype, "1"])
-        _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-              WORKER, model, two, args.device, args.dtype, "1"])
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                WORKER,
+                model,
+                two,
+                args.device,
+                args.dtype,
+                "1",
+            ]
+        )
         _run([sys.executable, WORKER, model, reordered, args.device, args.dtype, "2"])
         result = compare(one, two)
         floor = compare(one, reordered)
-    result["noise_floor"] = {k: floor[k] for k in ("max_abs_weight_diff", "lora_B_rel_norm_diff", "metric_max_rel_diff")}
+    result["noise_floor"] = {
+        k: floor[k] for k in ("max_abs_weight_diff", "lora_B_rel_norm_diff", "metric_max_rel_diff")
+    }
     # Elementwise, Adam's first steps move each weight by about +-lr whatever its gradient's size, so a
     # near-zero gradient whose sign the summation order flips moves a weight the other way: the weights
     # are compared as a whole (relative norm of the LoRA B difference), next to the floor.
     if args.dtype == "fp32":
         bar = {"lora_B_rel_norm_diff": args.atol, **{name: args.atol for name in METRICS}}
     else:
-        bar = {"lora_B_rel_norm_diff": args.floor_factor * floor["lora_B_rel_norm_diff"],
-               **{name: args.floor_factor * max(floor["metric_max_rel_diff"][name], 1e-6) for name in METRICS}}
+        bar = {
+            "lora_B_rel_norm_diff": args.floor_factor * floor["lora_B_rel_norm_diff"],
+            **{name: args.floor_factor * max(floor["metric_max_rel_diff"][name], 1e-6) for name in METRICS},
+        }
     result["bar"] = bar
-    result["equivalent"] = (result["lora_B_rel_norm_diff"] <= bar["lora_B_rel_norm_diff"]
-                            and all(result["metric_max_rel_diff"][n] <= bar[n] for n in METRICS))
-    result.update(device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-                  backend="nccl" if args.device == "cuda" else "gloo", dtype=args.dtype,
-                  torch=torch.__version__, command=" ".join(["python", "benchmarks/fsdp_equivalence.py", *(argv or sys.argv[1:])]))
+    result["equivalent"] = result["lora_B_rel_norm_diff"] <= bar["lora_B_rel_norm_diff"] and all(
+        result["metric_max_rel_diff"][n] <= bar[n] for n in METRICS
+    )
+    result.update(
+        device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        backend="nccl" if args.device == "cuda" else "gloo",
+        dtype=args.dtype,
+        torch=torch.__version__,
+        command=" ".join(["python", "benchmarks/fsdp_equivalence.py", *(argv or sys.argv[1:])]),
+    )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)

@@ -32,12 +32,25 @@ import tempfile
 import time
 
 OVERRIDES = [
-    "model.path=tiny:sd3", "reward.components=[{name: jpeg_compressibility}]", "data.train=generator:ocr",
-    "data.val=null", "rollout.max_sequence_length=null",
-    "run.validate_every=0", "run.log_images=0", "run.checkpoint_every=1000",
-    "rollout.num_inference_steps=2", "rollout.height=16", "rollout.width=16", "rollout.group_size=2",
-    "rollout.prompts_per_step=1", "rollout.chunk_size=2", "rollout.batch_size=2",
-    "train.mini_batch_prompts=1", "train.micro_batch_size=2", "data.num_generated=8", "data.num_val_prompts=1",
+    "model.path=tiny:sd3",
+    "reward.components=[{name: jpeg_compressibility}]",
+    "data.train=generator:ocr",
+    "data.val=null",
+    "rollout.max_sequence_length=null",
+    "run.validate_every=0",
+    "run.log_images=0",
+    "run.checkpoint_every=1000",
+    "rollout.num_inference_steps=2",
+    "rollout.height=16",
+    "rollout.width=16",
+    "rollout.group_size=2",
+    "rollout.prompts_per_step=1",
+    "rollout.chunk_size=2",
+    "rollout.batch_size=2",
+    "train.mini_batch_prompts=1",
+    "train.micro_batch_size=2",
+    "data.num_generated=8",
+    "data.num_val_prompts=1",
     "algorithm={name: flow_grpo, kl_coef: 0.0, clip_ratio: 0.2}",  # the rl_step flow (the quickstart is DiffusionNFT)
 ]
 
@@ -53,10 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     out = os.path.abspath(args.out) if args.out else None
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    import mlflow
     from mlflow.tracking import MlflowClient
 
-    import mlflow
-    from flows.train import train
+    from diffrl.flows.train import train
 
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)
@@ -70,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         def series(key: str) -> dict[int, float]:
             return {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
 
-        step_s, gen, rew, upd = (series(k) for k in ("timing_s/step_total", "timing_s/generate",
-                                                     "timing_s/reward", "timing_s/update_actor"))
+        step_s, gen, rew, upd = (
+            series(k) for k in ("timing_s/step_total", "timing_s/generate", "timing_s/reward", "timing_s/update_actor")
+        )
         steps = sorted(s for s in step_s if s > args.warmup)
         overhead = [step_s[s] - gen[s] - rew[s] - upd[s] for s in steps]
     result = {
@@ -86,9 +100,16 @@ def main(argv: list[str] | None = None) -> int:
         "engine_s_median": statistics.median(gen[s] + rew[s] + upd[s] for s in steps),
         "wall_s_including_startup": wall,
         "overrides": args.overrides,
-        **({f"time_per_step_s_mean_by_block_of_{args.block}": [
-            statistics.mean(step_s[s] for s in range(b, min(b + args.block, args.steps + 1)) if s in step_s)
-            for b in range(1, args.steps + 1, args.block)]} if args.block > 0 else {}),
+        **(
+            {
+                f"time_per_step_s_mean_by_block_of_{args.block}": [
+                    statistics.mean(step_s[s] for s in range(b, min(b + args.block, args.steps + 1)) if s in step_s)
+                    for b in range(1, args.steps + 1, args.block)
+                ]
+            }
+            if args.block > 0
+            else {}
+        ),
         "command": "python benchmarks/orchestration.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     print(json.dumps(result, indent=2))

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from engines.reward.multi import MultiReward, RewardComponent, RewardConfig
-from engines.reward.pool import RewardPool
+from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig
+from diffrl.engines.reward.pool import RewardPool
 
 WORDS = ["Hidden Trail", "Open Late", "Fresh Bread", "North Gate", "Quiet Zone", "Exit Only", "Sea View", "Blue Moon"]
 
@@ -35,7 +35,9 @@ def make_images(count: int, size: int = 512) -> tuple[np.ndarray, list[str]]:
     for index in range(count):
         word = WORDS[index % len(WORDS)]
         image = Image.new("RGB", (size, size), tuple(int(v) for v in rng.integers(200, 256, 3)))
-        ImageDraw.Draw(image).text((size // 10, size // 2), word, fill=(20, 20, 20), font=ImageFont.load_default(size=size // 10))
+        ImageDraw.Draw(image).text(
+            (size // 10, size // 2), word, fill=(20, 20, 20), font=ImageFont.load_default(size=size // 10)
+        )
         noisy = np.asarray(image).astype(np.int16) + rng.integers(-10, 11, (size, size, 3))
         images.append(np.clip(noisy, 0, 255).astype(np.uint8))
         prompts.append(f'A sign that says "{word}"')
@@ -45,20 +47,27 @@ def make_images(count: int, size: int = 512) -> tuple[np.ndarray, list[str]]:
 def throughput(images: np.ndarray, prompts: list[str], workers: int, num_threads: int, chunk: int = 4) -> dict:
     """images/s of the pool over all images (warm: one chunk per worker scored first)."""
     options = {"num_threads": num_threads, "batch_size": chunk}
-    config = RewardConfig(components=[RewardComponent("ocr", options=options)], workers=workers, max_pending_chunks=2 * workers)
+    config = RewardConfig(
+        components=[RewardComponent("ocr", options=options)], workers=workers, max_pending_chunks=2 * workers
+    )
     with RewardPool(config) as pool:
         for warm in range(workers):
             pool.submit(warm, images[:chunk], prompts[:chunk])
         pool.results()
         started = time.perf_counter()
         for chunk_id, start in enumerate(range(0, len(images), chunk)):
-            pool.submit(chunk_id, images[start:start + chunk], prompts[start:start + chunk])
+            pool.submit(chunk_id, images[start : start + chunk], prompts[start : start + chunk])
         results = pool.results()
         elapsed = time.perf_counter() - started
     scores = np.concatenate([results[i].scores.numpy() for i in sorted(results)])
-    return {"workers": workers, "num_threads_per_worker": num_threads, "images": len(images),
-            "seconds": round(elapsed, 3), "images_per_s": round(len(images) / elapsed, 3),
-            "mean_score": round(float(scores.mean()), 4)}
+    return {
+        "workers": workers,
+        "num_threads_per_worker": num_threads,
+        "images": len(images),
+        "seconds": round(elapsed, 3),
+        "images_per_s": round(len(images) / elapsed, 3),
+        "mean_score": round(float(scores.mean()), 4),
+    }
 
 
 def overlap(images: np.ndarray, prompts: list[str], rollout_s: float, chunk: int = 4) -> dict:
@@ -68,7 +77,7 @@ def overlap(images: np.ndarray, prompts: list[str], rollout_s: float, chunk: int
     reward(images[:1], prompts[:1])  # warm-up
     started = time.perf_counter()
     for start in range(0, len(images), chunk):
-        reward(images[start:start + chunk], prompts[start:start + chunk])
+        reward(images[start : start + chunk], prompts[start : start + chunk])
     reward_s = time.perf_counter() - started
     chunks = range(0, len(images), chunk)
     with RewardPool(config) as pool:
@@ -77,14 +86,20 @@ def overlap(images: np.ndarray, prompts: list[str], rollout_s: float, chunk: int
         started = time.perf_counter()
         for chunk_id, start in enumerate(chunks):
             time.sleep(rollout_s)  # the rollout producing this chunk
-            pool.submit(chunk_id, images[start:start + chunk], prompts[start:start + chunk])
+            pool.submit(chunk_id, images[start : start + chunk], prompts[start : start + chunk])
         pool.results()
         total_s = time.perf_counter() - started
         stats = pool.overlap_stats()
     rollout_total = rollout_s * len(chunks)
-    return {"chunks": len(chunks), "rollout_s": round(rollout_total, 3), "reward_s_sequential": round(reward_s, 3),
-            "total_s": round(total_s, 3), "rollout_plus_reward_s": round(rollout_total + reward_s, 3),
-            "total_below_sum": total_s < rollout_total + reward_s, **{k: round(v, 3) for k, v in stats.items()}}
+    return {
+        "chunks": len(chunks),
+        "rollout_s": round(rollout_total, 3),
+        "reward_s_sequential": round(reward_s, 3),
+        "total_s": round(total_s, 3),
+        "rollout_plus_reward_s": round(rollout_total + reward_s, 3),
+        "total_below_sum": total_s < rollout_total + reward_s,
+        **{k: round(v, 3) for k, v in stats.items()},
+    }
 
 
 def main() -> None:
@@ -95,12 +110,19 @@ def main() -> None:
     args = parser.parse_args()
     images, prompts = make_images(args.images)
     result = {
-        "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                    "python": platform.python_version(),
-                    # other jobs share this CPU; the load shows how contended the numbers are
-                    "load_average_1min_at_start": round(os.getloadavg()[0], 2)},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
+            # other jobs share this CPU; the load shows how contended the numbers are
+            "load_average_1min_at_start": round(os.getloadavg()[0], 2),
+        },
         "image_size": 512,
-        "throughput": [throughput(images, prompts, 1, -1), throughput(images, prompts, 2, 1), throughput(images, prompts, 2, -1)],
+        "throughput": [
+            throughput(images, prompts, 1, -1),
+            throughput(images, prompts, 2, 1),
+            throughput(images, prompts, 2, -1),
+        ],
         "overlap": overlap(images, prompts, args.rollout_s),
     }
     print(json.dumps(result, indent=2))

@@ -3,13 +3,14 @@
 Builds the recipe's pipeline with random weights at real size on the device (benchmarks/common.py: real
 transformer and VAE; no text encoder -- random prompt embeddings of the real shapes are read through the
 engine's persistent embedding-cache path, as a run reads cached prompts), then runs `--warmup` + `--steps` RL
-steps through the step core the `rl_step` flow runs (engines/step/run.py run_step, stages called directly, no
+steps through the step core the `rl_step` flow runs (diffrl/engines/step/run.py run_step, stages called directly, no
 trajectory store): generate (rollout, VAE decode) -> score (jpeg_compressibility, a CPU rule reward streamed
 behind the rollout) -> advantages -> update_actor (replay + loss + backward + optimizer steps) -> sync_weights.
 
 images/GPU/s = images per step / (seconds per step x GPUs), a step's seconds being the time from the end of one
 step to the end of the next, as a run sees it (the reward included; text encoding excluded). Before
-2026-11-25 the figure summed the stage times without the reward (32-52 ms of 10-16 s steps). Before the steps, probes time
+2026-11-25 the figure summed the stage times without the reward (32-52 ms of 10-16 s steps).
+Before the steps, probes time
 single forwards/backwards (CFG batching, SDPA backends, micro-batch x activation checkpointing, VAE decode,
 FLOPs per forward); `auto` levers are set from them. After the main measurement, variants change one
 lever each (old-log-prob recompute, full checkpointing, no KL, torch.compile) and are timed the same way.
@@ -38,20 +39,20 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (also puts the repository root on sys.path)
 
-from algorithms.catalog import Algorithm, get_algorithm  # noqa: E402
-from configs.schema import DataConfig, ExperimentConfig, RolloutConfig, RunConfig  # noqa: E402
-from engines import cluster  # noqa: E402
-from engines.reward.multi import MultiReward, RewardComponent, RewardConfig  # noqa: E402
-from engines.rollout import RolloutEngine  # noqa: E402
-from engines.step.memory import StepMemory  # noqa: E402
-from engines.step.run import DirectStages, StepClock, run_step  # noqa: E402
-from engines.store.prompts import PromptDataset, PromptRecord, PromptSampler  # noqa: E402
-from engines.train.config import TrainConfig  # noqa: E402
-from engines.train.setup import apply_lora_compute  # noqa: E402
-from engines.train.trainer import PolicyTrainer  # noqa: E402
-from models.base import SampleShape, pad_and_cat, set_tf32  # noqa: E402
+from diffrl.algorithms.catalog import Algorithm, get_algorithm  # noqa: E402
+from diffrl.configs.schema import DataConfig, ExperimentConfig, RolloutConfig, RunConfig  # noqa: E402
+from diffrl.engines import cluster  # noqa: E402
+from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig  # noqa: E402
+from diffrl.engines.rollout import RolloutEngine  # noqa: E402
+from diffrl.engines.step.memory import StepMemory  # noqa: E402
+from diffrl.engines.step.run import DirectStages, StepClock, run_step  # noqa: E402
+from diffrl.engines.store.prompts import PromptDataset, PromptRecord, PromptSampler  # noqa: E402
+from diffrl.engines.train.config import TrainConfig  # noqa: E402
+from diffrl.engines.train.setup import apply_lora_compute  # noqa: E402
+from diffrl.engines.train.trainer import PolicyTrainer  # noqa: E402
+from diffrl.models.base import SampleShape, pad_and_cat, set_tf32  # noqa: E402
 
-DATASHEET_TFLOPS = 989.4   # H100/H200 SXM dense bf16 (datasheet); the measured matmul rate is recorded too
+DATASHEET_TFLOPS = 989.4  # H100/H200 SXM dense bf16 (datasheet); the measured matmul rate is recorded too
 PUBLISHED = {"qwen_image_ocr_lora": {"verl_omni_4xH800": 0.305}, "sd35m_flow_grpo": {"flow_grpo_reference": 1.1}}
 
 
@@ -68,10 +69,10 @@ class Recipe:
     mini_batch_prompts: int
     lora_rank: int
     lora_alpha: int
-    text_tokens: int             # tokens of a prompt's embedding (after the template drop)
+    text_tokens: int  # tokens of a prompt's embedding (after the template drop)
     negative_tokens: int
     rollout_batch: int
-    train_candidates: tuple      # (checkpointing fraction, micro-batch) pairs the probes try
+    train_candidates: tuple  # (checkpointing fraction, micro-batch) pairs the probes try
     resolution: int = 512
     num_inference_steps: int = 10
     lr: float = 3e-4
@@ -82,17 +83,37 @@ RECIPES = {
     # starting in [0, 5), group 16, 32 prompts (512 images), one optimizer step per 16 prompts,
     # LoRA r64/a128 on the 12 attention + MLP projections, lr 3e-4, clip 1e-5.
     "qwen_image_ocr_lora": Recipe(
-        arch="qwen_image", guidance_scale=4.0, negative_prompt=" ", group_size=16, prompts_per_step=32,
-        mini_batch_prompts=16, lora_rank=64, lora_alpha=128, text_tokens=32, negative_tokens=6, rollout_batch=16,
+        arch="qwen_image",
+        guidance_scale=4.0,
+        negative_prompt=" ",
+        group_size=16,
+        prompts_per_step=32,
+        mini_batch_prompts=16,
+        lora_rank=64,
+        lora_alpha=128,
+        text_tokens=32,
+        negative_tokens=6,
+        rollout_batch=16,
         algorithm=get_algorithm("flow_grpo_fast", noise_level=1.2, window={"start_range": (0, 5)}, clip_ratio=1e-5),
-        train_candidates=((1.0, 4), (1.0, 8), (0.5, 4), (0.0, 1), (0.0, 2), (0.0, 4))),
+        train_candidates=((1.0, 4), (1.0, 8), (0.5, 4), (0.0, 1), (0.0, 2), (0.0, 4)),
+    ),
     # flow_grpo SD3.5-Medium: CFG 4.5, noise 0.7, group 24, LoRA r32/a64, 9 trained steps, KL 0.04; prompts
     # and the empty negative encoded with max_sequence_length=128 (scripts/train_sd3.py): 77 CLIP + 128 T5 tokens.
     "sd35m_flow_grpo": Recipe(
-        arch="sd3", guidance_scale=4.5, negative_prompt="", group_size=24, prompts_per_step=48,
-        mini_batch_prompts=24, lora_rank=32, lora_alpha=64, text_tokens=77 + 128, negative_tokens=77 + 128,
-        rollout_batch=24, algorithm=get_algorithm("flow_grpo"),
-        train_candidates=((1.0, 12), (0.0, 4), (0.0, 8), (0.0, 12), (0.0, 24), (0.5, 24))),
+        arch="sd3",
+        guidance_scale=4.5,
+        negative_prompt="",
+        group_size=24,
+        prompts_per_step=48,
+        mini_batch_prompts=24,
+        lora_rank=32,
+        lora_alpha=64,
+        text_tokens=77 + 128,
+        negative_tokens=77 + 128,
+        rollout_batch=24,
+        algorithm=get_algorithm("flow_grpo"),
+        train_candidates=((1.0, 12), (0.0, 4), (0.0, 8), (0.0, 12), (0.0, 24), (0.5, 24)),
+    ),
 }
 VARIANTS = {  # name -> lever overrides of the main measurement (one "before" state each)
     "recompute_old_log_probs": {"old_log_probs": "recompute"},
@@ -103,7 +124,7 @@ VARIANTS = {  # name -> lever overrides of the main measurement (one "before" st
     "no_tf32": {"tf32": False},
     "lora_base": {"lora_compute": "base"},
     "lora_fp32": {"lora_compute": "fp32"},
-    "compile": {"compile": True},   # last: compilation cannot be undone
+    "compile": {"compile": True},  # last: compilation cannot be undone
 }
 
 
@@ -134,27 +155,46 @@ class Bench:
         table[recipe.negative_prompt] = common.random_encoding(self.adapter, recipe.negative_tokens, gen)
         self.table = table
         self.engine = RolloutEngine(self.adapter, cache=common.PrecomputedEmbeddings(table), progress=False)
-        train = TrainConfig(lora_rank=recipe.lora_rank, lora_alpha=recipe.lora_alpha, lr=recipe.lr,
-                            mini_batch_prompts=recipe.mini_batch_prompts, micro_batch_size=4,
-                            lora_compute=args.lora_compute)
+        train = TrainConfig(
+            lora_rank=recipe.lora_rank,
+            lora_alpha=recipe.lora_alpha,
+            lr=recipe.lr,
+            mini_batch_prompts=recipe.mini_batch_prompts,
+            micro_batch_size=4,
+            lora_compute=args.lora_compute,
+        )
         self.config = ExperimentConfig(
             run=RunConfig(name=f"bench-{args.recipe}", steps=10**6, validate_every=0, log_images=0),
-            algorithm=recipe.algorithm, train=train,
+            algorithm=recipe.algorithm,
+            train=train,
             rollout=RolloutConfig(
-                num_inference_steps=recipe.num_inference_steps, height=recipe.resolution, width=recipe.resolution,
-                guidance_scale=recipe.guidance_scale, negative_prompt=recipe.negative_prompt,
-                batch_size=recipe.rollout_batch, group_size=recipe.group_size,
+                num_inference_steps=recipe.num_inference_steps,
+                height=recipe.resolution,
+                width=recipe.resolution,
+                guidance_scale=recipe.guidance_scale,
+                negative_prompt=recipe.negative_prompt,
+                batch_size=recipe.rollout_batch,
+                group_size=recipe.group_size,
                 prompts_per_step=recipe.prompts_per_step,
-                chunk_size=recipe.prompts_per_step * recipe.group_size),
+                chunk_size=recipe.prompts_per_step * recipe.group_size,
+            ),
             reward=RewardConfig(components=[RewardComponent(name="jpeg_compressibility")]),
-            data=DataConfig(val=None, num_val_prompts=0))
-        self.trainer = PolicyTrainer(self.adapter, recipe.algorithm, train, self.config.sampling,
-                                     group_size=recipe.group_size)
+            data=DataConfig(val=None, num_val_prompts=0),
+        )
+        self.trainer = PolicyTrainer(
+            self.adapter, recipe.algorithm, train, self.config.sampling, group_size=recipe.group_size
+        )
         records = PromptDataset([PromptRecord(uid=p, prompt=p) for p in self.prompts])
         self.engines = cluster.Engines(
-            config=self.config, adapter=self.adapter, rollout=self.engine, trainer=self.trainer,
-            reward=MultiReward(self.config.reward), store=None,
-            prompts=PromptSampler(records, batch=recipe.prompts_per_step, seed=0), memory=StepMemory(asynchronous=True))
+            config=self.config,
+            adapter=self.adapter,
+            rollout=self.engine,
+            trainer=self.trainer,
+            reward=MultiReward(self.config.reward),
+            store=None,
+            prompts=PromptSampler(records, batch=recipe.prompts_per_step, seed=0),
+            memory=StepMemory(asynchronous=True),
+        )
         self.stages = DirectStages(self.engines)
         self.compiled = False
         set_tf32(args.tf32)  # the probes run with the main measurement's setting
@@ -165,19 +205,22 @@ class Bench:
 
     def apply(self, levers: Levers) -> None:
         """Set the levers on the engines (trainer config fields are read at every update)."""
-        self.engines.memory.drain()   # nothing of the last phase (a prefetched rollout) runs past this point
+        self.engines.memory.drain()  # nothing of the last phase (a prefetched rollout) runs past this point
         self.engines.memory.release_before(10**9)
-        algorithm = dataclasses.replace(self.recipe.algorithm,
-                                        kl_coef=self.recipe.algorithm.kl_coef if levers.kl else 0.0)
-        self.config = dataclasses.replace(self.config, algorithm=algorithm,
-                                          rollout=dataclasses.replace(self.config.rollout,
-                                                                      batch_size=levers.rollout_batch))
+        algorithm = dataclasses.replace(
+            self.recipe.algorithm, kl_coef=self.recipe.algorithm.kl_coef if levers.kl else 0.0
+        )
+        self.config = dataclasses.replace(
+            self.config,
+            algorithm=algorithm,
+            rollout=dataclasses.replace(self.config.rollout, batch_size=levers.rollout_batch),
+        )
         self.engines.config = self.config
         self.trainer.cfg.micro_batch_size = levers.micro_batch
         self.trainer.cfg.old_log_probs = levers.old_log_probs
         self.trainer.algorithm = algorithm
         self.adapter.attention = levers.sdpa  # what `model.attention` sets: the denoiser forwards prefer it
-        set_tf32(levers.tf32)                  # what `model.tf32` sets
+        set_tf32(levers.tf32)  # what `model.tf32` sets
         apply_lora_compute(self.adapter.transformer, levers.lora_compute)  # what `train.lora_compute` sets
         common.set_checkpointing(self.adapter.transformer, levers.checkpointing)
         if levers.compile and not self.compiled:
@@ -188,10 +231,16 @@ class Bench:
         """One RL step through the step core; its seconds as a run sees them and the stage seconds."""
         metrics = run_step(self.engines, step, self.stages).metrics
         seconds = clock.lap()
-        return {"step": seconds, "rollout": metrics["timing_s/generate"], "rollout_wait": metrics["timing_s/generate_wait"],
-                "reward": metrics["timing_s/reward"], "reward_wait": metrics["timing_s/reward_wait"],
-                "update": metrics["timing_s/update_actor"], "sync": metrics["timing_s/sync_weights"],
-                "logprob_gap": metrics.get("rollout_corr/logprob_abs_diff_mean", float("nan"))}
+        return {
+            "step": seconds,
+            "rollout": metrics["timing_s/generate"],
+            "rollout_wait": metrics["timing_s/generate_wait"],
+            "reward": metrics["timing_s/reward"],
+            "reward_wait": metrics["timing_s/reward_wait"],
+            "update": metrics["timing_s/update_actor"],
+            "sync": metrics["timing_s/sync_weights"],
+            "logprob_gap": metrics.get("rollout_corr/logprob_abs_diff_mean", float("nan")),
+        }
 
 
 # ---- probes ----------------------------------------------------------------------------------------
@@ -218,15 +267,17 @@ def probe_forwards(bench: Bench) -> dict:
     reps = dict(repeats=3, warmup=1, device=dev)
     out: dict = {"rollout_batch": b}
     with torch.no_grad():
+
         def batched():
             return a.velocity(x, sigma, pos, neg, guidance_scale=g, shape=shape)
 
         def two_forwards():
             a.velocity(x, sigma, pos, None, guidance_scale=1.0, shape=shape)
             a.velocity(x, sigma, neg, None, guidance_scale=1.0, shape=shape)
+
         out["cfg_two_forwards_ms_per_image"] = 1e3 * common.time_median(two_forwards, **reps) / b
         out["sdpa_ms_per_image"] = {}
-        for name in common.SDPA_BACKENDS[:4]:   # math materialises the attention matrix: never the fastest
+        for name in common.SDPA_BACKENDS[:4]:  # math materialises the attention matrix: never the fastest
             try:
                 with common.sdpa_backend(name):
                     out["sdpa_ms_per_image"][name] = 1e3 * common.time_median(batched, **reps) / b
@@ -236,7 +287,8 @@ def probe_forwards(bench: Bench) -> dict:
         latents_b = x[:b]
         out["decode_ms_per_image"] = 1e3 * common.time_median(lambda: a.decode(latents_b, shape), **reps) / b
         out["forward_flops"] = common.forward_flops(
-            lambda: a.velocity(x[:1], sigma[:1], _rows(pos, 1), None, guidance_scale=1.0, shape=shape))
+            lambda: a.velocity(x[:1], sigma[:1], _rows(pos, 1), None, guidance_scale=1.0, shape=shape)
+        )
         out["decode_flops"] = common.forward_flops(lambda: a.decode(x[:1], shape))
     return out
 
@@ -248,15 +300,23 @@ def probe_training(bench: Bench, sdpa_names: list[str]) -> dict:
     x, sigma, pos, neg = _inputs(bench, max(mb for _, mb in cands))
     results, by_backend = [], {}
     for fraction, mb in cands:
-        results.append({"checkpointing": fraction, "micro_batch": mb,
-                        **_time_train(bench, fraction, mb, x, sigma, pos, neg, "default")})
-    fitting = [c for c in results if c["ms_per_image"] is not None
-               and (c["peak_gib"] or 0.0) <= memory_limit_gib(bench.device)]
+        results.append(
+            {
+                "checkpointing": fraction,
+                "micro_batch": mb,
+                **_time_train(bench, fraction, mb, x, sigma, pos, neg, "default"),
+            }
+        )
+    fitting = [
+        c for c in results if c["ms_per_image"] is not None and (c["peak_gib"] or 0.0) <= memory_limit_gib(bench.device)
+    ]
     best = min(fitting or results, key=lambda c: c["ms_per_image"] or float("inf"))
     for name in sdpa_names:
         by_backend[name] = _time_train(bench, best["checkpointing"], best["micro_batch"], x, sigma, pos, neg, name)
-    return {"candidates": results, "sdpa_train": {"checkpointing": best["checkpointing"],
-                                                  "micro_batch": best["micro_batch"], **by_backend}}
+    return {
+        "candidates": results,
+        "sdpa_train": {"checkpointing": best["checkpointing"], "micro_batch": best["micro_batch"], **by_backend},
+    }
 
 
 def memory_limit_gib(device: str) -> float:
@@ -273,6 +333,7 @@ def _time_train(bench, fraction, mb, x, sigma, pos, neg, backend) -> dict:
     def fwd_bwd():
         v = a.velocity(x[:mb], sigma[:mb], _rows(pos, mb), _rows(neg, mb), guidance_scale=g, shape=shape)
         v.square().mean().backward()
+
     common.reset_peak(bench.device)
     try:
         with common.sdpa_backend(backend):
@@ -297,24 +358,43 @@ def choose_levers(args, recipe: Recipe, probes: dict) -> list[Levers]:
         trains = probes["training"]["sdpa_train"]
         ok = [n for n, t in times.items() if isinstance(t, float) and (trains.get(n) or {}).get("ms_per_image")]
         trained = trained_steps(recipe)
-        sdpa = min(ok, key=lambda n: recipe.num_inference_steps * times[n] + trained * trains[n]["ms_per_image"]) \
-            if ok else "default"
+        sdpa = (
+            min(ok, key=lambda n: recipe.num_inference_steps * times[n] + trained * trains[n]["ms_per_image"])
+            if ok
+            else "default"
+        )
     fraction, micro = args.checkpointing, args.micro_batch
     if "auto" in (fraction, micro):
         limit = memory_limit_gib(args.device)
-        fits = [c for c in probes["training"]["candidates"]
-                if c["ms_per_image"] is not None and (c["peak_gib"] or 0.0) <= limit
-                and fraction in ("auto", float(c["checkpointing"])) and micro in ("auto", int(c["micro_batch"]))]
+        fits = [
+            c
+            for c in probes["training"]["candidates"]
+            if c["ms_per_image"] is not None
+            and (c["peak_gib"] or 0.0) <= limit
+            and fraction in ("auto", float(c["checkpointing"]))
+            and micro in ("auto", int(c["micro_batch"]))
+        ]
         if not fits:
-            raise ValueError(f"no probed (checkpointing, micro_batch) setting ran for --checkpointing {fraction} "
-                             f"--micro-batch {micro}; give both explicitly")
+            raise ValueError(
+                f"no probed (checkpointing, micro_batch) setting ran for --checkpointing {fraction} "
+                f"--micro-batch {micro}; give both explicitly"
+            )
         ranked = [(c["checkpointing"], c["micro_batch"]) for c in sorted(fits, key=lambda c: c["ms_per_image"])]
     else:
         ranked = [(fraction, micro)]
-    return [Levers(rollout_batch=args.rollout_batch or recipe.rollout_batch, micro_batch=int(m),
-                   checkpointing=float(f), sdpa=sdpa, compile=args.compile, old_log_probs=args.old_log_probs,
-                   tf32=args.tf32, lora_compute=args.lora_compute)
-            for f, m in ranked]
+    return [
+        Levers(
+            rollout_batch=args.rollout_batch or recipe.rollout_batch,
+            micro_batch=int(m),
+            checkpointing=float(f),
+            sdpa=sdpa,
+            compile=args.compile,
+            old_log_probs=args.old_log_probs,
+            tf32=args.tf32,
+            lora_compute=args.lora_compute,
+        )
+        for f, m in ranked
+    ]
 
 
 # ---- phases and the result -------------------------------------------------------------------------
@@ -332,12 +412,21 @@ def run_phase(bench: Bench, name: str, levers: Levers, warmup: int, steps: int) 
     keys = ("step", "rollout", "rollout_wait", "reward", "reward_wait", "update", "sync")
     stages = {k: sum(r[k] for r in timed) / len(timed) for k in keys}
     return {
-        "name": name, "levers": dataclasses.asdict(levers), "images_per_step": images, "warmup_steps": warmup,
-        "timed_steps": steps, "images_per_gpu_s": images / stages["step"], "seconds_per_step": stages["step"],
+        "name": name,
+        "levers": dataclasses.asdict(levers),
+        "images_per_step": images,
+        "warmup_steps": warmup,
+        "timed_steps": steps,
+        "images_per_gpu_s": images / stages["step"],
+        "seconds_per_step": stages["step"],
         "step_seconds_each": [r["step"] for r in timed],
-        "stage_seconds": stages, "stage_ms_per_image": {k: 1e3 * v / images for k, v in stages.items()},
-        "first_step_seconds": records[0]["step"], "peak_memory_gib": common.peak_gib(bench.device),
-        "logprob_gap_mean": timed[-1]["logprob_gap"], "phase_wall_seconds": time.perf_counter() - started}
+        "stage_seconds": stages,
+        "stage_ms_per_image": {k: 1e3 * v / images for k, v in stages.items()},
+        "first_step_seconds": records[0]["step"],
+        "peak_memory_gib": common.peak_gib(bench.device),
+        "logprob_gap_mean": timed[-1]["logprob_gap"],
+        "phase_wall_seconds": time.perf_counter() - started,
+    }
 
 
 def trained_steps(recipe: Recipe) -> int:
@@ -350,12 +439,20 @@ def flop_model(recipe: Recipe, probes: dict, levers: Levers) -> dict:
     """Model FLOPs per image of one RL step (see the module docstring)."""
     f, c = probes["forward"]["forward_flops"], 2 if recipe.guidance_scale > 1 else 1
     trained = trained_steps(recipe)
-    parts = {"rollout": recipe.num_inference_steps * c * f, "decode": probes["forward"]["decode_flops"],
-             "train": trained * c * 2 * f,
-             "reference": trained * c * f if recipe.algorithm.kl_coef > 0 and levers.kl else 0,
-             "old_log_prob_recompute": trained * c * f if levers.old_log_probs == "recompute" else 0}
-    return {"forward_flops_per_image": f, "cfg_multiplier": c, "trained_steps_per_sample": trained,
-            "flops_per_image": parts, "total_flops_per_image": sum(parts.values())}
+    parts = {
+        "rollout": recipe.num_inference_steps * c * f,
+        "decode": probes["forward"]["decode_flops"],
+        "train": trained * c * 2 * f,
+        "reference": trained * c * f if recipe.algorithm.kl_coef > 0 and levers.kl else 0,
+        "old_log_prob_recompute": trained * c * f if levers.old_log_probs == "recompute" else 0,
+    }
+    return {
+        "forward_flops_per_image": f,
+        "cfg_multiplier": c,
+        "trained_steps_per_sample": trained,
+        "flops_per_image": parts,
+        "total_flops_per_image": sum(parts.values()),
+    }
 
 
 def add_mfu(phase: dict, flops: dict, measured_tflops: float | None) -> None:
@@ -363,8 +460,7 @@ def add_mfu(phase: dict, flops: dict, measured_tflops: float | None) -> None:
     phase["achieved_tflops"] = achieved
     phase["mfu_datasheet"] = achieved / DATASHEET_TFLOPS if measured_tflops else None
     phase["mfu_measured_matmul"] = achieved / measured_tflops if measured_tflops else None
-    phase["ceiling_images_per_s"] = (measured_tflops * 1e12 / flops["total_flops_per_image"]
-                                     if measured_tflops else None)
+    phase["ceiling_images_per_s"] = measured_tflops * 1e12 / flops["total_flops_per_image"] if measured_tflops else None
 
 
 def parse_args(argv: list[str] | None):
@@ -382,12 +478,22 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--compile", action="store_true", help="torch.compile the transformer blocks")
     parser.add_argument("--old-log-probs", default="auto", choices=["auto", "recompute"])
     parser.add_argument("--tf32", action="store_true", help="CUDA fp32 matmuls (the LoRA branches) on TF32 cores")
-    parser.add_argument("--lora-compute", default="fp32", choices=["fp32", "base"],
-                        help="LoRA matmuls in fp32 or in the base's bf16 (train.lora_compute)")
-    parser.add_argument("--profile", action="store_true",
-                        help="after the main measurement, profile one step: top CUDA kernels into the JSON")
-    parser.add_argument("--variants", default="recompute_old_log_probs,full_checkpointing,no_kl,sdpa_default,compile",
-                        help=f"comma list of {sorted(VARIANTS)} (or empty), each timed after the main measurement")
+    parser.add_argument(
+        "--lora-compute",
+        default="fp32",
+        choices=["fp32", "base"],
+        help="LoRA matmuls in fp32 or in the base's bf16 (train.lora_compute)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the main measurement, profile one step: top CUDA kernels into the JSON",
+    )
+    parser.add_argument(
+        "--variants",
+        default="recompute_old_log_probs,full_checkpointing,no_kl,sdpa_default,compile",
+        help=f"comma list of {sorted(VARIANTS)} (or empty), each timed after the main measurement",
+    )
     parser.add_argument("--variant-steps", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=480.0, help="skip variants that would end past this (s)")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<recipe>_<device>.json)")
@@ -413,10 +519,17 @@ def scaled_recipe(args) -> Recipe:
         window = recipe.algorithm.window
         if window.kind == "random_start":  # the window must fit in the 4 tiny steps
             window = dataclasses.replace(window, start_range=(0, 3))
-        recipe = dataclasses.replace(recipe, resolution=64, num_inference_steps=4, group_size=2, rollout_batch=2,
-                                     text_tokens=tokens, negative_tokens=min(recipe.negative_tokens, tokens),
-                                     algorithm=dataclasses.replace(recipe.algorithm, window=window),
-                                     train_candidates=((1.0, 2), (0.0, 2), (0.5, 2)))
+        recipe = dataclasses.replace(
+            recipe,
+            resolution=64,
+            num_inference_steps=4,
+            group_size=2,
+            rollout_batch=2,
+            text_tokens=tokens,
+            negative_tokens=min(recipe.negative_tokens, tokens),
+            algorithm=dataclasses.replace(recipe.algorithm, window=window),
+            train_candidates=((1.0, 2), (0.0, 2), (0.5, 2)),
+        )
     return recipe
 
 
@@ -425,26 +538,39 @@ def main(argv: list[str] | None = None) -> dict:
     recipe = scaled_recipe(args)
     started = time.perf_counter()
     slug = common.device_slug(args.device)
-    out = args.out or (None if args.tiny else os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                           f"{args.recipe}_{slug}.json"))
+    out = args.out or (
+        None
+        if args.tiny
+        else os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{args.recipe}_{slug}.json")
+    )
     import diffusers
 
     result: dict = {
-        "recipe": args.recipe, "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-        "device_slug": slug, "gpus": 1, "quick": args.quick, "tiny": args.tiny, "torch": torch.__version__,
+        "recipe": args.recipe,
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "device_slug": slug,
+        "gpus": 1,
+        "quick": args.quick,
+        "tiny": args.tiny,
+        "torch": torch.__version__,
         "diffusers": diffusers.__version__,
         "command": " ".join(["python", "benchmarks/rl_step.py", *(argv or sys.argv[1:])]),
-        "settings": {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
-                     for k, v in dataclasses.asdict(recipe).items()},
+        "settings": {
+            k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
+            for k, v in dataclasses.asdict(recipe).items()
+        },
         "text_side": "random prompt embeddings of the real shapes via the engine's embedding-cache path; "
-                     "no text encoder on the GPU", "reward": "jpeg_compressibility (rule reward, CPU)",
-        "published_images_per_gpu_s": PUBLISHED[args.recipe]}
+        "no text encoder on the GPU",
+        "reward": "jpeg_compressibility (rule reward, CPU)",
+        "published_images_per_gpu_s": PUBLISHED[args.recipe],
+    }
     bench = Bench(recipe, args)
     result["build_seconds"] = time.perf_counter() - started
     result["matmul_tflops_measured"] = common.matmul_tflops(args.device)
     probes = {"forward": probe_forwards(bench)}
-    probes["training"] = probe_training(bench, [n for n, t in probes["forward"]["sdpa_ms_per_image"].items()
-                                                 if isinstance(t, float) and n != "default"])
+    probes["training"] = probe_training(
+        bench, [n for n, t in probes["forward"]["sdpa_ms_per_image"].items() if isinstance(t, float) and n != "default"]
+    )
     result["probes"] = probes
     common.write_json(out, result)
     main_phase, levers, result["main_attempts"] = None, None, []
@@ -459,10 +585,16 @@ def main(argv: list[str] | None = None) -> dict:
         raise RuntimeError(f"every probed setting ran out of memory in a full step: {result['main_attempts']}")
     result["flops"] = flop_model(recipe, probes, levers)
     add_mfu(main_phase, result["flops"], result["matmul_tflops_measured"])
-    result.update(images_per_gpu_s=main_phase["images_per_gpu_s"], seconds_per_step=main_phase["seconds_per_step"],
-                  stage_seconds=main_phase["stage_seconds"], stage_ms_per_image=main_phase["stage_ms_per_image"],
-                  peak_memory_gib=main_phase["peak_memory_gib"], mfu=main_phase["mfu_datasheet"],
-                  main=main_phase, variants=[])
+    result.update(
+        images_per_gpu_s=main_phase["images_per_gpu_s"],
+        seconds_per_step=main_phase["seconds_per_step"],
+        stage_seconds=main_phase["stage_seconds"],
+        stage_ms_per_image=main_phase["stage_ms_per_image"],
+        peak_memory_gib=main_phase["peak_memory_gib"],
+        mfu=main_phase["mfu_datasheet"],
+        main=main_phase,
+        variants=[],
+    )
     common.write_json(out, result)
     if args.profile:
         result["profile"] = profile_step(bench)
@@ -491,8 +623,13 @@ def _run_variant(bench: Bench, result: dict, name: str, levers: Levers, main_pha
     try:
         phase = run_phase(bench, name, changed, warmup, args.variant_steps)
     except (torch.OutOfMemoryError, RuntimeError) as err:  # recorded in the result; the main figure stands
-        result["variants"].append({"name": name, "levers": dataclasses.asdict(changed),
-                                   "error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"})
+        result["variants"].append(
+            {
+                "name": name,
+                "levers": dataclasses.asdict(changed),
+                "error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}",
+            }
+        )
         common.reset_peak(args.device)
         bench.apply(levers)
         return
@@ -516,9 +653,19 @@ def profile_step(bench: Bench, rows: int = 40) -> dict:
     events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
     total = sum(getattr(e, "self_" + key) for e in events)
     top = sorted(events, key=lambda e: getattr(e, "self_" + key), reverse=True)[:rows]
-    return {"stage_seconds": stages, "self_time_total_ms": total / 1e3,
-            "top": [{"name": e.key[:120], "calls": e.count, "self_ms": getattr(e, "self_" + key) / 1e3,
-                     "share": getattr(e, "self_" + key) / max(total, 1)} for e in top]}
+    return {
+        "stage_seconds": stages,
+        "self_time_total_ms": total / 1e3,
+        "top": [
+            {
+                "name": e.key[:120],
+                "calls": e.count,
+                "self_ms": getattr(e, "self_" + key) / 1e3,
+                "share": getattr(e, "self_" + key) / max(total, 1),
+            }
+            for e in top
+        ],
+    }
 
 
 def _print_summary(result: dict) -> None:
@@ -529,8 +676,10 @@ def _print_summary(result: dict) -> None:
             print(f"{phase['name']:<26} {phase.get('skipped') or phase.get('error')}")
             continue
         st, mfu, peak = phase["stage_seconds"], phase.get("mfu_datasheet"), phase["peak_memory_gib"]
-        print(f"{phase['name']:<26}{phase['images_per_gpu_s']:>10.3f}{phase['seconds_per_step']:>9.2f}"
-              f"{st['rollout']:>9.2f}{st['update']:>9.2f}{(peak or 0):>9.1f}{(mfu or 0):>7.3f}")
+        print(
+            f"{phase['name']:<26}{phase['images_per_gpu_s']:>10.3f}{phase['seconds_per_step']:>9.2f}"
+            f"{st['rollout']:>9.2f}{st['update']:>9.2f}{(peak or 0):>9.1f}{(mfu or 0):>7.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Bytes a run keeps on disk per step and per sample, before and after retention (issue 25, "lean trajectories").
 
 Writes synthetic steps of a recipe's layout through the trajectory store and the flow's own retention
-(engines/step/retention.py: drop latents older than run.keep_latents_steps and compact every run.compact_every
+(diffrl/engines/step/retention.py: drop latents older than run.keep_latents_steps and compact every run.compact_every
 steps, deleting old versions), then measures the run folder. Bytes depend only on the layout (latent shape, window,
 image size and content), not on the model's weights, so this runs on a CPU. Images are either smooth (8x8 colour
 blocks, compressing like drawn scenes) or noise (what a random-weight model decodes: PNG cannot compress it).
@@ -25,9 +25,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (also puts the repository root on sys.path)
 
-from engines.step.retention import KEEP_VERSIONS_S, _retain  # noqa: E402
-from engines.store.trajectories import TrajectoryStore  # noqa: E402
-from engines.trajectories import Trajectories  # noqa: E402
+from diffrl.engines.step.retention import KEEP_VERSIONS_S, _retain  # noqa: E402
+from diffrl.engines.store.trajectories import TrajectoryStore  # noqa: E402
+from diffrl.engines.trajectories import Trajectories  # noqa: E402
 
 # (latent shape S of one sample, window W, image side): shapes_flow_grpo.yaml on reference:shapes (4 x 64 x 64
 # latents, 4 SDE steps); qwen_image_ocr_lora.yaml at 512x512 (1024 packed tokens x 64, a 2-step window).
@@ -43,12 +43,19 @@ def synthetic_step(layout: str, samples: int, images: str, seed: int) -> Traject
         blocks = torch.rand(samples, 3, 8, 8, generator=g)
         pixels = (F.interpolate(blocks, size=side, mode="nearest") * 255).to(torch.uint8).permute(0, 2, 3, 1)
     return Trajectories(
-        prompts=[f"prompt {i // 16}" for i in range(samples)], group_ids=[f"g{i // 16}" for i in range(samples)],
-        sample_index=torch.arange(samples) % 16, seeds=torch.arange(samples),
-        latents=torch.randn(samples, window + 1, *shape, generator=g), log_probs=torch.zeros(samples, window),
-        sigmas=torch.ones(samples, window), sigmas_prev=torch.ones(samples, window),
-        window_starts=torch.zeros(samples, dtype=torch.long), trained=torch.ones(samples, window, dtype=torch.bool),
-        images=pixels.contiguous(), embed_keys=["k"] * samples)
+        prompts=[f"prompt {i // 16}" for i in range(samples)],
+        group_ids=[f"g{i // 16}" for i in range(samples)],
+        sample_index=torch.arange(samples) % 16,
+        seeds=torch.arange(samples),
+        latents=torch.randn(samples, window + 1, *shape, generator=g),
+        log_probs=torch.zeros(samples, window),
+        sigmas=torch.ones(samples, window),
+        sigmas_prev=torch.ones(samples, window),
+        window_starts=torch.zeros(samples, dtype=torch.long),
+        trained=torch.ones(samples, window, dtype=torch.bool),
+        images=pixels.contiguous(),
+        embed_keys=["k"] * samples,
+    )
 
 
 def folder_bytes(path: str) -> int:
@@ -67,8 +74,14 @@ def measure(layout: str, samples: int, steps: int, keep: int, compact_every: int
                 time.sleep(KEEP_VERSIONS_S)  # the run's steps take at least this long between compactions
             _retain(store, keep, step, compact, compact_every)
         total = folder_bytes(root)
-        return {"keep_latents_steps": keep, "steps": steps, "samples_per_step": samples, "bytes": total,
-                "bytes_per_sample": total / steps / samples, "seconds": time.perf_counter() - started}
+        return {
+            "keep_latents_steps": keep,
+            "steps": steps,
+            "samples_per_step": samples,
+            "bytes": total,
+            "bytes_per_sample": total / steps / samples,
+            "seconds": time.perf_counter() - started,
+        }
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -82,16 +95,24 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--compact-every", type=int, default=10)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    result = {"benchmark": "run_bytes", "layout": args.layout, "images": args.images,
-              "latent_shape": LAYOUTS[args.layout][0], "window": LAYOUTS[args.layout][1],
-              "image_side": LAYOUTS[args.layout][2],
-              "before": measure(args.layout, args.samples, args.steps, -1, args.compact_every, args.images),
-              "after": measure(args.layout, args.samples, args.steps, 2, args.compact_every, args.images),
-              "command": " ".join(["python", "benchmarks/run_bytes.py", *(argv if argv is not None else sys.argv[1:])])}
+    result = {
+        "benchmark": "run_bytes",
+        "layout": args.layout,
+        "images": args.images,
+        "latent_shape": LAYOUTS[args.layout][0],
+        "window": LAYOUTS[args.layout][1],
+        "image_side": LAYOUTS[args.layout][2],
+        "before": measure(args.layout, args.samples, args.steps, -1, args.compact_every, args.images),
+        "after": measure(args.layout, args.samples, args.steps, 2, args.compact_every, args.images),
+        "command": " ".join(["python", "benchmarks/run_bytes.py", *(argv if argv is not None else sys.argv[1:])]),
+    }
     for when in ("before", "after"):
         r = result[when]
-        print(f"{args.layout} ({args.images} images), keep_latents_steps={r['keep_latents_steps']}: "
-              f"{r['bytes_per_sample'] / 1e3:.1f} KB per sample after {r['steps']} steps", flush=True)
+        print(
+            f"{args.layout} ({args.images} images), keep_latents_steps={r['keep_latents_steps']}: "
+            f"{r['bytes_per_sample'] / 1e3:.1f} KB per sample after {r['steps']} steps",
+            flush=True,
+        )
     common.write_json(args.out, result)
     return result
 

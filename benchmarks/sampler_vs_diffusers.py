@@ -24,22 +24,35 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel  # noqa: E402
-from diffusers import StableDiffusion3Pipeline  # noqa: E402
-
 from common import PrecomputedEmbeddings  # noqa: E402  (benchmarks/common.py)
-from engines.rollout import RolloutEngine, SamplingConfig  # noqa: E402
-from models.realsize import SD35M_SCHEDULER, SD35M_TRANSFORMER, SD35M_VAE  # noqa: E402
-from models.sd3 import SD3Adapter  # noqa: E402
+from diffusers import (  # noqa: E402
+    AutoencoderKL,
+    FlowMatchEulerDiscreteScheduler,
+    SD3Transformer2DModel,
+    StableDiffusion3Pipeline,  # noqa: E402
+)
 
-# The published SD3.5-Medium configs (models/realsize.py).
+from diffrl.engines.realsize import SD35M_SCHEDULER, SD35M_TRANSFORMER, SD35M_VAE  # noqa: E402
+from diffrl.engines.rollout import RolloutEngine, SamplingConfig  # noqa: E402
+from diffrl.models.sd3 import SD3Adapter  # noqa: E402
+
+# The published SD3.5-Medium configs (diffrl/engines/realsize.py).
 SD35_MEDIUM_TRANSFORMER, SD3_VAE, SD3_SCHEDULER = SD35M_TRANSFORMER, SD35M_VAE, SD35M_SCHEDULER
 TEXT_TOKENS = 77 + 256  # CLIP + T5 at the pipeline's default max_sequence_length
 
 # --tiny: the same classes at smoke-test size.
-TINY_TRANSFORMER = dict(SD35_MEDIUM_TRANSFORMER, num_layers=2, attention_head_dim=8, num_attention_heads=2,
-                        joint_attention_dim=32, caption_projection_dim=16, pooled_projection_dim=24,
-                        sample_size=32, pos_embed_max_size=64, dual_attention_layers=(0,))
+TINY_TRANSFORMER = dict(
+    SD35_MEDIUM_TRANSFORMER,
+    num_layers=2,
+    attention_head_dim=8,
+    num_attention_heads=2,
+    joint_attention_dim=32,
+    caption_projection_dim=16,
+    pooled_projection_dim=24,
+    sample_size=32,
+    pos_embed_max_size=64,
+    dual_attention_layers=(0,),
+)
 TINY_VAE = dict(SD3_VAE, block_out_channels=(8, 16, 16, 16), layers_per_block=1, norm_num_groups=4)
 
 
@@ -49,9 +62,16 @@ def build_pipeline(tiny: bool, device: str, dtype: torch.dtype) -> StableDiffusi
         transformer = SD3Transformer2DModel(**(TINY_TRANSFORMER if tiny else SD35_MEDIUM_TRANSFORMER))
         vae = AutoencoderKL(**(TINY_VAE if tiny else SD3_VAE))
     pipe = StableDiffusion3Pipeline(
-        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**SD3_SCHEDULER), vae=vae,
-        text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None, text_encoder_3=None,
-        tokenizer_3=None)
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(**SD3_SCHEDULER),
+        vae=vae,
+        text_encoder=None,
+        tokenizer=None,
+        text_encoder_2=None,
+        tokenizer_2=None,
+        text_encoder_3=None,
+        tokenizer_3=None,
+    )
     pipe.set_progress_bar_config(disable=True)
     return pipe.to(device=device, dtype=dtype)
 
@@ -89,8 +109,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--resolution", type=int, default=512)
     parser.add_argument("--guidance-scale", type=float, default=4.5)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--compile", action="store_true",
-                        help="also time both with the transformer blocks torch.compiled (model.compile: true)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time both with the transformer blocks torch.compiled (model.compile: true)",
+    )
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = parser.parse_args(argv)
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
@@ -100,26 +123,46 @@ def main(argv: list[str] | None = None) -> dict:
     seeds = list(range(args.batch))
 
     def run_pipeline():
-        pipe(prompt_embeds=pos, pooled_prompt_embeds=pooled, negative_prompt_embeds=neg,
-             negative_pooled_prompt_embeds=neg_pooled, guidance_scale=args.guidance_scale,
-             num_inference_steps=args.steps, height=resolution, width=resolution, output_type="np",
-             generator=[torch.Generator().manual_seed(s) for s in seeds])
+        pipe(
+            prompt_embeds=pos,
+            pooled_prompt_embeds=pooled,
+            negative_prompt_embeds=neg,
+            negative_pooled_prompt_embeds=neg_pooled,
+            guidance_scale=args.guidance_scale,
+            num_inference_steps=args.steps,
+            height=resolution,
+            width=resolution,
+            output_type="np",
+            generator=[torch.Generator().manual_seed(s) for s in seeds],
+        )
 
     prompts = [f"prompt {i}" for i in range(args.batch)]
-    table = {p: {"prompt_embeds": pos[i:i + 1], "pooled_prompt_embeds": pooled[i:i + 1]} for i, p in enumerate(prompts)}
+    table = {
+        p: {"prompt_embeds": pos[i : i + 1], "pooled_prompt_embeds": pooled[i : i + 1]} for i, p in enumerate(prompts)
+    }
     table[""] = {"prompt_embeds": neg[:1], "pooled_prompt_embeds": neg_pooled[:1]}
     adapter = SD3Adapter(pipe, device=args.device, dtype=dtype)
     engine = RolloutEngine(adapter, cache=PrecomputedEmbeddings(table), progress=False)
 
     def run_engine(noise_level: float, attention: str = "default"):
         adapter.attention = attention
-        cfg = SamplingConfig(num_inference_steps=args.steps, height=resolution, width=resolution,
-                             guidance_scale=args.guidance_scale, noise_level=noise_level, batch_size=args.batch)
+        cfg = SamplingConfig(
+            num_inference_steps=args.steps,
+            height=resolution,
+            width=resolution,
+            guidance_scale=args.guidance_scale,
+            noise_level=noise_level,
+            batch_size=args.batch,
+        )
         engine.generate(prompts, prompts, [0] * args.batch, seeds, cfg)
 
-    runs = {"diffusers": run_pipeline, "diffrl_sde": lambda: run_engine(0.7), "diffrl_ode": lambda: run_engine(0.0),
-            # the same engine with cuDNN attention first (model.attention: cudnn)
-            "diffrl_sde_cudnn_attention": lambda: run_engine(0.7, "cudnn")}
+    runs = {
+        "diffusers": run_pipeline,
+        "diffrl_sde": lambda: run_engine(0.7),
+        "diffrl_ode": lambda: run_engine(0.0),
+        # the same engine with cuDNN attention first (model.attention: cudnn)
+        "diffrl_sde_cudnn_attention": lambda: run_engine(0.7, "cudnn"),
+    }
     for fn in runs.values():  # warm-up
         fn()
     seconds = time_interleaved(runs, args.repeats, args.device)
@@ -139,20 +182,37 @@ def main(argv: list[str] | None = None) -> dict:
     import diffusers
 
     result = {
-        "device": device_name, "torch": torch.__version__, "diffusers": diffusers.__version__,
+        "device": device_name,
+        "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
         "model": "tiny SD3 (smoke check)" if args.tiny else "SD3.5-Medium size, random weights, bf16",
-        "resolution": resolution, "steps": args.steps, "guidance_scale": args.guidance_scale,
-        "batch": args.batch, "repeats": args.repeats,
-        "images_per_s": {"diffusers_pipeline": ips["diffusers"], "diffrl_rollout_sde_0.7": ips["diffrl_sde"],
-                         "diffrl_rollout_ode": ips["diffrl_ode"],
-                         "diffrl_rollout_sde_0.7_cudnn_attention": ips["diffrl_sde_cudnn_attention"]},
-        "ratio": ips["diffrl_sde"] / ips["diffusers"], "ratio_ode": ips["diffrl_ode"] / ips["diffusers"],
+        "resolution": resolution,
+        "steps": args.steps,
+        "guidance_scale": args.guidance_scale,
+        "batch": args.batch,
+        "repeats": args.repeats,
+        "images_per_s": {
+            "diffusers_pipeline": ips["diffusers"],
+            "diffrl_rollout_sde_0.7": ips["diffrl_sde"],
+            "diffrl_rollout_ode": ips["diffrl_ode"],
+            "diffrl_rollout_sde_0.7_cudnn_attention": ips["diffrl_sde_cudnn_attention"],
+        },
+        "ratio": ips["diffrl_sde"] / ips["diffusers"],
+        "ratio_ode": ips["diffrl_ode"] / ips["diffusers"],
         "ratio_cudnn_attention": ips["diffrl_sde_cudnn_attention"] / ips["diffusers"],
-        **({"images_per_s_compiled": {"diffusers_pipeline": ips["diffusers_compiled"],
-                                      "diffrl_rollout_sde_0.7": ips["diffrl_sde_compiled"]},
-            "ratio_compiled_vs_eager_diffusers": ips["diffrl_sde_compiled"] / ips["diffusers"],
-            "ratio_compiled_vs_compiled_diffusers": ips["diffrl_sde_compiled"] / ips["diffusers_compiled"],
-            "compile_and_warmup_s": compile_seconds} if args.compile else {}),
+        **(
+            {
+                "images_per_s_compiled": {
+                    "diffusers_pipeline": ips["diffusers_compiled"],
+                    "diffrl_rollout_sde_0.7": ips["diffrl_sde_compiled"],
+                },
+                "ratio_compiled_vs_eager_diffusers": ips["diffrl_sde_compiled"] / ips["diffusers"],
+                "ratio_compiled_vs_compiled_diffusers": ips["diffrl_sde_compiled"] / ips["diffusers_compiled"],
+                "compile_and_warmup_s": compile_seconds,
+            }
+            if args.compile
+            else {}
+        ),
         "command": " ".join(["python", *sys.argv]) if argv is None else " ".join(["python", __file__, *argv]),
     }
     print(json.dumps(result, indent=2))

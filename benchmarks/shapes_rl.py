@@ -1,21 +1,22 @@
 """RL on the shipped reference shapes model, engines driven directly: held-out accuracy per category
 before and after training (the table of docs/reference-model.md).
 
-It runs an experiment config's RL steps through the step core the `rl_step` flow runs (engines/step/run.py
+It runs an experiment config's RL steps through the step core the `rl_step` flow runs (diffrl/engines/step/run.py
 run_step: generate -> score -> advantages -> update_actor -> sync_weights, the same stage functions), with the
 stages called directly instead of as Prefect tasks and no trajectory store or MLflow (the engines-only loop).
 Evaluation is the flow's validation: ODE (noise level 0) samples of the fixed held-out prompts
 (`data.val`, the first `data.num_val_prompts`), scored by the config's reward; strict accuracy per
 GenEval category from `geneval_lite`'s info.
 
-    python benchmarks/shapes_rl.py --config configs/shapes_flow_grpo.yaml          # GPU
-    python benchmarks/shapes_rl.py --config configs/shapes_flow_grpo.yaml model.device=cpu run.steps=2 \
+    python benchmarks/shapes_rl.py --config diffrl/configs/shapes_flow_grpo.yaml          # GPU
+    python benchmarks/shapes_rl.py --config diffrl/configs/shapes_flow_grpo.yaml model.device=cpu run.steps=2 \
         rollout.prompts_per_step=2 train.mini_batch_prompts=2 data.num_val_prompts=8  # CPU smoke run
     ... algorithm.name=diffusion_nft algorithm.noise_level=0 --max-minutes 6 --tag nft   # a sweep entry
     ... --eval-also num_inference_steps=10 guidance_scale=1   # also held-out accuracy at other sampling settings
     ... --eval-only --eval-also guidance_scale=1 guidance_scale=2   # evaluate the model only, no RL
 
-Direct-preference algorithms (dpo, diffusion_nft, awm) train as in the flow (the same stages). Writes benchmarks/results/shapes_rl_<config>[_<tag>]_<device>.json
+Direct-preference algorithms (dpo, diffusion_nft, awm) train as in the flow (the same stages).
+Writes benchmarks/results/shapes_rl_<config>[_<tag>]_<device>.json
 (per-step training reward, strict accuracy, timings and trainer metrics; a reward-curve PNG beside it) after
 every validation, so a run stopped early keeps what it measured; "finished" says whether it ran to its end.
 """
@@ -35,19 +36,29 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import write_json  # noqa: E402  (benchmarks/common.py, beside this script)
-from configs.schema import ExperimentConfig, load_experiment  # noqa: E402
-from engines.reward.multi import MultiReward  # noqa: E402
-from engines.rollout import RolloutEngine  # noqa: E402
-from engines.step.plan import validation_rollout  # noqa: E402
-from engines.step.run import DirectStages, StepClock, add_perf, run_step  # noqa: E402
-from engines.store.scenes import TAGS  # noqa: E402
-from flows.build import build_engines  # noqa: E402
+
+from diffrl.configs.schema import ExperimentConfig, load_experiment  # noqa: E402
+from diffrl.engines.reward.multi import MultiReward  # noqa: E402
+from diffrl.engines.rollout import RolloutEngine  # noqa: E402
+from diffrl.engines.step.plan import validation_rollout  # noqa: E402
+from diffrl.engines.step.run import DirectStages, StepClock, add_perf, run_step  # noqa: E402
+from diffrl.engines.store.scenes import TAGS  # noqa: E402
+from diffrl.flows.build import build_engines  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Trainer metrics kept per step in the result (besides the step's train reward, strict accuracy and timings).
-TRAIN_METRICS = ("actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl", "actor/kl_loss", "actor/pg_loss",
-                 "actor/old_deviate", "actor/implicit_acc", "timing_s/update_actor", "timing_s/reward_wait",
-                 "timing_s/generate_wait")
+TRAIN_METRICS = (
+    "actor/grad_norm",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/kl_loss",
+    "actor/pg_loss",
+    "actor/old_deviate",
+    "actor/implicit_acc",
+    "timing_s/update_actor",
+    "timing_s/reward_wait",
+    "timing_s/generate_wait",
+)
 
 
 def evaluate(rollout: RolloutEngine, reward: MultiReward, cfg: ExperimentConfig, records, **sampling) -> dict:
@@ -73,19 +84,30 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--config", required=True, help="experiment YAML (a shapes config)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, as `diffrl train` takes them")
     parser.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks", "results"))
-    parser.add_argument("--max-minutes", type=float, default=None,
-                        help="stop training after the step that crosses this wall time (then evaluate)")
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="stop training after the step that crosses this wall time (then evaluate)",
+    )
     parser.add_argument("--tag", default="", help="suffix of the result file name (sweeps)")
-    parser.add_argument("--eval-also", nargs="*", default=[], metavar="FIELD=VALUE[,FIELD=VALUE]",
-                        help="also evaluate before and after training with these sampling settings, e.g. "
-                             "guidance_scale=1 num_inference_steps=10,guidance_scale=4.5")
+    parser.add_argument(
+        "--eval-also",
+        nargs="*",
+        default=[],
+        metavar="FIELD=VALUE[,FIELD=VALUE]",
+        help="also evaluate before and after training with these sampling settings, e.g. "
+        "guidance_scale=1 num_inference_steps=10,guidance_scale=4.5",
+    )
     parser.add_argument("--eval-only", action="store_true", help="evaluate the model (and --eval-also), no RL")
     args = parser.parse_args(argv)
     cfg = load_experiment(args.config, args.overrides)
     eval_also = _parse_eval_also(args.eval_also)
     if not cfg.model.path.startswith("reference:shapes") or cfg.data.train != "generator:shapes" or not cfg.data.val:
-        raise SystemExit("shapes_rl drives shapes configs: model.path reference:shapes[-early], data.train "
-                         "generator:shapes and a held-out data.val")
+        raise SystemExit(
+            "shapes_rl drives shapes configs: model.path reference:shapes[-early], data.train "
+            "generator:shapes and a held-out data.val"
+        )
     device, _ = cfg.model.device_and_dtype()
     torch.manual_seed(cfg.run.seed)
     engines = build_engines(cfg, durable=False)  # the flow's engines, without a trajectory store
@@ -102,19 +124,36 @@ def main(argv: list[str] | None = None) -> dict:
         """The result so far, written to `path` (atomically: a run stopped by a timeout or a crash keeps the
         record of its last validation, with "finished": false)."""
         result = {
-            "config": name, "overrides": args.overrides, "device": device_name, "torch": torch.__version__,
-            "finished": finished, "steps": len(curve), "samples_per_step": cfg.rollout.samples_per_step,
-            "val_prompts": len(val_records), "val_samples_per_prompt": cfg.data.val_samples_per_prompt,
-            "before": history[0], "after": history[-1], "history": history,
+            "config": name,
+            "overrides": args.overrides,
+            "device": device_name,
+            "torch": torch.__version__,
+            "finished": finished,
+            "steps": len(curve),
+            "samples_per_step": cfg.rollout.samples_per_step,
+            "val_prompts": len(val_records),
+            "val_samples_per_prompt": cfg.data.val_samples_per_prompt,
+            "before": history[0],
+            "after": history[-1],
+            "history": history,
             "at_other_sampling": other_sampling,
-            "train_reward_curve": curve, "train_metrics": train_metrics,
+            "train_reward_curve": curve,
+            "train_metrics": train_metrics,
             "seconds_per_step_median": float(np.median(step_seconds)) if step_seconds else None,
             "seconds_total": time.perf_counter() - started,
-            "tag": args.tag, "command": " ".join([
-                "python", "benchmarks/shapes_rl.py", "--config", args.config, *args.overrides,
-                *(["--max-minutes", str(args.max_minutes)] if args.max_minutes else []),
-                *(["--eval-also", *args.eval_also] if args.eval_also else []),
-                *(["--eval-only"] if args.eval_only else [])]),
+            "tag": args.tag,
+            "command": " ".join(
+                [
+                    "python",
+                    "benchmarks/shapes_rl.py",
+                    "--config",
+                    args.config,
+                    *args.overrides,
+                    *(["--max-minutes", str(args.max_minutes)] if args.max_minutes else []),
+                    *(["--eval-also", *args.eval_also] if args.eval_also else []),
+                    *(["--eval-only"] if args.eval_only else []),
+                ]
+            ),
         }
         write_json(path, result)
         return result
@@ -129,11 +168,21 @@ def main(argv: list[str] | None = None) -> dict:
         metrics = run_step(engines, step, stages).metrics
         step_seconds.append(add_perf(metrics, clock.lap())["perf/time_per_step"])
         curve.append(metrics["critic/rewards/mean"])
-        train_metrics.append({"reward": curve[-1], "accuracy": metrics.get("reward/geneval_lite/accuracy", float("nan")),
-                              "rollout_s": metrics["timing_s/generate"], "reward_s": metrics["timing_s/reward"],
-                              **{k: v for k, v in metrics.items() if k in TRAIN_METRICS}})
-        print(f"step {step + 1}/{cfg.run.steps}  reward {curve[-1]:.3f}  grad_norm {metrics.get('actor/grad_norm', float('nan')):.3f}"
-              f"  {step_seconds[-1]:.2f} s", flush=True)
+        train_metrics.append(
+            {
+                "reward": curve[-1],
+                "accuracy": metrics.get("reward/geneval_lite/accuracy", float("nan")),
+                "rollout_s": metrics["timing_s/generate"],
+                "reward_s": metrics["timing_s/reward"],
+                **{k: v for k, v in metrics.items() if k in TRAIN_METRICS},
+            }
+        )
+        print(
+            f"step {step + 1}/{cfg.run.steps}  reward {curve[-1]:.3f}  "
+            f"grad_norm {metrics.get('actor/grad_norm', float('nan')):.3f}"
+            f"  {step_seconds[-1]:.2f} s",
+            flush=True,
+        )
         every = cfg.run.validate_every
         out_of_time = args.max_minutes is not None and time.perf_counter() - started > 60 * args.max_minutes
         if out_of_time:
@@ -167,7 +216,9 @@ def _parse_eval_also(specs: list[str]) -> dict[str, dict]:
                     raise ValueError(key)
                 fields[key] = int(value) if key == "num_inference_steps" else float(value)
             except ValueError:
-                raise SystemExit(f"--eval-also takes guidance_scale=X and num_inference_steps=N, got {item!r}") from None
+                raise SystemExit(
+                    f"--eval-also takes guidance_scale=X and num_inference_steps=N, got {item!r}"
+                ) from None
         parsed[spec] = fields
     return parsed
 

@@ -2,7 +2,8 @@
 (sys._current_frames, no ptrace needed) and writes, per thread, the most frequent innermost frames of our own code
 and of everything, with their share of the samples.
 
-    python benchmarks/stack_sampler.py OUT.json [--interval-ms 5] -- -m flows.cli train configs/shapes_flow_grpo.yaml ...
+    python benchmarks/stack_sampler.py OUT.json [--interval-ms 5] -- \
+        -m diffrl train diffrl/configs/shapes_flow_grpo.yaml ...
     python benchmarks/stack_sampler.py OUT.json -- benchmarks/train_e2e.py --config ...
 
 Wall time, not CPU or GIL time: a thread waiting on a future or the GPU is counted where it waits.
@@ -36,7 +37,7 @@ def main() -> None:
     if "--" not in sys.argv:
         raise SystemExit(__doc__)
     split = sys.argv.index("--")
-    out_path, options, target = sys.argv[1], sys.argv[2:split], sys.argv[split + 1:]
+    out_path, options, target = sys.argv[1], sys.argv[2:split], sys.argv[split + 1 :]
     interval = float(options[options.index("--interval-ms") + 1]) / 1e3 if "--interval-ms" in options else 0.005
     counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     ours: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -54,8 +55,13 @@ def main() -> None:
                 stack = _frames(frame)
                 totals[name] += 1
                 counts[name][" < ".join(stack[:3])] += 1
-                mine = [f for f in stack if not f.startswith((".venv", "threading", "thread.py", "_base.py"))
-                        and ".py:" in f and "/" in f.split(":")[0]]
+                mine = [
+                    f
+                    for f in stack
+                    if not f.startswith((".venv", "threading", "thread.py", "_base.py"))
+                    and ".py:" in f
+                    and "/" in f.split(":")[0]
+                ]
                 ours[name][" < ".join(mine[:2]) or "(outside diffrl)"] += 1
             time.sleep(interval)
 
@@ -73,10 +79,14 @@ def main() -> None:
     finally:
         stop.set()
         thread.join()
-        report = {name: {"samples": totals[name],
-                         "top_innermost": [[k, v / totals[name]] for k, v in counts[name].most_common(25)],
-                         "top_in_diffrl": [[k, v / totals[name]] for k, v in ours[name].most_common(25)]}
-                  for name in sorted(totals, key=lambda n: -totals[n])}
+        report = {
+            name: {
+                "samples": totals[name],
+                "top_innermost": [[k, v / totals[name]] for k, v in counts[name].most_common(25)],
+                "top_in_diffrl": [[k, v / totals[name]] for k, v in ours[name].most_common(25)],
+            }
+            for name in sorted(totals, key=lambda n: -totals[n])
+        }
         with open(out_path, "w") as f:
             json.dump({"interval_s": interval, "command": target, "threads": report}, f, indent=1)
 

@@ -21,9 +21,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engines.store.records import decode_images, encode_images  # noqa: E402
-from engines.store.synthetic import random_trajectories  # noqa: E402
-from engines.store.trajectories import TrajectoryStore  # noqa: E402
+from diffrl.engines.store.records import decode_images, encode_images  # noqa: E402
+from diffrl.engines.store.synthetic import random_trajectories  # noqa: E402
+from diffrl.engines.store.trajectories import TrajectoryStore  # noqa: E402
 
 
 def timed(fn):
@@ -35,8 +35,18 @@ def timed(fn):
 def run(root: str, samples: int, chunks: int, latent_shape: tuple[int, ...], png_images: int) -> dict:
     per_chunk = samples // chunks
     group = 16
-    parts = [random_trajectories(per_chunk // group, group, latent_shape=latent_shape[1:], window=latent_shape[0] - 1,
-                                 image_size=16, seed=c, prompt_offset=c * per_chunk) for c in range(chunks)]
+    parts = [
+        random_trajectories(
+            per_chunk // group,
+            group,
+            latent_shape=latent_shape[1:],
+            window=latent_shape[0] - 1,
+            image_size=16,
+            seed=c,
+            prompt_offset=c * per_chunk,
+        )
+        for c in range(chunks)
+    ]
     latent_mb = sum(p.latents.numel() * 4 for p in parts) / 1e6
     store = TrajectoryStore(os.path.join(root, "trajectories.lance"))
     write_s = 0.0
@@ -50,6 +60,7 @@ def run(root: str, samples: int, chunks: int, latent_shape: tuple[int, ...], png
     # Baseline on the same data: one raw Lance append + scan of the latents alone.
     import lance
     import pyarrow as pa
+
     flat = torch.cat([p.latents for p in parts]).reshape(samples, -1).numpy()
     raw = pa.table({"latents": pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])})
     _, raw_write_s = timed(lambda: lance.write_dataset(raw, os.path.join(root, "raw.lance")))
@@ -59,8 +70,10 @@ def run(root: str, samples: int, chunks: int, latent_shape: tuple[int, ...], png
     _, dec_s = timed(lambda: decode_images(blobs, 0))
     return {
         "latents_MB": round(latent_mb, 1),
-        "write_s": round(write_s, 3), "write_MB_per_s": round(latent_mb / write_s, 1),
-        "read_step_s": round(read_s, 3), "read_MB_per_s": round(latent_mb / read_s, 1),
+        "write_s": round(write_s, 3),
+        "write_MB_per_s": round(latent_mb / write_s, 1),
+        "read_step_s": round(read_s, 3),
+        "read_MB_per_s": round(latent_mb / read_s, 1),
         "raw_lance_write_MB_per_s": round(latent_mb / raw_write_s, 1),
         "raw_lance_read_MB_per_s": round(latent_mb / raw_read_s, 1),
         "read_shard_1_of_8_s": round(shard_s, 3),
@@ -86,11 +99,18 @@ def main() -> None:
         if args.root is None:
             shutil.rmtree(root, ignore_errors=True)
     import lance
+
     record = {
         "command": "python " + " ".join(sys.argv),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "pylance": lance.__version__, "storage": "local disk (tmp)",
-                    "load_average_1m_at_end": round(os.getloadavg()[0], 1)},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "pylance": lance.__version__,
+            "storage": "local disk (tmp)",
+            "load_average_1m_at_end": round(os.getloadavg()[0], 1),
+        },
         "shape": {"samples": args.samples, "chunks": args.chunks, "latents_per_sample": [3, 1024, 64]},
         "result": result,
     }

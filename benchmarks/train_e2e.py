@@ -6,14 +6,14 @@
    MLflow; startup is `startup_s/*` (the command to the first step, by part); bytes are what the run folder holds
    at the end, per step.
 2. The engines: the same config's engines built in this process without a store (flows.build.build_engines
-   durable=False), stepped through the same step core (engines/step/run.py run_step, stages called directly):
+   durable=False), stepped through the same step core (diffrl/engines/step/run.py run_step, stages called directly):
    no Prefect, no Lance, no MLflow, no checkpoints. Same seeds and prompts.
 
 flow_over_engine = median seconds per step of 1 / median of 2, over the steps after --warmup.
 
-    python benchmarks/train_e2e.py --config configs/shapes_flow_grpo.yaml --steps 30 \\
+    python benchmarks/train_e2e.py --config diffrl/configs/shapes_flow_grpo.yaml --steps 30 \\
         --out benchmarks/results/train_e2e_shapes_h200.json
-    python benchmarks/train_e2e.py --config configs/shapes_quick.yaml --steps 4 --warmup 1 model.device=cpu \\
+    python benchmarks/train_e2e.py --config diffrl/configs/shapes_quick.yaml --steps 4 --warmup 1 model.device=cpu \\
         --out /tmp/e2e.json     # CPU smoke run
 """
 
@@ -34,9 +34,19 @@ import common  # noqa: E402  (also puts the repository root on sys.path)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Per-step metrics both runs record (medians in the result).
-STAGE_KEYS = ("perf/time_per_step", "timing_s/step", "timing_s/generate", "timing_s/generate_wait", "timing_s/reward",
-              "timing_s/reward_wait", "timing_s/update_actor", "timing_s/checkpoint", "timing_s/sync_weights",
-              "critic/rewards/mean", "rollout_corr/logprob_abs_diff_mean")
+STAGE_KEYS = (
+    "perf/time_per_step",
+    "timing_s/step",
+    "timing_s/generate",
+    "timing_s/generate_wait",
+    "timing_s/reward",
+    "timing_s/reward_wait",
+    "timing_s/update_actor",
+    "timing_s/checkpoint",
+    "timing_s/sync_weights",
+    "critic/rewards/mean",
+    "rollout_corr/logprob_abs_diff_mean",
+)
 
 
 def run_flow(config: str, overrides: list[str], workdir: str, timeout_s: float) -> dict:
@@ -47,8 +57,14 @@ def run_flow(config: str, overrides: list[str], workdir: str, timeout_s: float) 
     started = time.time()
     env["DIFFRL_COMMAND_AT"] = str(started)  # its startup report counts from here (the interpreter's start included)
     with open(log_path, "w") as log:
-        proc = subprocess.run([sys.executable, "-m", "flows.cli", "train", config, *overrides], cwd=workdir,
-                              stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
+        proc = subprocess.run(
+            [sys.executable, "-m", "diffrl.flows.cli", "train", config, *overrides],
+            cwd=workdir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=timeout_s,
+        )
     wall = time.time() - started
     with open(log_path) as f:
         tail = f.read()[-4000:]
@@ -72,9 +88,9 @@ def run_engines(config: str, overrides: list[str], steps: int) -> dict:
     """The engines-only loop: the flow's engines without a store, stepped through the same step core."""
     import torch
 
-    from configs.schema import load_experiment
-    from engines.step.run import DirectStages, StepClock, add_perf, run_step
-    from flows.build import build_engines
+    from diffrl.configs.schema import load_experiment
+    from diffrl.engines.step.run import DirectStages, StepClock, add_perf, run_step
+    from diffrl.flows.build import build_engines
 
     cfg = load_experiment(config, overrides)
     torch.manual_seed(cfg.run.seed)
@@ -95,8 +111,11 @@ def folder_bytes(path: str) -> dict[str, int]:
     out = {}
     for entry in sorted(os.listdir(path)):
         full = os.path.join(path, entry)
-        out[entry] = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(full) for f in files) \
-            if os.path.isdir(full) else os.path.getsize(full)
+        out[entry] = (
+            sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(full) for f in files)
+            if os.path.isdir(full)
+            else os.path.getsize(full)
+        )
     return out
 
 
@@ -122,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from configs.schema import load_experiment
+    from diffrl.configs.schema import load_experiment
 
     cfg = load_experiment(config, overrides)
     timed = list(range(args.warmup + 1, args.steps + 1))  # MLflow steps are 1-based
@@ -130,24 +149,40 @@ def main(argv: list[str] | None = None) -> dict:
     engine_s = statistics.median(engines["per_step"][s - 1]["perf/time_per_step"] for s in timed)
     images = cfg.rollout.samples_per_step
     run_bytes = folder_bytes(os.path.join(workdir, "runs", "train-e2e"))
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() and cfg.model.device != "cpu" else \
-        f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    device = (
+        torch.cuda.get_device_name()
+        if torch.cuda.is_available() and cfg.model.device != "cpu"
+        else f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    )
 
     def medians(series: dict[int, float]) -> float | None:
         values = [series[s] for s in timed if s in series]
         return statistics.median(values) if values else None
 
     result = {
-        "benchmark": "train_e2e", "config": args.config, "overrides": args.overrides, "device": device,
-        "torch": torch.__version__, "steps": args.steps, "warmup_steps": args.warmup, "images_per_step": images,
-        "flow_seconds_per_step": flow_s, "engine_seconds_per_step": engine_s, "flow_over_engine": flow_s / engine_s,
-        "flow_images_per_gpu_s": images / flow_s, "engine_images_per_gpu_s": images / engine_s,
+        "benchmark": "train_e2e",
+        "config": args.config,
+        "overrides": args.overrides,
+        "device": device,
+        "torch": torch.__version__,
+        "steps": args.steps,
+        "warmup_steps": args.warmup,
+        "images_per_step": images,
+        "flow_seconds_per_step": flow_s,
+        "engine_seconds_per_step": engine_s,
+        "flow_over_engine": flow_s / engine_s,
+        "flow_images_per_gpu_s": images / flow_s,
+        "engine_images_per_gpu_s": images / engine_s,
         "flow_stage_medians_s": {k: medians(v) for k, v in flow["per_step"].items()},
-        "engine_stage_medians_s": {k: medians({i + 1: e[k] for i, e in enumerate(engines["per_step"])
-                                               if e.get(k) is not None}) for k in STAGE_KEYS},
-        "startup_s": flow["startup_s"], "flow_wall_seconds": flow["wall_seconds"],
+        "engine_stage_medians_s": {
+            k: medians({i + 1: e[k] for i, e in enumerate(engines["per_step"]) if e.get(k) is not None})
+            for k in STAGE_KEYS
+        },
+        "startup_s": flow["startup_s"],
+        "flow_wall_seconds": flow["wall_seconds"],
         "engine_build_seconds": engines["build_seconds"],
-        "run_folder_bytes": run_bytes, "bytes_per_step": sum(run_bytes.values()) / args.steps,
+        "run_folder_bytes": run_bytes,
+        "bytes_per_step": sum(run_bytes.values()) / args.steps,
         "bytes_per_sample": sum(run_bytes.values()) / args.steps / images,
         "keep_latents_steps": cfg.run.keep_latents_steps,
         "flow_seconds_each": [flow["per_step"]["perf/time_per_step"].get(s) for s in range(1, args.steps + 1)],

@@ -27,17 +27,37 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from engines.train.config import TrainConfig  # noqa: E402
-from models.realsize import QWEN_IMAGE_TRANSFORMER, SD35M_TRANSFORMER  # noqa: E402
-from engines.train.setup import build_optimizer, prepare_denoiser, shard, world  # noqa: E402
+from diffrl.engines.realsize import QWEN_IMAGE_TRANSFORMER, SD35M_TRANSFORMER  # noqa: E402
+from diffrl.engines.train.config import TrainConfig  # noqa: E402
+from diffrl.engines.train.setup import build_optimizer, prepare_denoiser, shard, world  # noqa: E402
 
-# The published transformer configs, written out once in models/realsize.py (`diffrl random-model`).
+# The published transformer configs, written out once in diffrl/engines/realsize.py (`diffrl random-model`).
 SD35_MEDIUM = SD35M_TRANSFORMER
 QWEN_IMAGE = QWEN_IMAGE_TRANSFORMER
-SD3_LORA = ("attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out", "attn.to_k", "attn.to_out.0",
-            "attn.to_q", "attn.to_v")
-QWEN_LORA = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
-             "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2")
+SD3_LORA = (
+    "attn.add_k_proj",
+    "attn.add_q_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+    "attn.to_k",
+    "attn.to_out.0",
+    "attn.to_q",
+    "attn.to_v",
+)
+QWEN_LORA = (
+    "to_q",
+    "to_k",
+    "to_v",
+    "to_out.0",
+    "add_q_proj",
+    "add_k_proj",
+    "add_v_proj",
+    "to_add_out",
+    "img_mlp.net.0.proj",
+    "img_mlp.net.2",
+    "txt_mlp.net.0.proj",
+    "txt_mlp.net.2",
+)
 TEXT_TOKENS = 256
 
 
@@ -62,28 +82,57 @@ def build(arch: str, tiny: bool, device: torch.device):
 
     torch.manual_seed(0)
     if arch == "sd3":
-        cfg = dict(SD35_MEDIUM, num_layers=2, num_attention_heads=2, attention_head_dim=16, caption_projection_dim=32,
-                   joint_attention_dim=32, pooled_projection_dim=16, pos_embed_max_size=32,
-                   dual_attention_layers=(0,)) if tiny else SD35_MEDIUM
+        cfg = (
+            dict(
+                SD35_MEDIUM,
+                num_layers=2,
+                num_attention_heads=2,
+                attention_head_dim=16,
+                caption_projection_dim=32,
+                joint_attention_dim=32,
+                pooled_projection_dim=16,
+                pos_embed_max_size=32,
+                dual_attention_layers=(0,),
+            )
+            if tiny
+            else SD35_MEDIUM
+        )
         model = SD3Transformer2DModel(**cfg)
-        side = 8 if tiny else 64   # latent side of a 512x512 image (VAE factor 8)
+        side = 8 if tiny else 64  # latent side of a 512x512 image (VAE factor 8)
 
         def inputs(b):
-            return dict(hidden_states=torch.randn(b, 16, side, side, device=device),
-                        encoder_hidden_states=torch.randn(b, TEXT_TOKENS, cfg["joint_attention_dim"], device=device),
-                        pooled_projections=torch.randn(b, cfg["pooled_projection_dim"], device=device),
-                        timestep=torch.full((b,), 500.0, device=device))
+            return dict(
+                hidden_states=torch.randn(b, 16, side, side, device=device),
+                encoder_hidden_states=torch.randn(b, TEXT_TOKENS, cfg["joint_attention_dim"], device=device),
+                pooled_projections=torch.randn(b, cfg["pooled_projection_dim"], device=device),
+                timestep=torch.full((b,), 500.0, device=device),
+            )
+
         return model, SD3_LORA, inputs
-    cfg = dict(QWEN_IMAGE, num_layers=2, num_attention_heads=2, attention_head_dim=32, joint_attention_dim=32,
-               axes_dims_rope=(8, 12, 12)) if tiny else QWEN_IMAGE
+    cfg = (
+        dict(
+            QWEN_IMAGE,
+            num_layers=2,
+            num_attention_heads=2,
+            attention_head_dim=32,
+            joint_attention_dim=32,
+            axes_dims_rope=(8, 12, 12),
+        )
+        if tiny
+        else QWEN_IMAGE
+    )
     model = QwenImageTransformer2DModel(**cfg)
-    side = 4 if tiny else 32       # packed 2x2 latent tokens of a 512x512 image
+    side = 4 if tiny else 32  # packed 2x2 latent tokens of a 512x512 image
 
     def inputs(b):
-        return dict(hidden_states=torch.randn(b, side * side, 64, device=device),
-                    encoder_hidden_states=torch.randn(b, TEXT_TOKENS, cfg["joint_attention_dim"], device=device),
-                    encoder_hidden_states_mask=torch.ones(b, TEXT_TOKENS, dtype=torch.long, device=device),
-                    timestep=torch.full((b,), 0.5, device=device), img_shapes=[(1, side, side)] * b)
+        return dict(
+            hidden_states=torch.randn(b, side * side, 64, device=device),
+            encoder_hidden_states=torch.randn(b, TEXT_TOKENS, cfg["joint_attention_dim"], device=device),
+            encoder_hidden_states_mask=torch.ones(b, TEXT_TOKENS, dtype=torch.long, device=device),
+            timestep=torch.full((b,), 0.5, device=device),
+            img_shapes=[(1, side, side)] * b,
+        )
+
     return model, QWEN_LORA, inputs
 
 
@@ -99,8 +148,12 @@ def run_arch(arch: str, args, device: torch.device) -> dict:
     finally:
         torch.set_default_dtype(previous)
     adapter = BenchAdapter(model, targets, device)
-    cfg = TrainConfig(lora_rank=args.rank, lora_alpha=args.rank, param_dtype=args.param_dtype,
-                      gradient_checkpointing=args.gradient_checkpointing)
+    cfg = TrainConfig(
+        lora_rank=args.rank,
+        lora_alpha=args.rank,
+        param_dtype=args.param_dtype,
+        gradient_checkpointing=args.gradient_checkpointing,
+    )
     prepare_denoiser(adapter, cfg, device)
     if world()[1] > 1:
         shard(adapter, cfg, device)
@@ -133,10 +186,16 @@ def run_arch(arch: str, args, device: torch.device) -> dict:
     per_step = sum(times) / len(times)
     n_params = sum(p.numel() for p in model.parameters())
     size = world()[1]
-    return {"arch": arch, "params_total_local": n_params, "lora_params_local": sum(p.numel() for p in params),
-            "micro_batch_per_gpu": b, "seconds_per_step": per_step,
-            "images_per_s_total": b * size / per_step, "images_per_s_per_gpu": b / per_step,
-            "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
+    return {
+        "arch": arch,
+        "params_total_local": n_params,
+        "lora_params_local": sum(p.numel() for p in params),
+        "micro_batch_per_gpu": b,
+        "seconds_per_step": per_step,
+        "images_per_s_total": b * size / per_step,
+        "images_per_s_per_gpu": b / per_step,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+    }
 
 
 def main() -> None:
@@ -171,9 +230,16 @@ def main() -> None:
                 r["scaling_efficiency"] = r["images_per_s_total"] / (size * single[r["arch"]]["images_per_s_total"])
     if rank == 0:
         import diffusers
-        record = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                  "world_size": size, "torch": torch.__version__, "diffusers": diffusers.__version__,
-                  "tiny": args.tiny, "command": " ".join(sys.argv), "results": results}
+
+        record = {
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "world_size": size,
+            "torch": torch.__version__,
+            "diffusers": diffusers.__version__,
+            "tiny": args.tiny,
+            "command": " ".join(sys.argv),
+            "results": results,
+        }
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(record, f, indent=2)

@@ -17,7 +17,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """tiny_model(arch) -> path of a tiny diffusers folder for `arch`, built once per session (seed 0)."""
-    from models.tiny import build_tiny
+    from diffrl.models.tiny import build_tiny
 
     built: dict[str, str] = {}
 

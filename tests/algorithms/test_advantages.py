@@ -1,4 +1,4 @@
-"""algorithms.advantages against hand-computed values and invariants."""
+"""diffrl.algorithms.advantages against hand-computed values and invariants."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algorithms.advantages import advantage_stats, group_advantages, reward_stats
+from diffrl.algorithms.advantages import advantage_stats, group_advantages, reward_stats
 
 REWARDS = torch.tensor([1.0, 3.0, 2.0, 2.0, 4.0, 0.0], dtype=torch.float64)
 IDS = ["a", "a", "b", "b", "c", "c"]
@@ -23,7 +23,9 @@ def test_global_std_hand_computed():
 
 def test_group_std_and_dr_grpo():
     adv = group_advantages(REWARDS, torch.tensor([0, 0, 1, 1, 2, 2]), global_std=False, eps=1e-4)
-    torch.testing.assert_close(adv, torch.tensor([-1 / 1.0001, 1 / 1.0001, 0, 0, 2 / 2.0001, -2 / 2.0001], dtype=torch.float64))
+    torch.testing.assert_close(
+        adv, torch.tensor([-1 / 1.0001, 1 / 1.0001, 0, 0, 2 / 2.0001, -2 / 2.0001], dtype=torch.float64)
+    )
     dr = group_advantages(REWARDS.float(), IDS, norm_by_std=False)
     torch.testing.assert_close(dr, torch.tensor([-1.0, 1.0, 0.0, 0.0, 2.0, -2.0]))
     assert dr.dtype == torch.float32
@@ -31,7 +33,7 @@ def test_group_std_and_dr_grpo():
 
 def test_sample_std_per_group_closed_form_and_dance_grpo_bundle():
     """DanceGRPO's advantages: (r - group mean) / (group sample std (ddof 1) + 1e-8); the dance_grpo bundle uses it."""
-    from algorithms.catalog import get_algorithm
+    from diffrl.algorithms.catalog import get_algorithm
 
     rewards = torch.tensor([0.2, 0.9, 0.4, 0.7, 1.0, 0.1, 0.5, 0.5, 0.6], dtype=torch.float64)
     ids = ["a"] * 4 + ["b"] * 3 + ["c"] + ["d"]  # groups of 4, 3 and two of one sample
@@ -50,12 +52,17 @@ def test_sample_std_per_group_closed_form_and_dance_grpo_bundle():
     # ddof 0 at 12 samples per group: sqrt(12/11) times ddof 1's (4.4 % larger)
     twelve = torch.arange(12, dtype=torch.float64) ** 1.5
     ratio = group_advantages(twelve, ["g"] * 12, global_std=False, eps=1e-12) / group_advantages(
-        twelve, ["g"] * 12, global_std=False, eps=1e-12, ddof=1)
+        twelve, ["g"] * 12, global_std=False, eps=1e-12, ddof=1
+    )
     torch.testing.assert_close(ratio, torch.full((12,), (12 / 11) ** 0.5, dtype=torch.float64))
     # the batch's sample std with global_std
     glob = group_advantages(REWARDS, IDS, eps=1e-4, ddof=1)
-    torch.testing.assert_close(glob, torch.tensor([-1.0, 1.0, 0.0, 0.0, 2.0, -2.0], dtype=torch.float64)
-                               / (REWARDS.std(correction=1) + 1e-4), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        glob,
+        torch.tensor([-1.0, 1.0, 0.0, 0.0, 2.0, -2.0], dtype=torch.float64) / (REWARDS.std(correction=1) + 1e-4),
+        rtol=0,
+        atol=1e-12,
+    )
     with pytest.raises(ValueError, match="ddof must be 0"):
         group_advantages(REWARDS, IDS, ddof=2)
 

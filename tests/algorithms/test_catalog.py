@@ -1,14 +1,24 @@
-"""algorithms.catalog: every bundle is consistent, overrides, errors."""
+"""diffrl.algorithms.catalog: every bundle is consistent, overrides, errors."""
 
 from __future__ import annotations
 
 import pytest
 
-from algorithms import losses
-from algorithms.catalog import ALGORITHMS, Algorithm, get_algorithm, loss_fn, old_policy_decay
-from algorithms.windows import WindowPolicy
+from diffrl.algorithms import losses
+from diffrl.algorithms.catalog import ALGORITHMS, Algorithm, get_algorithm, loss_fn, old_policy_decay
+from diffrl.algorithms.windows import WindowPolicy
 
-NAMES = ["flow_grpo", "flow_grpo_fast", "mix_grpo", "grpo_guard", "dance_grpo", "flow_dppo", "dpo", "diffusion_nft", "awm"]
+NAMES = [
+    "flow_grpo",
+    "flow_grpo_fast",
+    "mix_grpo",
+    "grpo_guard",
+    "dance_grpo",
+    "flow_dppo",
+    "dpo",
+    "diffusion_nft",
+    "awm",
+]
 
 
 def test_all_named_bundles_exist_and_resolve_their_loss():

@@ -1,4 +1,4 @@
-"""algorithms.losses against hand-written published formulas and analytic gradients."""
+"""diffrl.algorithms.losses against hand-written published formulas and analytic gradients."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algorithms.losses import (
+from diffrl.algorithms.losses import (
     awm_loss,
     diffusion_nft_loss,
     dpo_loss,
@@ -44,7 +44,13 @@ def test_flow_grpo_loss_value_metrics_and_gradient():
     torch.testing.assert_close(new.grad, torch.where(active, -a * r * weights / 6, torch.zeros_like(r)))
     torch.testing.assert_close(m["actor/pg_clipfrac"], ((r - 1).abs() > 0.2).to(D).mean())
     torch.testing.assert_close(m["actor/ppo_kl"], (old - new.detach()).mean())
-    assert set(m) >= {"actor/pg_loss", "actor/pg_clipfrac_higher", "actor/pg_clipfrac_lower", "actor/ratio_mean", "actor/ratio_std"}
+    assert set(m) >= {
+        "actor/pg_loss",
+        "actor/pg_clipfrac_higher",
+        "actor/pg_clipfrac_lower",
+        "actor/ratio_mean",
+        "actor/ratio_std",
+    }
 
 
 def test_kl_loss_scaled_form_vs_exact_gaussian_kl():
@@ -67,7 +73,17 @@ def test_grpo_guard_per_sample_formula():
     mu, mu_old = torch.randn(6, 8, generator=g, dtype=D), torch.randn(6, 8, generator=g, dtype=D)
     std = torch.rand(6, 1, generator=g, dtype=D) + 0.5
     sqrt_dt = torch.rand(6, 1, generator=g, dtype=D) * 0.3 + 0.1
-    loss, m = grpo_guard_loss(new, old, adv, prev_sample_mean=mu, old_prev_sample_mean=mu_old, std_dev_t=std, sqrt_dt=sqrt_dt, clip_ratio=0.1, adv_clip_max=5.0)
+    loss, m = grpo_guard_loss(
+        new,
+        old,
+        adv,
+        prev_sample_mean=mu,
+        old_prev_sample_mean=mu_old,
+        std_dev_t=std,
+        sqrt_dt=sqrt_dt,
+        clip_ratio=0.1,
+        adv_clip_max=5.0,
+    )
     s = (std * sqrt_dt).flatten()
     ratio = torch.exp((new - old + ((mu - mu_old) ** 2).mean(1) / (2 * s**2)) * s)
     a = adv.clamp(-5, 5)
@@ -75,7 +91,17 @@ def test_grpo_guard_per_sample_formula():
     torch.testing.assert_close(loss, per.mean())
     torch.testing.assert_close(m["actor/ratio_mean"], ratio.mean())
     # shared timestep: equals the published batch-mean form
-    loss_shared, _ = grpo_guard_loss(new, old, adv, prev_sample_mean=mu, old_prev_sample_mean=mu_old, std_dev_t=0.8, sqrt_dt=0.2, clip_ratio=0.1, adv_clip_max=5.0)
+    loss_shared, _ = grpo_guard_loss(
+        new,
+        old,
+        adv,
+        prev_sample_mean=mu,
+        old_prev_sample_mean=mu_old,
+        std_dev_t=0.8,
+        sqrt_dt=0.2,
+        clip_ratio=0.1,
+        adv_clip_max=5.0,
+    )
     s = 0.8 * 0.2
     ratio = torch.exp((new - old + ((mu - mu_old) ** 2).mean(1) / (2 * s**2)) * s)
     torch.testing.assert_close(loss_shared, torch.maximum(-a * ratio, -a * ratio.clamp(0.9, 1.1)).mean() / 0.04)
@@ -87,7 +113,9 @@ def test_flow_dppo_mask():
     adv = torch.tensor([1.0, -1.0, -1.0, 1.0], dtype=D)
     mu_old = torch.zeros(4, 3, dtype=D)
     mu = torch.tensor([[1.0] * 3, [1.0] * 3, [1.0] * 3, [0.0] * 3], dtype=D)
-    loss, m = flow_dppo_loss(new, old, adv, prev_sample_mean=mu, old_prev_sample_mean=mu_old, std_dev_t=1.0, sqrt_dt=1.0, kl_threshold=0.1)
+    loss, m = flow_dppo_loss(
+        new, old, adv, prev_sample_mean=mu, old_prev_sample_mean=mu_old, std_dev_t=1.0, sqrt_dt=1.0, kl_threshold=0.1
+    )
     # KL = 0.5 for samples 0-2, 0 for 3; sample 0 (r>1, A>0) and 2 (r<1, A<0) are dropped
     r = torch.exp(new)
     expected = torch.stack([torch.zeros((), dtype=D), -adv[1] * r[1], torch.zeros((), dtype=D), -adv[3] * r[3]]).mean()
@@ -118,7 +146,9 @@ def test_diffusion_nft_loss_formula():
     x_t = (1 - s) * x0 + s * noise
     adv = torch.tensor([7.0, -1.0, 0.5], dtype=D)
     beta, m_clip = 0.7, 5.0
-    loss, m = diffusion_nft_loss(v, v_old, x_t, x0, sigma, adv, adv_clip_max=m_clip, mix_beta=beta, ref_velocity=v_ref, ref_coef=0.01)
+    loss, m = diffusion_nft_loss(
+        v, v_old, x_t, x0, sigma, adv, adv_clip_max=m_clip, mix_beta=beta, ref_velocity=v_ref, ref_coef=0.01
+    )
     r = ((adv.clamp(-5, 5) / 5) / 2 + 0.5).clamp(0, 1)
     pos_x0 = x_t - s * (beta * v + (1 - beta) * v_old)
     neg_x0 = x_t - s * ((1 + beta) * v_old - beta * v)

@@ -1,4 +1,4 @@
-"""algorithms.sde against closed forms: torch Normal, flow_grpo's formula, diffusers' Euler step."""
+"""diffrl.algorithms.sde against closed forms: torch Normal, flow_grpo's formula, diffusers' Euler step."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algorithms.sde import sde_step, transition_std
+from diffrl.algorithms.sde import sde_step, transition_std
 
 SHAPES = [(2, 6, 4), (2, 3, 4, 4), (2, 2, 3, 4, 4)]  # tokens, images, videos
 
@@ -70,7 +70,9 @@ def test_cps_matches_formula(shape):
     sample = mean + std * noise
     torch.testing.assert_close(out.prev_sample, sample, rtol=0, atol=1e-12)
     torch.testing.assert_close(out.log_prob, (-((sample - mean) ** 2)).mean(tuple(range(1, len(shape)))))
-    torch.testing.assert_close(transition_std(out.std_dev_t, out.sqrt_dt, "cps").flatten(), torch.full((2,), std, dtype=torch.float64))
+    torch.testing.assert_close(
+        transition_std(out.std_dev_t, out.sqrt_dt, "cps").flatten(), torch.full((2,), std, dtype=torch.float64)
+    )
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -99,7 +101,15 @@ def test_noise_level_zero_is_diffusers_euler_step(sde_type):
     for i, t in enumerate(scheduler.timesteps[:-1]):
         expected = scheduler.step(v, t, x, return_dict=False)[0]
         sigma, sigma_prev = scheduler.sigmas[i], scheduler.sigmas[i + 1]
-        out = sde_step(x, v, sigma.reshape(1), sigma_prev.reshape(1), noise_level=0.0, sde_type=sde_type, sigma_max=scheduler.sigmas[1])
+        out = sde_step(
+            x,
+            v,
+            sigma.reshape(1),
+            sigma_prev.reshape(1),
+            noise_level=0.0,
+            sde_type=sde_type,
+            sigma_max=scheduler.sigmas[1],
+        )
         torch.testing.assert_close(out.prev_sample, expected, rtol=1e-6, atol=1e-6)
         assert torch.all(out.log_prob == 0)
 
@@ -154,6 +164,8 @@ def test_dtypes_and_errors():
 def test_replay_log_prob_equals_rollout(sde_type, sigma, frac, eta, seed):
     x, v = _inputs((2, 3, 4), seed=seed % 1000)
     sigma_prev = sigma * frac
-    rollout = sde_step(x, v, sigma, sigma_prev, noise_level=eta, sde_type=sde_type, generator=torch.Generator().manual_seed(seed))
+    rollout = sde_step(
+        x, v, sigma, sigma_prev, noise_level=eta, sde_type=sde_type, generator=torch.Generator().manual_seed(seed)
+    )
     replay = sde_step(x, v, sigma, sigma_prev, noise_level=eta, sde_type=sde_type, prev_sample=rollout.prev_sample)
     torch.testing.assert_close(replay.log_prob, rollout.log_prob, rtol=0, atol=1e-9)

@@ -1,4 +1,4 @@
-"""algorithms.windows: each kind's window, determinism, per-sample independence, errors."""
+"""diffrl.algorithms.windows: each kind's window, determinism, per-sample independence, errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algorithms.windows import WindowPolicy, sample_windows
+from diffrl.algorithms.windows import WindowPolicy, sample_windows
 
 SEEDS = torch.arange(100, 108, dtype=torch.int64)
 
@@ -87,7 +87,7 @@ def test_deterministic_and_inside(kind, num_steps, step, seed):
 
 
 def test_final_window_is_the_last_steps():
-    from algorithms.windows import WindowPolicy, sample_windows
+    from diffrl.algorithms.windows import WindowPolicy, sample_windows
 
     w = sample_windows(WindowPolicy("final", size=2), 10, torch.tensor([1, 2, 3]), step=0)
     assert w.size == 2 and w.starts.tolist() == [8, 8, 8] and bool(w.trained.all())

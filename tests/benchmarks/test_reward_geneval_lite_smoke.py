@@ -21,5 +21,7 @@ def test_reward_benchmark_records_both_paths(tmp_path):
     small, large = result["runs"]
     assert (small["image_size"], small["images"], large["image_size"], large["images"]) == (64, 32, 256, 2)
     for run in (small, large):
-        assert run["speedup"] == pytest.approx(run["per_image_s"] / run["batched_s"], rel=0.05)  # both times are rounded
+        assert run["speedup"] == pytest.approx(
+            run["per_image_s"] / run["batched_s"], rel=0.05
+        )  # both times are rounded
         assert 0.5 < run["mean_score"] <= 1.0  # rendered scenes under noise of std 20 stay mostly detectable

@@ -18,8 +18,23 @@ import rl_step  # noqa: E402
 @pytest.mark.parametrize("recipe", ["sd35m_flow_grpo", "qwen_image_ocr_lora"])
 def test_rl_step_tiny_cpu_writes_result(tmp_path, recipe):
     out = tmp_path / "result.json"
-    result = rl_step.main(["--recipe", recipe, "--tiny", "--device", "cpu", "--warmup", "0", "--steps", "1",
-                           "--variants", "recompute_old_log_probs", "--out", str(out)])
+    result = rl_step.main(
+        [
+            "--recipe",
+            recipe,
+            "--tiny",
+            "--device",
+            "cpu",
+            "--warmup",
+            "0",
+            "--steps",
+            "1",
+            "--variants",
+            "recompute_old_log_probs",
+            "--out",
+            str(out),
+        ]
+    )
     recorded = json.loads(out.read_text())
     assert recorded["images_per_gpu_s"] == pytest.approx(result["images_per_gpu_s"])
     main = recorded["main"]

@@ -14,17 +14,30 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmar
 
 import shapes_rl  # noqa: E402
 
-from engines.store.scenes import TAGS  # noqa: E402
+from diffrl.engines.store.scenes import TAGS  # noqa: E402
 
 
 @pytest.mark.slow  # ~15 s on 2 cores
 def test_shapes_rl_records_accuracy_per_category_before_and_after(tmp_path):
     """The policy-gradient path (PolicyTrainer): FlowGRPO in place of the quickstart's DiffusionNFT."""
-    result = shapes_rl.main([
-        "--config", "quickstart", "run.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=4",
-        "rollout.batch_size=8", "rollout.chunk_size=8", "train.mini_batch_prompts=2", "train.micro_batch_size=8",
-        "data.num_val_prompts=12", "data.val_samples_per_prompt=1", "algorithm={name: flow_grpo, kl_coef: 0.0}",
-        "--out-dir", str(tmp_path)])
+    result = shapes_rl.main(
+        [
+            "--config",
+            "quickstart",
+            "run.steps=1",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=4",
+            "rollout.batch_size=8",
+            "rollout.chunk_size=8",
+            "train.mini_batch_prompts=2",
+            "train.micro_batch_size=8",
+            "data.num_val_prompts=12",
+            "data.val_samples_per_prompt=1",
+            "algorithm={name: flow_grpo, kl_coef: 0.0}",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     recorded = json.loads((tmp_path / "shapes_rl_quickstart_cpu.json").read_text())
     assert recorded["before"] == result["before"] and recorded["samples_per_step"] == 8
     assert [h["step"] for h in recorded["history"]] == [0, 1]
@@ -46,11 +59,25 @@ def test_shapes_rl_refuses_a_non_shapes_config():
 def test_shapes_rl_trains_diffusion_nft_and_records_per_step_metrics(tmp_path):
     """The direct-preference path (the quickstart's DiffusionNFT: DirectPreferenceTrainer, rollouts with the old
     adapter) and a tagged file."""
-    shapes_rl.main([
-        "--config", "quickstart", "run.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=4",
-        "rollout.batch_size=8", "rollout.chunk_size=8", "train.mini_batch_prompts=2", "train.micro_batch_size=8",
-        "data.num_val_prompts=6", "data.val_samples_per_prompt=1",
-        "--tag", "nft", "--out-dir", str(tmp_path)])
+    shapes_rl.main(
+        [
+            "--config",
+            "quickstart",
+            "run.steps=1",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=4",
+            "rollout.batch_size=8",
+            "rollout.chunk_size=8",
+            "train.mini_batch_prompts=2",
+            "train.micro_batch_size=8",
+            "data.num_val_prompts=6",
+            "data.val_samples_per_prompt=1",
+            "--tag",
+            "nft",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     recorded = json.loads((tmp_path / "shapes_rl_quickstart_nft_cpu.json").read_text())
     (step,) = recorded["train_metrics"]
     assert step["reward"] == pytest.approx(recorded["train_reward_curve"][0])
@@ -62,9 +89,20 @@ def test_shapes_rl_trains_diffusion_nft_and_records_per_step_metrics(tmp_path):
 def test_shapes_rl_eval_only_also_evaluates_other_sampling_settings(tmp_path):
     """--eval-only trains nothing; --eval-also repeats the held-out evaluation at other sampling settings, and
     the config's own setting given again reproduces the main evaluation exactly (same prompts and seeds)."""
-    result = shapes_rl.main([
-        "--config", "quickstart", "data.num_val_prompts=6", "data.val_samples_per_prompt=1", "--eval-only",
-        "--eval-also", "guidance_scale=1,num_inference_steps=4", "guidance_scale=4.5", "--out-dir", str(tmp_path)])
+    result = shapes_rl.main(
+        [
+            "--config",
+            "quickstart",
+            "data.num_val_prompts=6",
+            "data.val_samples_per_prompt=1",
+            "--eval-only",
+            "--eval-also",
+            "guidance_scale=1,num_inference_steps=4",
+            "guidance_scale=4.5",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     assert result["steps"] == 0 and result["train_reward_curve"] == [] and len(result["history"]) == 1
     assert result["seconds_per_step_median"] is None
     also = result["at_other_sampling"]
@@ -81,9 +119,19 @@ def test_shapes_rl_eval_only_also_evaluates_other_sampling_settings(tmp_path):
 def test_shapes_rl_evaluates_at_fewer_steps_than_the_sde_window(tmp_path):
     """shapes_quick's SDE window covers all 4 steps; an ODE evaluation at 2 steps needs no window and must not
     fail on it (it did: "WindowPolicy.size 4 > num_steps 2"). 2 steps sample worse than 4 on this model."""
-    result = shapes_rl.main([
-        "--config", "shapes_quick", "data.num_val_prompts=12", "data.val_samples_per_prompt=1", "--eval-only",
-        "--eval-also", "num_inference_steps=2", "--out-dir", str(tmp_path)])
+    result = shapes_rl.main(
+        [
+            "--config",
+            "shapes_quick",
+            "data.num_val_prompts=12",
+            "data.val_samples_per_prompt=1",
+            "--eval-only",
+            "--eval-also",
+            "num_inference_steps=2",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     two_steps = result["at_other_sampling"]["before"]["num_inference_steps=2"]
     assert 0.0 <= two_steps["reward"] < result["before"]["reward"]
 
@@ -93,13 +141,26 @@ def test_a_run_killed_after_a_validation_keeps_its_record(tmp_path):
     """The result file is rewritten after every validation: a run killed (SIGKILL, as a timeout does) right after
     its step-1 validation leaves a readable record of steps 0 and 1 marked unfinished; a whole run marks it
     finished."""
-    tiny = ["run.steps=50", "run.validate_every=1", "rollout.prompts_per_step=2", "rollout.group_size=4",
-            "rollout.batch_size=8", "rollout.chunk_size=8", "train.mini_batch_prompts=2", "train.micro_batch_size=8",
-            "data.num_val_prompts=6", "data.val_samples_per_prompt=1"]
+    tiny = [
+        "run.steps=50",
+        "run.validate_every=1",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.batch_size=8",
+        "rollout.chunk_size=8",
+        "train.mini_batch_prompts=2",
+        "train.micro_batch_size=8",
+        "data.num_val_prompts=6",
+        "data.val_samples_per_prompt=1",
+    ]
     script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "shapes_rl.py")
-    run = subprocess.Popen([sys.executable, script, "--config", "shapes_quick", *tiny, "--out-dir", str(tmp_path)],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    run = subprocess.Popen(
+        [sys.executable, script, "--config", "shapes_quick", *tiny, "--out-dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         for line in run.stdout:
             if line.startswith('{"step": 1,'):

@@ -15,11 +15,23 @@ import run_bytes  # noqa: E402
 import train_e2e  # noqa: E402
 
 TINY = [  # the whole-flow tests' sizes (tests/e2e/e2e_settings.py), FlowGRPO
-    "model.path=tiny:sd3", "reward.components=[{name: jpeg_compressibility}]", "data.train=generator:ocr",
-    "data.val=null", "rollout.max_sequence_length=null", "rollout.num_inference_steps=2", "rollout.height=32",
-    "rollout.width=32", "rollout.group_size=4", "rollout.prompts_per_step=2", "rollout.chunk_size=4",
-    "rollout.batch_size=8", "train.mini_batch_prompts=2", "train.micro_batch_size=8", "data.num_generated=16",
-    "data.num_val_prompts=2", "algorithm={name: flow_grpo, kl_coef: 0.0}",
+    "model.path=tiny:sd3",
+    "reward.components=[{name: jpeg_compressibility}]",
+    "data.train=generator:ocr",
+    "data.val=null",
+    "rollout.max_sequence_length=null",
+    "rollout.num_inference_steps=2",
+    "rollout.height=32",
+    "rollout.width=32",
+    "rollout.group_size=4",
+    "rollout.prompts_per_step=2",
+    "rollout.chunk_size=4",
+    "rollout.batch_size=8",
+    "train.mini_batch_prompts=2",
+    "train.micro_batch_size=8",
+    "data.num_generated=16",
+    "data.num_val_prompts=2",
+    "algorithm={name: flow_grpo, kl_coef: 0.0}",
 ]
 
 
@@ -27,11 +39,28 @@ TINY = [  # the whole-flow tests' sizes (tests/e2e/e2e_settings.py), FlowGRPO
 def test_train_e2e_compares_the_flow_with_the_engines_on_one_config(tmp_path, monkeypatch):
     monkeypatch.setenv("DIFFRL_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "result.json"
-    result = train_e2e.main(["--config", "quickstart", *TINY, "--steps", "3", "--warmup", "1",
-                             "--keep", str(tmp_path / "work"), "--out", str(out)])
+    result = train_e2e.main(
+        [
+            "--config",
+            "quickstart",
+            *TINY,
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--keep",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+        ]
+    )
     assert json.loads(out.read_text())["flow_over_engine"] == result["flow_over_engine"]
-    assert result["flow_over_engine"] == pytest.approx(result["flow_seconds_per_step"] / result["engine_seconds_per_step"])
-    assert result["images_per_step"] == 8 and result["flow_images_per_gpu_s"] == pytest.approx(8 / result["flow_seconds_per_step"])
+    assert result["flow_over_engine"] == pytest.approx(
+        result["flow_seconds_per_step"] / result["engine_seconds_per_step"]
+    )
+    assert result["images_per_step"] == 8 and result["flow_images_per_gpu_s"] == pytest.approx(
+        8 / result["flow_seconds_per_step"]
+    )
     # the same step core on the same seeds: both runs saw the same rewards
     assert result["flow_reward_each"] == pytest.approx(result["engine_reward_each"], rel=1e-6)
     assert result["run_folder_bytes"]["trajectories.lance"] > 0 and result["bytes_per_sample"] > 0
@@ -41,15 +70,16 @@ def test_train_e2e_compares_the_flow_with_the_engines_on_one_config(tmp_path, mo
 
 def test_run_bytes_keeps_only_the_last_steps_latents(tmp_path, monkeypatch):
     """With old versions deleted at once (the flow waits 10 s for readers; this test does not)."""
-    import engines.step.retention
+    import diffrl.engines.step.retention
 
     monkeypatch.setattr(run_bytes, "KEEP_VERSIONS_S", 0.0)
-    monkeypatch.setattr(engines.step.retention, "KEEP_VERSIONS_S", 0.0)
+    monkeypatch.setattr(diffrl.engines.step.retention, "KEEP_VERSIONS_S", 0.0)
     out = tmp_path / "bytes.json"
-    result = run_bytes.main(["--layout", "shapes", "--samples", "8", "--steps", "6", "--compact-every", "3",
-                             "--out", str(out)])
+    result = run_bytes.main(
+        ["--layout", "shapes", "--samples", "8", "--steps", "6", "--compact-every", "3", "--out", str(out)]
+    )
     latents_per_step = 8 * 5 * 4 * 64 * 64 * 4  # samples x (window + 1) x S x fp32
     before, after = result["before"], result["after"]
-    assert before["bytes"] > 6 * latents_per_step   # every step's latents stay
-    assert after["bytes"] < 4 * latents_per_step    # the last 2 steps' (and the step in flight's)
+    assert before["bytes"] > 6 * latents_per_step  # every step's latents stay
+    assert after["bytes"] < 4 * latents_per_step  # the last 2 steps' (and the step in flight's)
     assert json.loads(out.read_text())["after"] == after

@@ -15,7 +15,6 @@ from e2e_settings import TINY  # noqa: E402,F401  (re-exported for tests)
 from servers import start_prefect_server  # noqa: E402
 
 
-
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
     """PREFECT_API_URL of a fresh loopback server, set for this process and its children."""
@@ -49,8 +48,14 @@ def ray_cluster(prefect_server, diffrl_cache, tmp_path_factory):
     """A local Ray cluster owned by this process: 2 CPUs, 4 fake GPUs (placement is real, devices are CPU)."""
     ray = pytest.importorskip("ray")
     # the raylet and its workers inherit this environment: the Prefect server and the tiny-model cache
-    ctx = ray.init(num_cpus=2, num_gpus=4, namespace="diffrl", include_dashboard=False, log_to_driver=False,
-                   _temp_dir=str(tmp_path_factory.mktemp("ray")))
+    ctx = ray.init(
+        num_cpus=2,
+        num_gpus=4,
+        namespace="diffrl",
+        include_dashboard=False,
+        log_to_driver=False,
+        _temp_dir=str(tmp_path_factory.mktemp("ray")),
+    )
     try:
         yield ctx.address_info["gcs_address"]
     finally:

@@ -21,12 +21,21 @@ def free_port() -> int:
 def start_prefect_server(home: str) -> tuple[subprocess.Popen, str]:
     """`prefect server start` on 127.0.0.1 with its own PREFECT_HOME; returns (process, API URL) once healthy."""
     port = free_port()
-    env = {**os.environ, "PREFECT_HOME": home, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": home,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+    }
     env.pop("PREFECT_API_URL", None)
     log = open(os.path.join(home, "server.log"), "w")
-    proc = subprocess.Popen([os.path.join(VENV_BIN, "prefect"), "server", "start", "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [os.path.join(VENV_BIN, "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.time() + 90
     while time.time() < deadline:

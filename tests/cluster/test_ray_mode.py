@@ -12,9 +12,8 @@ import time
 
 import lance
 import pytest
-from mlflow.tracking import MlflowClient
-
 from conftest import TINY
+from mlflow.tracking import MlflowClient
 
 ray = pytest.importorskip("ray")
 
@@ -23,15 +22,18 @@ RAY = ["cluster.mode=ray", "cluster.actor_timeout_s=60", "model.device=auto"]
 
 def _metrics(workdir, run_name: str) -> dict[str, list[float]]:
     client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                              filter_string=f"tags.`diffrl.run_name` = '{run_name}'")
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], filter_string=f"tags.`diffrl.run_name` = '{run_name}'"
+    )
     run = runs[0]
-    return {k: [m.value for m in sorted(client.get_metric_history(run.info.run_id, k), key=lambda m: m.step)]
-            for k in run.data.metrics}
+    return {
+        k: [m.value for m in sorted(client.get_metric_history(run.info.run_id, k), key=lambda m: m.step)]
+        for k in run.data.metrics
+    }
 
 
 def _gone(run_name: str) -> None:
-    from engines import cluster
+    from diffrl.engines import cluster
 
     deadline = time.time() + 20  # ray.kill is asynchronous: the names go once the actors are dead
     while cluster.list_actors(run_name) and time.time() < deadline:
@@ -41,8 +43,8 @@ def _gone(run_name: str) -> None:
 
 @pytest.mark.slow
 def test_ray_mode_matches_local_and_keeps_actors_warm(ray_cluster, workdir):
-    from engines import cluster
-    from flows.train import train
+    from diffrl.engines import cluster
+    from diffrl.flows.train import train
 
     # compact_every 2: the second step's compaction merges the prompt-embedding cache inside the rollout's actor
     two_steps = TINY + ["run.steps=2", "model.device=auto", "run.compact_every=2"]
@@ -52,8 +54,14 @@ def test_ray_mode_matches_local_and_keeps_actors_warm(ray_cluster, workdir):
         embeddings = lance.dataset(os.path.join(workdir, f"runs/{run_name}/embeddings.lance"))
         assert len(embeddings.get_fragments()) == 1, run_name
     local, remote = _metrics(workdir, "local"), _metrics(workdir, "remote")
-    for key in ("critic/rewards/mean", "critic/advantages/max", "actor/pg_loss", "actor/grad_norm", "val/reward",
-                "reward/jpeg_compressibility"):
+    for key in (
+        "critic/rewards/mean",
+        "critic/advantages/max",
+        "actor/pg_loss",
+        "actor/grad_norm",
+        "val/reward",
+        "reward/jpeg_compressibility",
+    ):
         assert remote[key] == pytest.approx(local[key], rel=1e-5, abs=1e-6), key
 
     actors = {a["name"]: a for a in cluster.list_actors("remote")}
@@ -75,8 +83,8 @@ def test_ray_mode_matches_local_and_keeps_actors_warm(ray_cluster, workdir):
 
 @pytest.mark.slow
 def test_killed_actor_fails_the_step_within_the_timeout(ray_cluster, workdir):
-    from engines import cluster
-    from flows.train import train
+    from diffrl.engines import cluster
+    from diffrl.flows.train import train
 
     overrides = TINY + RAY + ["run.name=victim", "run.steps=2", "cluster.actor_timeout_s=30"]
     table = os.path.join(workdir, "runs/victim/trajectories.lance")
@@ -104,10 +112,11 @@ def test_killed_actor_fails_the_step_within_the_timeout(ray_cluster, workdir):
 
 
 def test_stalled_actor_call_times_out_with_a_clear_error(ray_cluster, workdir):
-    from engines import cluster
-    from flows.build import build_engines
-    from configs.schema import load_experiment
     import tests_cluster_helpers as helpers
+
+    from diffrl.configs.schema import load_experiment
+    from diffrl.engines import cluster
+    from diffrl.flows.build import build_engines
 
     ray.cloudpickle.register_pickle_by_value(helpers)
     cfg = load_experiment(None, TINY + RAY + ["run.name=stall", "model.device=cpu"])
@@ -122,17 +131,27 @@ def test_stalled_actor_call_times_out_with_a_clear_error(ray_cluster, workdir):
 
 
 def test_cluster_status_and_stop_commands(ray_cluster, workdir):
-    from configs.schema import load_experiment
-    from flows.build import build_engines
+    from diffrl.configs.schema import load_experiment
+    from diffrl.flows.build import build_engines
 
     build_engines(load_experiment(None, TINY + RAY + ["run.name=cli", "model.device=cpu"]))
     env = {**os.environ, "RAY_ADDRESS": ray_cluster}
-    status = subprocess.run([sys.executable, "-m", "flows.cli", "cluster", "status"], env=env,
-                            capture_output=True, text=True, timeout=120)
+    status = subprocess.run(
+        [sys.executable, "-m", "diffrl.flows.cli", "cluster", "status"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert status.returncode == 0, status.stderr
     assert "cli/engine" in status.stdout and "cli/reward" in status.stdout and "trainer" in status.stdout
-    stop = subprocess.run([sys.executable, "-m", "flows.cli", "cluster", "stop", "cli"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    stop = subprocess.run(
+        [sys.executable, "-m", "diffrl.flows.cli", "cluster", "stop", "cli"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert stop.returncode == 0, stop.stderr
     assert "cli/engine" in stop.stdout
     _gone("cli")
@@ -141,8 +160,8 @@ def test_cluster_status_and_stop_commands(ray_cluster, workdir):
 def test_ray_mode_without_a_prefect_server_is_refused(workdir, monkeypatch):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from configs.schema import load_experiment
-    from flows.build import build_engines
+    from diffrl.configs.schema import load_experiment
+    from diffrl.flows.build import build_engines
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     with temporary_settings({PREFECT_API_URL: None}):
@@ -154,8 +173,8 @@ def test_ray_mode_without_a_prefect_server_is_refused(workdir, monkeypatch):
 def test_split_placement_matches_local_and_syncs_weights_by_version(ray_cluster, workdir):
     """placement: split puts the rollout and the trainer in their own actors, one (fake) GPU each; the
     trainer's weights reach the rollout by version after each update, so the metrics equal local mode's."""
-    from engines import cluster
-    from flows.train import train
+    from diffrl.engines import cluster
+    from diffrl.flows.train import train
 
     two_steps = TINY + ["run.steps=2", "model.device=auto"]
     train(config=None, overrides=two_steps + ["run.name=local"])
@@ -177,8 +196,8 @@ def test_data_parallel_trainer_actors_match_local(ray_cluster, workdir):
     machine, NCCL on GPUs) and train with FSDP2, each rank on half of every mini-batch: the metrics
     equal local mode's (one process), rank 0 commits the checkpoints, and the rollout actor samples
     with the trained weights by version."""
-    from engines import cluster
-    from flows.train import train
+    from diffrl.engines import cluster
+    from diffrl.flows.train import train
 
     two_steps = TINY + ["run.steps=2", "model.device=auto"]
     train(config=None, overrides=two_steps + ["run.name=local"])
@@ -198,7 +217,7 @@ def test_data_parallel_trainer_actors_match_local(ray_cluster, workdir):
 
 
 def test_data_parallel_trainers_need_split_ray_mode():
-    from configs.schema import load_experiment
+    from diffrl.configs.schema import load_experiment
 
     with pytest.raises(ValueError, match="needs cluster.mode: ray and cluster.placement: split"):
         load_experiment(None, TINY + ["cluster.mode=ray", "cluster.trainers=2"])

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from configs.loader import ConfigError, load, to_dict
+from diffrl.configs.loader import ConfigError, load, to_dict
 
 
 @dataclass
@@ -28,7 +28,9 @@ class Outer:
 
 
 def test_yaml_and_overrides_build_typed_tree():
-    cfg = load(Outer, None, ["train.lr=2e-4", "train.betas=[0.5, 0.6]", "tags=[a, b]"], text="steps: 5\ntrain:\n  name: x\n")
+    cfg = load(
+        Outer, None, ["train.lr=2e-4", "train.betas=[0.5, 0.6]", "tags=[a, b]"], text="steps: 5\ntrain:\n  name: x\n"
+    )
     assert cfg.steps == 5 and cfg.train.lr == pytest.approx(2e-4) and cfg.train.betas == (0.5, 0.6)
     assert cfg.train.name == "x" and cfg.tags == ["a", "b"]
     assert to_dict(cfg) == {"steps": 5, "train": {"lr": 2e-4, "betas": [0.5, 0.6], "name": "x"}, "tags": ["a", "b"]}

@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from algorithms.catalog import get_algorithm
-from configs.loader import ConfigError, to_dict
-from configs.schema import CONFIG_DIR, load_experiment
+from diffrl.algorithms.catalog import get_algorithm
+from diffrl.configs.loader import ConfigError, to_dict
+from diffrl.configs.schema import CONFIG_DIR, load_experiment
 
 SHIPPED = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
 
@@ -26,10 +26,18 @@ def test_qwen_image_recipe_is_verl_omnis():
     cfg = load_experiment("qwen_image_ocr_lora")
     assert (cfg.rollout.height, cfg.rollout.num_inference_steps, cfg.rollout.guidance_scale) == (512, 10, 4.0)
     assert cfg.algorithm.noise_level == 1.2 and cfg.algorithm.clip_ratio == 1e-5
-    assert (cfg.algorithm.window.kind, cfg.algorithm.window.size, cfg.algorithm.window.start_range) == \
-        ("random_start", 2, (0, 5))
+    assert (cfg.algorithm.window.kind, cfg.algorithm.window.size, cfg.algorithm.window.start_range) == (
+        "random_start",
+        2,
+        (0, 5),
+    )
     assert (cfg.rollout.group_size, cfg.rollout.prompts_per_step) == (16, 32)
-    assert (cfg.train.lora_rank, cfg.train.lora_alpha, cfg.train.lr, cfg.train.mini_batch_prompts) == (64, 128, 3e-4, 16)
+    assert (cfg.train.lora_rank, cfg.train.lora_alpha, cfg.train.lr, cfg.train.mini_batch_prompts) == (
+        64,
+        128,
+        3e-4,
+        16,
+    )
 
 
 def test_algorithm_bundle_with_overrides():
@@ -58,7 +66,7 @@ def test_algorithm_override_replaces_the_section_and_a_field_override_edits_it()
 
 
 def test_quickstart_is_shapes_quick_under_its_own_names():
-    """configs/quickstart.yaml is `base: shapes_quick.yaml` plus the run's names: the same recipe."""
+    """diffrl/configs/quickstart.yaml is `base: shapes_quick.yaml` plus the run's names: the same recipe."""
     quick, shapes = to_dict(load_experiment(None)), to_dict(load_experiment("shapes_quick"))
     assert (quick["run"].pop("name"), quick["run"].pop("experiment")) == ("quickstart", "diffrl-quickstart")
     assert (shapes["run"].pop("name"), shapes["run"].pop("experiment")) == ("shapes-quick", "diffrl-shapes")
@@ -73,15 +81,21 @@ def _write(path, text):
 def test_base_config_merges_sections_key_by_key(tmp_path):
     """A config's `base:` (a file beside it, else a shipped name) loads first; mappings merge key by key, a base
     may have its own base, and an algorithm mapping naming another algorithm replaces the base's section."""
-    _write(tmp_path / "mid.yaml", """\
+    _write(
+        tmp_path / "mid.yaml",
+        """\
         base: shapes_quick
         train: {lr: 1.0e-4}
-        """)
-    child = _write(tmp_path / "child.yaml", """\
+        """,
+    )
+    child = _write(
+        tmp_path / "child.yaml",
+        """\
         base: mid.yaml
         run: {name: child}
         rollout: {num_inference_steps: 6}
-        """)
+        """,
+    )
     cfg, shapes = load_experiment(child), load_experiment("shapes_quick")
     assert (cfg.run.name, cfg.run.steps, cfg.run.experiment) == ("child", shapes.run.steps, shapes.run.experiment)
     assert (cfg.train.lr, cfg.train.lora_rank) == (1e-4, shapes.train.lora_rank)
@@ -112,19 +126,25 @@ def test_scientific_notation_without_a_dot_is_a_number_everywhere():
     assert isinstance(cfg.algorithm.clip_ratio, float)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["algorithm.clip_ratio=tiny"], r"algorithm.clip_ratio: expected a number, got 'tiny'"),
-    (["model.attention=sage"], r"model.attention must be one of default, cudnn, flash, efficient, math"),
-    (["algorithm.name=flow_grpoo"], r"unknown algorithm 'flow_grpoo'"),
-    (["algorithm.clip_ratoi=0.1"], r"unknown Algorithm field"),
-    (["rollout.same_noise_per_group=true", "rollout.chunk_size=4"], r"whole groups per chunk"),
-    (["train.mini_batch_prompts=64"], r"exceeds rollout.prompts_per_step"),
-    (["rollout.chunk_size=3"], r"multiple or a divisor"),
-    (["model.dtype=fp8"], r"model.dtype must be one of"),
-    (["cluster.mode=k8s"], r"cluster.mode must be"),
-    (["rollout.num_inference_steps=3"], r"algorithm.window 'random_start' does not fit rollout.num_inference_steps=3"),
-    (["data.val_samples_per_prompt=0"], r"data.val_samples_per_prompt must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["algorithm.clip_ratio=tiny"], r"algorithm.clip_ratio: expected a number, got 'tiny'"),
+        (["model.attention=sage"], r"model.attention must be one of default, cudnn, flash, efficient, math"),
+        (["algorithm.name=flow_grpoo"], r"unknown algorithm 'flow_grpoo'"),
+        (["algorithm.clip_ratoi=0.1"], r"unknown Algorithm field"),
+        (["rollout.same_noise_per_group=true", "rollout.chunk_size=4"], r"whole groups per chunk"),
+        (["train.mini_batch_prompts=64"], r"exceeds rollout.prompts_per_step"),
+        (["rollout.chunk_size=3"], r"multiple or a divisor"),
+        (["model.dtype=fp8"], r"model.dtype must be one of"),
+        (["cluster.mode=k8s"], r"cluster.mode must be"),
+        (
+            ["rollout.num_inference_steps=3"],
+            r"algorithm.window 'random_start' does not fit rollout.num_inference_steps=3",
+        ),
+        (["data.val_samples_per_prompt=0"], r"data.val_samples_per_prompt must be >= 1, got 0"),
+    ],
+)
 def test_bad_values_are_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_experiment(None, overrides)

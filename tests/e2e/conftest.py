@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from e2e_settings import TINY  # noqa: F401  (re-exported for tests)
 
 

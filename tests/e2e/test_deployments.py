@@ -14,7 +14,6 @@ import sys
 
 import lance
 import pytest
-
 from e2e_settings import TINY
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "cluster"))
@@ -24,8 +23,9 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def _prefect(env: dict, *args: str, timeout: float = 300) -> str:
-    out = subprocess.run([os.path.join(VENV_BIN, "prefect"), *args], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=timeout)
+    out = subprocess.run(
+        [os.path.join(VENV_BIN, "prefect"), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert out.returncode == 0, f"prefect {' '.join(args)}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return out.stdout
 
@@ -33,19 +33,25 @@ def _prefect(env: dict, *args: str, timeout: float = 300) -> str:
 async def _task_states(url: str, flow_run_id: str) -> dict:
     """{rl_step subflow name: {task name: state name of its latest run}} of one train flow run."""
     from prefect.client.orchestration import PrefectClient
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId, TaskRunFilter
-    from prefect.client.schemas.filters import TaskRunFilterFlowRunId
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        TaskRunFilter,
+        TaskRunFilterFlowRunId,
+    )
 
     async with PrefectClient(url) as client:
         parent_tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [flow_run_id]}))
         subflows = await client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(parent_task_run_id={"any_": [t.id for t in parent_tasks]}))
+            flow_run_filter=FlowRunFilter(parent_task_run_id={"any_": [t.id for t in parent_tasks]})
+        )
         out = {}
         for sub in subflows:
-            tasks = await client.read_task_runs(task_run_filter=TaskRunFilter(
-                flow_run_id=TaskRunFilterFlowRunId(any_=[sub.id])))
+            tasks = await client.read_task_runs(
+                task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[sub.id]))
+            )
             out.setdefault(sub.name, []).append(
-                {t.name.rsplit("-", 1)[0]: t.state.name for t in tasks} | {"_state": sub.state.name})
+                {t.name.rsplit("-", 1)[0]: t.state.name for t in tasks} | {"_state": sub.state.name}
+            )
         return out
 
 
@@ -54,8 +60,14 @@ def test_train_deployment_fails_in_update_actor_and_a_retry_reruns_only_what_fol
     home = tmp_path / "prefect_home"
     home.mkdir()
     server, url = start_prefect_server(str(home))
-    env = {**os.environ, "PREFECT_API_URL": url, "PREFECT_HOME": str(home), "PREFECT_LOGGING_LEVEL": "WARNING",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "DIFFRL_CACHE": diffrl_cache}
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": url,
+        "PREFECT_HOME": str(home),
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+        "DIFFRL_CACHE": diffrl_cache,
+    }
     env.pop("DIFFRL_INJECT_FAULT", None)
     try:
         _prefect(env, "work-pool", "create", "diffrl", "--type", "process")
@@ -64,9 +76,13 @@ def test_train_deployment_fails_in_update_actor_and_a_retry_reruns_only_what_fol
         run = _prefect(env, "deployment", "run", "train/train", "--params", json.dumps(params))
         flow_run_id = next(w for w in run.split() if len(w) == 36 and w.count("-") == 4)
         # the first attempt dies in update_actor of step 1, as an out-of-memory would
-        subprocess.run([os.path.join(VENV_BIN, "prefect"), "worker", "start", "--pool", "diffrl", "--run-once"],
-                       cwd=REPO, env={**env, "DIFFRL_INJECT_FAULT": "update_actor@1"}, timeout=300,
-                       capture_output=True)
+        subprocess.run(
+            [os.path.join(VENV_BIN, "prefect"), "worker", "start", "--pool", "diffrl", "--run-once"],
+            cwd=REPO,
+            env={**env, "DIFFRL_INJECT_FAULT": "update_actor@1"},
+            timeout=300,
+            capture_output=True,
+        )
         table = f"{tmp_path}/runs/nightly/trajectories.lance"
         before = lance.dataset(table).to_table(filter="step = 1", columns=["write_id"]).column("write_id").to_pylist()
         assert len(before) == 8 and lance.dataset(table).count_rows("step = 2") == 0
@@ -96,8 +112,10 @@ def test_train_deployment_fails_in_update_actor_and_a_retry_reruns_only_what_fol
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-        runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                                  filter_string="tags.`diffrl.run_name` = 'nightly-eval'")
+        runs = client.search_runs(
+            [e.experiment_id for e in client.search_experiments()],
+            filter_string="tags.`diffrl.run_name` = 'nightly-eval'",
+        )
         assert len(runs) == 1 and runs[0].info.status == "FINISHED"
         assert runs[0].data.tags["diffrl.checkpoint"].endswith("runs/nightly/checkpoints/step_2")
         history = client.get_metric_history(runs[0].info.run_id, "val/reward")

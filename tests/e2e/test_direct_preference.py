@@ -11,22 +11,33 @@ import os
 import lance
 import mlflow
 import pytest
+from e2e_settings import TINY_SIZES
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
-from configs.loader import ConfigError
-from configs.schema import load_experiment
-from engines.store.trajectories import TrajectoryStore
-from flows.build import build_engines
-from flows.train import train
-from e2e_settings import TINY_SIZES
+from diffrl.configs.loader import ConfigError
+from diffrl.configs.schema import load_experiment
+from diffrl.engines.store.trajectories import TrajectoryStore
+from diffrl.flows.build import build_engines
+from diffrl.flows.train import train
 
 LAST_STEP_WINDOW = "algorithm.window={kind: random_start, size: 1, start_range: [1, 2]}"  # TINY_SIZES has 2 steps
 TINY_DP = TINY_SIZES + [LAST_STEP_WINDOW, "run.steps=2"]
-OFFLINE = ["run.steps=4", "run.validate_every=0", "run.checkpoint_every=2", "run.log_images=2",
-           "rollout.num_inference_steps=2", "rollout.height=32", "rollout.width=32", LAST_STEP_WINDOW,
-           "rollout.prompts_per_step=8", "train.mini_batch_prompts=8", "train.micro_batch_size=8",
-           "data.num_generated=16", "data.num_val_prompts=2"]
+OFFLINE = [
+    "run.steps=4",
+    "run.validate_every=0",
+    "run.checkpoint_every=2",
+    "run.log_images=2",
+    "rollout.num_inference_steps=2",
+    "rollout.height=32",
+    "rollout.width=32",
+    LAST_STEP_WINDOW,
+    "rollout.prompts_per_step=8",
+    "train.mini_batch_prompts=8",
+    "train.micro_batch_size=8",
+    "data.num_generated=16",
+    "data.num_val_prompts=2",
+]
 
 
 def _history(workdir, experiment: str, key: str) -> dict[int, float]:
@@ -38,8 +49,14 @@ def _history(workdir, experiment: str, key: str) -> dict[int, float]:
 
 
 FAMILY_METRICS = {
-    "quick_dpo": ["actor/dpo_loss", "actor/implicit_acc", "rewards/chosen", "rewards/rejected", "rewards/margins",
-                  "dp/num_pairs"],
+    "quick_dpo": [
+        "actor/dpo_loss",
+        "actor/implicit_acc",
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/margins",
+        "dp/num_pairs",
+    ],
     "quick_nft": ["actor/positive_loss", "actor/negative_loss", "actor/old_deviate", "actor/kl_loss"],
     "quick_awm": ["actor/pg_loss", "actor/fm_loss", "actor/kl_loss"],
 }
@@ -88,14 +105,21 @@ def test_offline_dpo_learns_the_labels_and_resumes_after_a_failed_update(workdir
     assert traj.sample_index.tolist() == [0, 1] * 8  # chosen, rejected of 8 pairs
 
 
-@pytest.mark.parametrize("config, overrides, message", [
-    # the config's window ends at step 4 of 4: with 3 steps it no longer fits, caught at config load
-    ("quick_dpo", ["rollout.num_inference_steps=3"], r"algorithm.window 'random_start' does not fit "
-                                                     r"rollout.num_inference_steps=3"),
-    ("quick_nft", ["data.sample_source=offline"], r"needs algorithm: dpo"),
-    ("quick_dpo", ["data.sample_source=replay"], r"data.sample_source must be 'online' or 'offline'"),
-    ("quick_dpo_offline", ["data.train=/nonexistent/prefs.parquet"], r"/nonexistent/prefs.parquet"),
-])
+@pytest.mark.parametrize(
+    "config, overrides, message",
+    [
+        # the config's window ends at step 4 of 4: with 3 steps it no longer fits, caught at config load
+        (
+            "quick_dpo",
+            ["rollout.num_inference_steps=3"],
+            r"algorithm.window 'random_start' does not fit "
+            r"rollout.num_inference_steps=3",
+        ),
+        ("quick_nft", ["data.sample_source=offline"], r"needs algorithm: dpo"),
+        ("quick_dpo", ["data.sample_source=replay"], r"data.sample_source must be 'online' or 'offline'"),
+        ("quick_dpo_offline", ["data.train=/nonexistent/prefs.parquet"], r"/nonexistent/prefs.parquet"),
+    ],
+)
 def test_bad_direct_preference_settings_fail_before_any_work(workdir, config, overrides, message):
     # what `diffrl train` does first (without starting a Prefect flow): load the config, build the engines
     with pytest.raises((ConfigError, ValueError), match=message):

@@ -8,11 +8,10 @@ import subprocess
 import sys
 
 import lance
-import pytest
-from mlflow.tracking import MlflowClient
-
 import mlflow
+import pytest
 from e2e_settings import TINY
+from mlflow.tracking import MlflowClient
 
 
 def _diffrl(args: list[str], cwd, **env) -> subprocess.CompletedProcess:
@@ -21,8 +20,14 @@ def _diffrl(args: list[str], cwd, **env) -> subprocess.CompletedProcess:
     (that server included) is removed afterwards."""
     out_path, err_path = os.path.join(cwd, "stdout.txt"), os.path.join(cwd, "stderr.txt")
     with open(out_path, "w") as out, open(err_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "train", *args], cwd=cwd, stdout=out,
-                                stderr=err, env={**os.environ, **env}, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "diffrl.flows.cli", "train", *args],
+            cwd=cwd,
+            stdout=out,
+            stderr=err,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
         try:
             code = proc.wait(timeout=600)
         finally:
@@ -78,9 +83,16 @@ def test_bad_config_key_exits_2_with_one_line(workdir):
 
 
 def _cli(command: str, args: list[str], cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", command, *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"},
-                          stdin=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.run(
+        [sys.executable, "-m", "diffrl.flows.cli", command, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"},
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def test_evaluate_without_a_checkpoint_is_a_clear_error(workdir):

@@ -7,16 +7,16 @@ import os
 
 import pytest
 import torch
+from e2e_settings import TINY as E2E_TINY
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
-from configs.schema import load_experiment
-from engines import cluster
-from engines.step.run import DirectStages, StepClock, add_perf, run_step
-from engines.train.checkpoint import trainable_state
-from flows.build import build_engines
-from flows.train import train
-from e2e_settings import TINY as E2E_TINY
+from diffrl.configs.schema import load_experiment
+from diffrl.engines import cluster
+from diffrl.engines.step.run import DirectStages, StepClock, add_perf, run_step
+from diffrl.engines.train.checkpoint import trainable_state
+from diffrl.flows.build import build_engines
+from diffrl.flows.train import train
 
 # the whole-flow tests' run, with 2 samples per rollout forward: each 4-sample chunk streams 2 sub-batches to the reward
 TINY = E2E_TINY + ["rollout.batch_size=2"]
@@ -46,8 +46,9 @@ def test_the_flow_and_the_engines_only_loop_run_the_same_steps(workdir):
 
     engine_metrics, engine_weights = _engines_only(["run.root=engines-only"], "engines-only")
     assert not os.path.exists("engines-only")  # no store, no checkpoints, nothing written
-    assert [flow_rewards[s] for s in (1, 2, 3)] == pytest.approx([m["critic/rewards/mean"] for m in engine_metrics],
-                                                                  abs=0, rel=1e-6)
+    assert [flow_rewards[s] for s in (1, 2, 3)] == pytest.approx(
+        [m["critic/rewards/mean"] for m in engine_metrics], abs=0, rel=1e-6
+    )
     assert sorted(flow_weights) == sorted(engine_weights)
     for name, value in engine_weights.items():
         assert torch.equal(flow_weights[name], value), name

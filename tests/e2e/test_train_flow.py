@@ -10,12 +10,12 @@ import lance
 import mlflow
 import pytest
 import torch
+from e2e_settings import TINY
 from mlflow.tracking import MlflowClient
 
-from configs.loader import ConfigError
-from engines.store.trajectories import TrajectoryStore
-from flows.train import train
-from e2e_settings import TINY
+from diffrl.configs.loader import ConfigError
+from diffrl.engines.store.trajectories import TrajectoryStore
+from diffrl.flows.train import train
 
 ROWS_PER_STEP = 8  # 2 prompts x group 4
 
@@ -32,7 +32,8 @@ def _check_table(run_dir: str, steps: int) -> None:
     store = TrajectoryStore(os.path.join(run_dir, "trajectories.lance"))
     assert store.steps() == list(range(steps))
     raw = lance.dataset(os.path.join(run_dir, "trajectories.lance")).to_table(
-        columns=["step", "group_id", "sample_index", "write_id", "chunk"])
+        columns=["step", "group_id", "sample_index", "write_id", "chunk"]
+    )
     for step in range(steps):
         traj = store.read_step(step, with_latents=False, with_images=False)
         keys = list(zip(traj.group_ids, traj.sample_index.tolist()))
@@ -51,8 +52,15 @@ def test_three_steps_write_rows_metrics_and_checkpoints(workdir):
     result = train(config=None, overrides=TINY)
     run_dir = "runs/quickstart"
     _check_table(run_dir, 3)
-    for key in ("critic/rewards/mean", "actor/pg_loss", "actor/grad_norm", "perf/throughput",
-                "timing_s/generate", "timing_s/update_actor", "reward/jpeg_compressibility"):
+    for key in (
+        "critic/rewards/mean",
+        "actor/pg_loss",
+        "actor/grad_norm",
+        "perf/throughput",
+        "timing_s/generate",
+        "timing_s/update_actor",
+        "reward/jpeg_compressibility",
+    ):
         assert _history(workdir, key) == [1, 2, 3], key
     assert _history(workdir, "val/reward") == [0, 3]
     kept = sorted(d for d in os.listdir(f"{run_dir}/checkpoints") if d.startswith("step_"))
@@ -130,18 +138,22 @@ def test_failing_reward_server_fails_the_step_with_a_clear_message(workdir):
         port = s.getsockname()[1]
     overrides = TINY + [
         "reward.components=[{name: http_scorer, options: {url: 'http://127.0.0.1:%d/score', retries: 1, "
-        "backoff_s: 0.01, timeout_s: 2}}]" % port]
+        "backoff_s: 0.01, timeout_s: 2}}]" % port
+    ]
     with pytest.raises(Exception, match="http_scorer"):
         train(config=None, overrides=overrides)
     assert not os.path.exists("runs/quickstart/checkpoints/latest.json")
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["train.lrr=1"], r"unknown config key 'train.lrr'.*did you mean 'lr'"),
-    (["data.train=/nonexistent/prompts.parquet"], r"/nonexistent/prompts.parquet"),
-    (["model.path=/nonexistent/model"], r"/nonexistent/model"),
-    (["model.path=tiny:nope"], r"unknown tiny architecture"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["train.lrr=1"], r"unknown config key 'train.lrr'.*did you mean 'lr'"),
+        (["data.train=/nonexistent/prompts.parquet"], r"/nonexistent/prompts.parquet"),
+        (["model.path=/nonexistent/model"], r"/nonexistent/model"),
+        (["model.path=tiny:nope"], r"unknown tiny architecture"),
+    ],
+)
 def test_bad_input_fails_before_any_work(workdir, overrides, message):
     with pytest.raises((ConfigError, ValueError), match=message):
         train(config=None, overrides=TINY + overrides)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from flows.commands import sample, tiny_model
+from diffrl.flows.commands import sample, tiny_model
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "engines", "rollout"))
 from rollout_archs import arch_params, pipeline_pixels  # noqa: E402
@@ -30,9 +30,28 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def test_sample_at_noise_level_0_equals_upstream(case, tiny_model, tmp_path, capsys):
     path = tiny_model(case.arch)
     out = tmp_path / "image.png"
-    args = parse(["sample", path, "--prompt", "a red cube", "--negative-prompt", case.negative_prompt,
-                  "--steps", "4", "--height", "64", "--width", "64", "--guidance-scale", str(case.guidance_scale),
-                  "--seed", "7", "--out", str(out)])
+    args = parse(
+        [
+            "sample",
+            path,
+            "--prompt",
+            "a red cube",
+            "--negative-prompt",
+            case.negative_prompt,
+            "--steps",
+            "4",
+            "--height",
+            "64",
+            "--width",
+            "64",
+            "--guidance-scale",
+            str(case.guidance_scale),
+            "--seed",
+            "7",
+            "--out",
+            str(out),
+        ]
+    )
     assert sample.run(args) == 0
     assert capsys.readouterr().out.split() == [str(out)]
     got = np.asarray(Image.open(out).convert("RGB")).astype(int)
@@ -43,8 +62,28 @@ def test_sample_at_noise_level_0_equals_upstream(case, tiny_model, tmp_path, cap
 @pytest.mark.parametrize("case", arch_params(["sd3"]))
 def test_sample_batch_writes_one_png_per_seed(case, tiny_model, tmp_path, capsys):
     path = tiny_model(case.arch)
-    args = parse(["sample", path, "--prompt", "a cat", "--steps", "2", "--height", "64", "--width", "64",
-                  "--noise-level", "0.5", "--seed", "3", "--batch", "2", "--out", str(tmp_path / "cats.png")])
+    args = parse(
+        [
+            "sample",
+            path,
+            "--prompt",
+            "a cat",
+            "--steps",
+            "2",
+            "--height",
+            "64",
+            "--width",
+            "64",
+            "--noise-level",
+            "0.5",
+            "--seed",
+            "3",
+            "--batch",
+            "2",
+            "--out",
+            str(tmp_path / "cats.png"),
+        ]
+    )
     assert sample.run(args) == 0
     written = capsys.readouterr().out.split()
     assert written == [str(tmp_path / "cats_0.png"), str(tmp_path / "cats_1.png")]
@@ -55,8 +94,24 @@ def test_sample_batch_writes_one_png_per_seed(case, tiny_model, tmp_path, capsys
 @pytest.mark.parametrize("case", arch_params(["wan"]))
 def test_sample_video_writes_gif_and_frames(case, tiny_model, tmp_path, capsys):
     path = tiny_model(case.arch)
-    args = parse(["sample", path, "--prompt", "a wave", "--steps", "2", "--height", "32", "--width", "32",
-                  "--num-frames", "5", "--out", str(tmp_path / "wave.gif")])
+    args = parse(
+        [
+            "sample",
+            path,
+            "--prompt",
+            "a wave",
+            "--steps",
+            "2",
+            "--height",
+            "32",
+            "--width",
+            "32",
+            "--num-frames",
+            "5",
+            "--out",
+            str(tmp_path / "wave.gif"),
+        ]
+    )
     assert sample.run(args) == 0
     assert str(tmp_path / "wave.gif") in capsys.readouterr().out.split()
     with Image.open(tmp_path / "wave.gif") as gif:
@@ -65,12 +120,15 @@ def test_sample_video_writes_gif_and_frames(case, tiny_model, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("case", arch_params(["sd3"]))
-@pytest.mark.parametrize("flags, message", [
-    (["--height", "60"], "height"),
-    (["--noise-level", "-1"], "noise_level"),
-    (["--sde-type", "ddim"], "sde_type"),
-    (["--steps", "0"], "steps"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--height", "60"], "height"),
+        (["--noise-level", "-1"], "noise_level"),
+        (["--sde-type", "ddim"], "sde_type"),
+        (["--steps", "0"], "steps"),
+    ],
+)
 def test_sample_bad_input_is_one_line_exit_2(case, flags, message, tiny_model, tmp_path, capsys):
     args = parse(["sample", tiny_model(case.arch), "--prompt", "x", "--out", str(tmp_path / "x.png"), *flags])
     assert sample.run(args) == 2

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from algorithms.catalog import get_algorithm
-from configs.schema import load_experiment
-from engines.rollout import RolloutEngine
-from engines.rollout.config import SamplingConfig
-from engines.train.config import TrainConfig
-from engines.train.trainer import PolicyTrainer
-from models.base import load_adapter
+from diffrl.algorithms.catalog import get_algorithm
+from diffrl.configs.schema import load_experiment
+from diffrl.engines.rollout import RolloutEngine
+from diffrl.engines.rollout.config import SamplingConfig
+from diffrl.engines.train.config import TrainConfig
+from diffrl.engines.train.trainer import PolicyTrainer
+from diffrl.models.base import load_adapter
 
 SAMPLING = SamplingConfig(num_inference_steps=3, height=32, width=32, noise_level=0.7, batch_size=4)
 PROMPTS = ["a red cube", "a red cube", "two cats", "two cats"]
@@ -41,9 +41,14 @@ def test_lora_trains_through_compiled_blocks(tiny_model):
     adapter = load_adapter(tiny_model("sd3"), device="cpu", dtype=torch.float32)
     adapter.compile_blocks(backend="aot_eager")
     engine = RolloutEngine(adapter, progress=False)
-    trainer = PolicyTrainer(adapter, get_algorithm("flow_grpo", kl_coef=0.0), TrainConfig(lora_rank=4, lora_alpha=8,
-                            lr=1e-2, mini_batch_prompts=2, micro_batch_size=4), SAMPLING, group_size=2,
-                            device=torch.device("cpu"))
+    trainer = PolicyTrainer(
+        adapter,
+        get_algorithm("flow_grpo", kl_coef=0.0),
+        TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=2, micro_batch_size=4),
+        SAMPLING,
+        group_size=2,
+        device=torch.device("cpu"),
+    )
     traj = _generate(engine)
     metrics = trainer.update(traj, torch.tensor([1.0, -1.0, 0.5, -0.5]), engine)
     assert metrics["rollout_corr/logprob_abs_diff_max"] <= 1e-5  # compiled replay == compiled rollout

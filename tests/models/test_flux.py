@@ -13,8 +13,8 @@ import torch
 from diffusers import FluxPipeline
 from peft import LoraConfig
 
-from models.base import SampleShape, load_adapter
-from models.flux import FluxAdapter
+from diffrl.models.base import SampleShape, load_adapter
+from diffrl.models.flux import FluxAdapter
 
 SHAPE = SampleShape(64, 64)
 GUIDANCE = 3.5
@@ -42,9 +42,15 @@ euler_sample = functools.partial(parity.euler_sample, guidance_scale=GUIDANCE, s
 
 
 def pipeline_uint8(pipe, prompt, seed, *, steps=4, guidance_scale=GUIDANCE, shape=SHAPE):
-    out = pipe(prompt=prompt, num_inference_steps=steps, height=shape.height,
-               width=shape.width, guidance_scale=guidance_scale, generator=torch.Generator().manual_seed(seed),
-               output_type="np").images
+    out = pipe(
+        prompt=prompt,
+        num_inference_steps=steps,
+        height=shape.height,
+        width=shape.width,
+        guidance_scale=guidance_scale,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
+    ).images
     return torch.from_numpy((out * 255).round().astype("uint8"))
 
 
@@ -102,8 +108,16 @@ def test_too_long_prompt_warns_and_truncates(adapter):
 
 @pytest.mark.parametrize("steps,shape", [(4, SHAPE), (10, SampleShape(128, 64))])
 def test_sigmas_equal_pipeline_scheduler(adapter, pipe, steps, shape):
-    pipe(prompt="a cat", num_inference_steps=steps, height=shape.height, width=shape.width, guidance_scale=1.0,
-         output_type="latent", generator=torch.Generator().manual_seed(0), max_sequence_length=16)
+    pipe(
+        prompt="a cat",
+        num_inference_steps=steps,
+        height=shape.height,
+        width=shape.width,
+        guidance_scale=1.0,
+        output_type="latent",
+        generator=torch.Generator().manual_seed(0),
+        max_sequence_length=16,
+    )
     ours = adapter.sigmas(steps, shape)
     assert ours.dtype == torch.float32 and ours.shape == (steps + 1,) and ours[-1] == 0 and ours[0] == 1
     torch.testing.assert_close(ours, pipe.scheduler.sigmas, rtol=0, atol=0)
@@ -131,9 +145,15 @@ def test_velocity_mixed_sigmas_equal_single_calls(adapter):
     with torch.no_grad():
         both = adapter.velocity(x, sigma, enc, None, guidance_scale=GUIDANCE, shape=SHAPE)
         for i in range(2):
-            one = adapter.velocity(x[i:i + 1], sigma[i:i + 1], {k: v[i:i + 1] for k, v in enc.items()},
-                                   None, guidance_scale=GUIDANCE, shape=SHAPE)
-            torch.testing.assert_close(both[i:i + 1], one, rtol=1e-5, atol=1e-5)
+            one = adapter.velocity(
+                x[i : i + 1],
+                sigma[i : i + 1],
+                {k: v[i : i + 1] for k, v in enc.items()},
+                None,
+                guidance_scale=GUIDANCE,
+                shape=SHAPE,
+            )
+            torch.testing.assert_close(both[i : i + 1], one, rtol=1e-5, atol=1e-5)
 
 
 def test_bad_shape_and_missing_folder(adapter, tmp_path):
@@ -164,19 +184,25 @@ def test_velocity_is_differentiable_wrt_lora(path):
     enc = adapter.encode_prompt(["a cat"], max_sequence_length=32)
     x = adapter.prepare_latents(SHAPE, [torch.Generator().manual_seed(0)])
     adapter.velocity(x, torch.tensor([0.7]), enc, None, guidance_scale=GUIDANCE, shape=SHAPE).sum().backward()
-    nonzero = {n for n, p in adapter.transformer.named_parameters()
-               if "lora_B" in n and p.grad is not None and p.grad.abs().sum() > 0}
+    nonzero = {
+        n
+        for n, p in adapter.transformer.named_parameters()
+        if "lora_B" in n and p.grad is not None and p.grad.abs().sum() > 0
+    }
     # The last block's context queries feed only the discarded text stream, so ask per target name.
     for target in adapter.default_lora_targets:
         assert any(f".{target}.lora_B" in n for n in nonzero), target
 
 
 def test_tiny_builder_is_deterministic_and_small(path, tmp_path):
-    from models.tiny import build_tiny
+    from diffrl.models.tiny import build_tiny
 
     def digests(root):
-        return {p.relative_to(root): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in pathlib.Path(root).rglob("*") if p.is_file()}
+        return {
+            p.relative_to(root): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in pathlib.Path(root).rglob("*")
+            if p.is_file()
+        }
 
     again = digests(build_tiny("flux", str(tmp_path / "again"), seed=0))
     assert again == digests(path) and any(str(p).endswith(".safetensors") for p in again)

@@ -10,8 +10,8 @@ import torch
 from diffusers import QwenImagePipeline
 from peft import LoraConfig
 
-from models.base import SampleShape, load_adapter
-from models.qwen_image import QwenImageAdapter, true_cfg
+from diffrl.models.base import SampleShape, load_adapter
+from diffrl.models.qwen_image import QwenImageAdapter, true_cfg
 
 SHAPE = SampleShape(64, 64)
 TRUE_CFG = 4.0
@@ -40,9 +40,16 @@ euler_sample = functools.partial(parity.euler_sample, guidance_scale=TRUE_CFG, s
 
 
 def pipeline_uint8(pipe, prompt, seed, *, steps=4, true_cfg_scale=TRUE_CFG, shape=SHAPE, negative=NEGATIVE):
-    out = pipe(prompt=prompt, negative_prompt=negative, true_cfg_scale=true_cfg_scale, num_inference_steps=steps,
-               height=shape.height, width=shape.width, generator=torch.Generator().manual_seed(seed),
-               output_type="np").images
+    out = pipe(
+        prompt=prompt,
+        negative_prompt=negative,
+        true_cfg_scale=true_cfg_scale,
+        num_inference_steps=steps,
+        height=shape.height,
+        width=shape.width,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
+    ).images
     return torch.from_numpy((out * 255).round().astype("uint8"))
 
 
@@ -99,8 +106,15 @@ def test_long_prompt_warns_and_truncates_as_upstream(adapter, pipe):
 
 @pytest.mark.parametrize("steps,height,width", [(4, 64, 64), (3, 128, 96)])
 def test_sigmas_equal_pipeline_scheduler(adapter, pipe, steps, height, width):
-    pipe(prompt="a cat", num_inference_steps=steps, height=height, width=width, true_cfg_scale=1.0,
-         generator=torch.Generator().manual_seed(0), output_type="latent")
+    pipe(
+        prompt="a cat",
+        num_inference_steps=steps,
+        height=height,
+        width=width,
+        true_cfg_scale=1.0,
+        generator=torch.Generator().manual_seed(0),
+        output_type="latent",
+    )
     ours = adapter.sigmas(steps, SampleShape(height, width))
     assert ours.dtype == torch.float32 and ours.shape == (steps + 1,) and ours[-1] == 0
     torch.testing.assert_close(ours, pipe.scheduler.sigmas.float(), rtol=0, atol=0)
@@ -110,7 +124,7 @@ def test_prepare_latents_match_pipeline(adapter, pipe):
     ours = adapter.prepare_latents(SHAPE, [torch.Generator().manual_seed(5), torch.Generator().manual_seed(9)])
     for i, seed in enumerate((5, 9)):
         ref = pipe.prepare_latents(1, 4, 64, 64, torch.float32, "cpu", torch.Generator().manual_seed(seed))
-        assert torch.equal(ours[i:i + 1], ref)
+        assert torch.equal(ours[i : i + 1], ref)
     assert ours.shape == (2, 16, 16) and ours.dtype == torch.float32
 
 
@@ -139,8 +153,14 @@ def test_batched_cfg_forward_equals_two_forwards(adapter):
 
         def forward(e):  # upstream call: timestep / 1000, mask dropped when nothing is padded
             mask = None if e["prompt_embeds_mask"].all() else e["prompt_embeds_mask"]
-            return adapter.transformer(hidden_states=x, timestep=sigma * 1000 / 1000, encoder_hidden_states=e[
-                "prompt_embeds"], encoder_hidden_states_mask=mask, img_shapes=img_shapes, return_dict=False)[0]
+            return adapter.transformer(
+                hidden_states=x,
+                timestep=sigma * 1000 / 1000,
+                encoder_hidden_states=e["prompt_embeds"],
+                encoder_hidden_states_mask=mask,
+                img_shapes=img_shapes,
+                return_dict=False,
+            )[0]
 
         cond, uncond = forward(enc), forward(neg)
     comb = uncond + TRUE_CFG * (cond - uncond)
@@ -186,14 +206,16 @@ def _folder_bytes(folder) -> dict[str, bytes]:
 
 
 def test_tiny_builder_is_deterministic_for_a_seed(tmp_path):
-    from models.tiny import build_tiny
+    from diffrl.models.tiny import build_tiny
 
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
         build_tiny("qwen_image", str(tmp_path / name), seed=seed)
     files_a, files_b, files_c = (_folder_bytes(tmp_path / name) for name in ("a", "b", "c"))
     assert files_a == files_b
-    assert files_a["transformer/diffusion_pytorch_model.safetensors"] != files_c[
-        "transformer/diffusion_pytorch_model.safetensors"]
+    assert (
+        files_a["transformer/diffusion_pytorch_model.safetensors"]
+        != files_c["transformer/diffusion_pytorch_model.safetensors"]
+    )
     assert sum(len(b) for b in files_a.values()) < 10_000_000
     assert not any(name.endswith((".bin", ".pt", ".pkl")) for name in files_a)  # safetensors only
 

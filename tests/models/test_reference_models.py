@@ -1,4 +1,4 @@
-"""The shipped reference models (models/reference/*): each is a diffusers folder of safetensors within the
+"""The shipped reference models (diffrl/models/reference/*): each is a diffusers folder of safetensors within the
 30 MB budget that loads offline, laid out as its pretrain_summary.json says, and the CPU-sized one draws
 scenes geneval_lite accepts (docs/reference-model.md)."""
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 from diffusers import StableDiffusion3Pipeline
 
-from engines.store.prompts import PromptDataset
-from flows.build import REFERENCE_DIR, resolve_model_path
-from models.reference.pretrain_shapes import HELDOUT, PretrainConfig, evaluate, folder_megabytes
+from diffrl.engines.store.prompts import PromptDataset
+from diffrl.engines.train.pretrain_shapes import HELDOUT, PretrainConfig, evaluate, folder_megabytes
+from diffrl.flows.build import REFERENCE_DIR, resolve_model_path
 
 SHIPPED = ("shapes", "shapes-small")
 
@@ -43,8 +43,9 @@ def test_cpu_sized_model_draws_scenes_geneval_lite_accepts():
     24 held-out prompts: the summary's 45.6 % is over 204 prompts on an H200, so on this CPU only a floor
     is checked — a model that did not learn the task scores 0."""
     # stored in fp16, run in fp32 as diffrl loads it (model.dtype: fp32): fp16 convolutions do not run on a CPU
-    pipe = StableDiffusion3Pipeline.from_pretrained(resolve_model_path("reference:shapes-small"), local_files_only=True,
-                                                    torch_dtype=torch.float32)
+    pipe = StableDiffusion3Pipeline.from_pretrained(
+        resolve_model_path("reference:shapes-small"), local_files_only=True, torch_dtype=torch.float32
+    )
     pipe.set_progress_bar_config(disable=True)
     cfg = PretrainConfig(out="", device="cpu", seed=0, eval_prompts=24, eval_steps=10, guidance_scale=4.5)
     accuracy = evaluate(pipe, PromptDataset.load(HELDOUT), cfg)["accuracy"]

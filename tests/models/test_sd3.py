@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import pathlib
 
 import numpy as np
-import functools
-
 import parity
 import pytest
 import torch
 from diffusers import StableDiffusion3Pipeline
 from peft import LoraConfig
 
-from models.base import SampleShape, images_to_uint8, load_adapter
-from models.sd3 import SD3Adapter
+from diffrl.models.base import SampleShape, images_to_uint8, load_adapter
+from diffrl.models.sd3 import SD3Adapter
 
 SHAPE = SampleShape(64, 64)
 GUIDANCE = 4.5
@@ -43,9 +42,16 @@ euler_sample = functools.partial(parity.euler_sample, guidance_scale=GUIDANCE, s
 
 
 def pipeline_uint8(pipe, prompt, seed, *, steps=4, guidance_scale=GUIDANCE, shape=SHAPE, negative=""):
-    out = pipe(prompt=prompt, negative_prompt=negative, num_inference_steps=steps, height=shape.height,
-               width=shape.width, guidance_scale=guidance_scale, generator=torch.Generator().manual_seed(seed),
-               output_type="np").images
+    out = pipe(
+        prompt=prompt,
+        negative_prompt=negative,
+        num_inference_steps=steps,
+        height=shape.height,
+        width=shape.width,
+        guidance_scale=guidance_scale,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
+    ).images
     return torch.from_numpy((out * 255).round().astype("uint8"))
 
 
@@ -75,8 +81,9 @@ def test_no_guidance_matches_pipeline(adapter, pipe):
 def test_encode_prompt_equals_pipeline(adapter, pipe):
     prompts = ["a cat", "Two dogs playing with a ball, 4k"]
     with torch.no_grad():  # as in the pipeline's __call__ (grad mode changes CPU attention kernels)
-        pos, neg, pooled, neg_pooled = pipe.encode_prompt(prompts, None, None, negative_prompt=["", ""],
-                                                          do_classifier_free_guidance=True, max_sequence_length=256)
+        pos, neg, pooled, neg_pooled = pipe.encode_prompt(
+            prompts, None, None, negative_prompt=["", ""], do_classifier_free_guidance=True, max_sequence_length=256
+        )
     ours, ours_neg = adapter.encode_prompt(prompts), adapter.encode_prompt(["", ""])
     assert ours["prompt_embeds"].shape == (2, 77 + 256, 40) and ours["pooled_prompt_embeds"].shape == (2, 32)
     torch.testing.assert_close(ours["prompt_embeds"], pos, rtol=0, atol=0)
@@ -102,8 +109,15 @@ def test_too_long_prompt_warns_and_truncates(adapter):
 
 @pytest.mark.parametrize("steps,shape", [(4, SHAPE), (10, SampleShape(128, 64))])
 def test_sigmas_equal_pipeline_scheduler(adapter, pipe, steps, shape):
-    pipe(prompt="a cat", num_inference_steps=steps, height=shape.height, width=shape.width, guidance_scale=1.0,
-         output_type="latent", generator=torch.Generator().manual_seed(0))
+    pipe(
+        prompt="a cat",
+        num_inference_steps=steps,
+        height=shape.height,
+        width=shape.width,
+        guidance_scale=1.0,
+        output_type="latent",
+        generator=torch.Generator().manual_seed(0),
+    )
     ours = adapter.sigmas(steps, shape)
     assert ours.dtype == torch.float32 and ours.shape == (steps + 1,) and ours[-1] == 0 and ours[0] == 1
     torch.testing.assert_close(ours, pipe.scheduler.sigmas, rtol=0, atol=0)
@@ -127,9 +141,15 @@ def test_velocity_mixed_sigmas_equal_single_calls(adapter):
     with torch.no_grad():
         both = adapter.velocity(x, sigma, enc, neg, guidance_scale=GUIDANCE, shape=SHAPE)
         for i in range(2):
-            one = adapter.velocity(x[i:i + 1], sigma[i:i + 1], {k: v[i:i + 1] for k, v in enc.items()},
-                                   {k: v[i:i + 1] for k, v in neg.items()}, guidance_scale=GUIDANCE, shape=SHAPE)
-            torch.testing.assert_close(both[i:i + 1], one, rtol=1e-5, atol=1e-5)
+            one = adapter.velocity(
+                x[i : i + 1],
+                sigma[i : i + 1],
+                {k: v[i : i + 1] for k, v in enc.items()},
+                {k: v[i : i + 1] for k, v in neg.items()},
+                guidance_scale=GUIDANCE,
+                shape=SHAPE,
+            )
+            torch.testing.assert_close(both[i : i + 1], one, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="negative"):
         adapter.velocity(x, sigma, enc, None, guidance_scale=GUIDANCE, shape=SHAPE)
 
@@ -160,19 +180,25 @@ def test_velocity_is_differentiable_wrt_lora(path):
     enc, neg = adapter.encode_prompt(["a cat"]), adapter.encode_prompt([""])
     x = adapter.prepare_latents(SHAPE, [torch.Generator().manual_seed(0)])
     adapter.velocity(x, torch.tensor([0.7]), enc, neg, guidance_scale=GUIDANCE, shape=SHAPE).sum().backward()
-    nonzero = {n for n, p in adapter.transformer.named_parameters()
-               if "lora_B" in n and p.grad is not None and p.grad.abs().sum() > 0}
+    nonzero = {
+        n
+        for n, p in adapter.transformer.named_parameters()
+        if "lora_B" in n and p.grad is not None and p.grad.abs().sum() > 0
+    }
     # The last block's context queries feed only the discarded text stream, so ask per target name.
     for target in adapter.default_lora_targets:
         assert any(f".{target}.lora_B" in n for n in nonzero), target
 
 
 def test_tiny_builder_is_deterministic_and_small(path, tmp_path):
-    from models.tiny import build_tiny
+    from diffrl.models.tiny import build_tiny
 
     def digests(root):
-        return {p.relative_to(root): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in pathlib.Path(root).rglob("*") if p.is_file()}
+        return {
+            p.relative_to(root): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in pathlib.Path(root).rglob("*")
+            if p.is_file()
+        }
 
     again = digests(build_tiny("sd3", str(tmp_path / "again"), seed=0))
     assert again == digests(path) and any(str(p).endswith(".safetensors") for p in again)

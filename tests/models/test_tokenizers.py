@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import AutoTokenizer, CLIPTokenizer, T5TokenizerFast
 
-from models.tiny.tokenizers import clip_tokenizer, t5_tokenizer
+from diffrl.models.tiny.tokenizers import clip_tokenizer, t5_tokenizer
 
 
 def test_clip_tokenizer_specials_and_padding():
@@ -33,7 +33,7 @@ def test_t5_tokenizer_layout():
     assert tok.convert_tokens_to_ids("<extra_id_99>") == len(tok) - 100
     ids = tok("A photo of a Zebra, 42", padding="max_length", max_length=40).input_ids
     n = ids.index(1)
-    assert ids[n + 1:] == [0] * (40 - n - 1) and 2 not in ids[:n]  # eos appended, pad after, no <unk>
+    assert ids[n + 1 :] == [0] * (40 - n - 1) and 2 not in ids[:n]  # eos appended, pad after, no <unk>
 
 
 def test_tokenizers_deterministic_and_round_trip(tmp_path):

@@ -3,17 +3,17 @@ diffusers' WanPipeline at noise level 0, prompt encoding, sigmas, shapes, expert
 
 from __future__ import annotations
 
-import numpy as np
 import functools
 
+import numpy as np
 import parity
 import pytest
 import torch
 from diffusers import UniPCMultistepScheduler, WanPipeline
 from peft import LoraConfig
 
-from models.base import SampleShape, load_adapter
-from models.wan import WanAdapter
+from diffrl.models.base import SampleShape, load_adapter
+from diffrl.models.wan import WanAdapter
 
 SHAPE = SampleShape(64, 64, num_frames=5)
 SMALL = SampleShape(32, 32, num_frames=5)  # for the extra parity checks: the 2-core CI budget is tight
@@ -63,9 +63,18 @@ euler_sample = functools.partial(parity.euler_sample, guidance_scale=GUIDANCE, s
 
 
 def pipeline_uint8(pipe, prompt, seed, *, steps=4, guidance_scale=GUIDANCE, shape=SHAPE, negative="", **kwargs):
-    out = pipe(prompt=prompt, negative_prompt=negative, height=shape.height, width=shape.width,
-               num_frames=shape.num_frames, num_inference_steps=steps, guidance_scale=guidance_scale,
-               generator=torch.Generator().manual_seed(seed), output_type="np", **kwargs).frames
+    out = pipe(
+        prompt=prompt,
+        negative_prompt=negative,
+        height=shape.height,
+        width=shape.width,
+        num_frames=shape.num_frames,
+        num_inference_steps=steps,
+        guidance_scale=guidance_scale,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
+        **kwargs,
+    ).frames
     return torch.from_numpy((out * 255).round().astype("uint8"))
 
 
@@ -107,15 +116,26 @@ def test_no_guidance_and_other_size_match_pipeline(adapter, pipe):
 
 def test_two_expert_layout_matches_pipeline(adapter22, pipe22):
     ours = euler_sample(adapter22, ["a boat on the ocean"], [7], guidance_scale=GUIDANCE_22)
-    ref = pipeline_uint8(pipe22, "a boat on the ocean", 7, guidance_scale=GUIDANCE_22,
-                         guidance_scale_2=GUIDANCE_22_LOW)
+    ref = pipeline_uint8(pipe22, "a boat on the ocean", 7, guidance_scale=GUIDANCE_22, guidance_scale_2=GUIDANCE_22_LOW)
     assert max_diff(ours, ref) <= 1
     # 4 steps at shift 12 put 2 steps on each expert, so guidance_scale_2 must matter.
     sigmas = adapter22.sigmas(4, SHAPE)
     assert sigmas[1] >= 0.875 > sigmas[2]
     same_scale = pipeline_uint8(pipe22, "a boat on the ocean", 7, guidance_scale=GUIDANCE_22, shape=SMALL)
-    assert max_diff(same_scale, pipeline_uint8(pipe22, "a boat on the ocean", 7, guidance_scale=GUIDANCE_22,
-                                               guidance_scale_2=GUIDANCE_22_LOW, shape=SMALL)) > 5
+    assert (
+        max_diff(
+            same_scale,
+            pipeline_uint8(
+                pipe22,
+                "a boat on the ocean",
+                7,
+                guidance_scale=GUIDANCE_22,
+                guidance_scale_2=GUIDANCE_22_LOW,
+                shape=SMALL,
+            ),
+        )
+        > 5
+    )
     # guidance_scale_2=None means "same as guidance_scale", as upstream.
     adapter22.guidance_scale_2 = None
     try:
@@ -129,7 +149,8 @@ def test_per_token_timesteps_layout_matches_pipeline(path, tmp_path):
     """Wan2.2 TI2V's `expand_timesteps=True` (one timestep per latent token) on the tiny weights."""
     parts = WanPipeline.from_pretrained(path).components
     WanPipeline(**{k: v for k, v in parts.items() if k != "transformer_2"}, expand_timesteps=True).save_pretrained(
-        str(tmp_path))
+        str(tmp_path)
+    )
     adapter = WanAdapter.from_pretrained(str(tmp_path))
     assert adapter.pipe.config.expand_timesteps
     ours = euler_sample(adapter, ["a small blue bird"], [5], shape=SMALL)
@@ -145,15 +166,23 @@ def test_mixed_experts_in_one_batch_equal_single_calls(adapter22):
     with torch.no_grad():
         both = adapter22.velocity(x, sigma, enc, neg, guidance_scale=GUIDANCE_22, shape=SMALL)
         for i in range(3):
-            one = adapter22.velocity(x[i:i + 1], sigma[i:i + 1], {k: v[i:i + 1] for k, v in enc.items()},
-                                     {k: v[i:i + 1] for k, v in neg.items()}, guidance_scale=GUIDANCE_22, shape=SMALL)
-            torch.testing.assert_close(both[i:i + 1], one, rtol=1e-4, atol=1e-4)
+            one = adapter22.velocity(
+                x[i : i + 1],
+                sigma[i : i + 1],
+                {k: v[i : i + 1] for k, v in enc.items()},
+                {k: v[i : i + 1] for k, v in neg.items()},
+                guidance_scale=GUIDANCE_22,
+                shape=SMALL,
+            )
+            torch.testing.assert_close(both[i : i + 1], one, rtol=1e-4, atol=1e-4)
         # Rows against WanPipeline's own loop body: row 0 -> transformer at guidance_scale, row 1 ->
         # transformer_2 at guidance_scale_2; the other expert gives something else.
         pos_e, neg_e = enc["prompt_embeds"], neg["prompt_embeds"]
         pipe = adapter22.pipe
-        for row, expert, scale, other in [(0, pipe.transformer, GUIDANCE_22, pipe.transformer_2),
-                                          (1, pipe.transformer_2, GUIDANCE_22_LOW, pipe.transformer)]:
+        for row, expert, scale, other in [
+            (0, pipe.transformer, GUIDANCE_22, pipe.transformer_2),
+            (1, pipe.transformer_2, GUIDANCE_22_LOW, pipe.transformer),
+        ]:
             rows = slice(row, row + 1)
             ref = pipeline_cfg(expert, x[rows], sigma[rows] * 1000, pos_e[rows], neg_e[rows], scale)
             torch.testing.assert_close(both[rows], ref, rtol=1e-4, atol=1e-4)
@@ -167,15 +196,17 @@ def test_encode_prompt_equals_pipeline(adapter, pipe):
     prompts = ["a cat", "Two  dogs playing with a ball, 4k &amp; more"]
     # Under no_grad as in WanPipeline.__call__: with grad enabled UMT5's SDPA rounds differently (~1e-5).
     with torch.no_grad():
-        pos, neg = pipe.encode_prompt(prompts, negative_prompt=["", "ugly"], do_classifier_free_guidance=True,
-                                      max_sequence_length=512)
+        pos, neg = pipe.encode_prompt(
+            prompts, negative_prompt=["", "ugly"], do_classifier_free_guidance=True, max_sequence_length=512
+        )
         short, _ = pipe.encode_prompt(prompts, do_classifier_free_guidance=False, max_sequence_length=24)
     ours, ours_neg = adapter.encode_prompt(prompts), adapter.encode_prompt(["", "ugly"])
     assert ours["prompt_embeds"].shape == (2, 512, 32) and set(ours) == {"prompt_embeds"}
     torch.testing.assert_close(ours["prompt_embeds"], pos, rtol=0, atol=0)
     torch.testing.assert_close(ours_neg["prompt_embeds"], neg, rtol=0, atol=0)
-    torch.testing.assert_close(adapter.encode_prompt(prompts, max_sequence_length=24)["prompt_embeds"], short,
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        adapter.encode_prompt(prompts, max_sequence_length=24)["prompt_embeds"], short, rtol=0, atol=0
+    )
 
 
 def test_too_long_prompt_warns_and_truncates(adapter, pipe):
@@ -243,8 +274,9 @@ def test_load_adapter_detects_wan_and_experts(path, path22):
     assert isinstance(one, WanAdapter) and one.source == path and one.arch == "wan" and one.is_video
     assert isinstance(two, WanAdapter) and two.boundary_ratio == 0.875 and two.guidance_scale_2 is None
     assert len(one.denoisers()) == 1 and len(two.denoisers()) == 2
-    assert len(two.fsdp_wrap_units()) == 4 and all(type(b).__name__ == "WanTransformerBlock"
-                                                   for b in two.fsdp_wrap_units())
+    assert len(two.fsdp_wrap_units()) == 4 and all(
+        type(b).__name__ == "WanTransformerBlock" for b in two.fsdp_wrap_units()
+    )
 
 
 def test_velocity_is_differentiable_wrt_lora_of_both_experts(path22):

@@ -10,8 +10,8 @@ import torch
 from diffusers import ZImagePipeline
 from peft import LoraConfig
 
-from models.base import SampleShape, load_adapter
-from models.z_image import ZImageAdapter, z_image_cfg
+from diffrl.models.base import SampleShape, load_adapter
+from diffrl.models.z_image import ZImageAdapter, z_image_cfg
 
 SHAPE = SampleShape(64, 64)
 GUIDANCE = 4.0
@@ -39,9 +39,16 @@ euler_sample = functools.partial(parity.euler_sample, guidance_scale=GUIDANCE, s
 
 
 def pipeline_uint8(pipe, prompt, seed, *, steps=4, guidance_scale=GUIDANCE, shape=SHAPE, **kwargs):
-    out = pipe(prompt=prompt, num_inference_steps=steps, height=shape.height, width=shape.width,
-               guidance_scale=guidance_scale, generator=torch.Generator().manual_seed(seed), output_type="np",
-               **kwargs).images
+    out = pipe(
+        prompt=prompt,
+        num_inference_steps=steps,
+        height=shape.height,
+        width=shape.width,
+        guidance_scale=guidance_scale,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
+        **kwargs,
+    ).images
     return torch.from_numpy((out * 255).round().astype("uint8"))
 
 
@@ -103,16 +110,22 @@ def test_long_prompt_warns_and_truncates_as_upstream(adapter, pipe):
     with pytest.warns(UserWarning, match=r"max_sequence_length=16: it is truncated to 16"):
         enc = adapter.encode_prompt([prompt], max_sequence_length=16)
     with torch.no_grad():
-        ref, _ = pipe.encode_prompt([prompt], device="cpu", do_classifier_free_guidance=False,
-                                    max_sequence_length=16)
+        ref, _ = pipe.encode_prompt([prompt], device="cpu", do_classifier_free_guidance=False, max_sequence_length=16)
     assert enc["prompt_embeds"].shape[1] == 16 == ref[0].shape[0]
     torch.testing.assert_close(enc["prompt_embeds"][0], ref[0], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("steps,height,width", [(4, 64, 64), (3, 128, 96)])
 def test_sigmas_equal_pipeline_scheduler(adapter, pipe, steps, height, width):
-    pipe(prompt="a cat", num_inference_steps=steps, height=height, width=width, guidance_scale=0.0,
-         generator=torch.Generator().manual_seed(0), output_type="latent")
+    pipe(
+        prompt="a cat",
+        num_inference_steps=steps,
+        height=height,
+        width=width,
+        guidance_scale=0.0,
+        generator=torch.Generator().manual_seed(0),
+        output_type="latent",
+    )
     ours = adapter.sigmas(steps, SampleShape(height, width))
     assert ours.dtype == torch.float32 and ours.shape == (steps + 1,) and ours[-1] == 0
     torch.testing.assert_close(ours, pipe.scheduler.sigmas.float(), rtol=0, atol=0)
@@ -122,7 +135,7 @@ def test_prepare_latents_match_pipeline(adapter, pipe):
     ours = adapter.prepare_latents(SHAPE, [torch.Generator().manual_seed(5), torch.Generator().manual_seed(9)])
     for i, seed in enumerate((5, 9)):
         ref = pipe.prepare_latents(1, 4, 64, 64, torch.float32, "cpu", torch.Generator().manual_seed(seed))
-        assert torch.equal(ours[i:i + 1], ref)
+        assert torch.equal(ours[i : i + 1], ref)
     assert ours.shape == (2, 4, 8, 8) and ours.dtype == torch.float32
 
 
@@ -173,12 +186,18 @@ def test_velocity_is_differentiable_through_lora(path):
 
 
 def test_tiny_builder_is_deterministic_for_a_seed(tmp_path):
-    from models.tiny import build_tiny
+    from diffrl.models.tiny import build_tiny
 
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
         build_tiny("z_image", str(tmp_path / name), seed=seed)
-    files = {name: {str(p.relative_to(tmp_path / name)): p.read_bytes()
-                    for p in sorted((tmp_path / name).rglob("*")) if p.is_file()} for name in "abc"}
+    files = {
+        name: {
+            str(p.relative_to(tmp_path / name)): p.read_bytes()
+            for p in sorted((tmp_path / name).rglob("*"))
+            if p.is_file()
+        }
+        for name in "abc"
+    }
     assert files["a"] == files["b"]
     weights = "transformer/diffusion_pytorch_model.safetensors"
     assert files["a"][weights] != files["c"][weights]

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from algorithms.catalog import get_algorithm
-from configs.schema import load_experiment
-from engines import cluster
-from engines.train.preference import lora_pairs
-from flows.build import build_engines
-from flows.build_preference import check_preference_config
-from engines.step.generate import generate
-from engines.step.plan import chunk_plan
-from engines.step.update import training_rows
+from diffrl.algorithms.catalog import get_algorithm
+from diffrl.configs.schema import load_experiment
+from diffrl.engines import cluster
+from diffrl.engines.step.generate import generate
+from diffrl.engines.step.plan import chunk_plan
+from diffrl.engines.step.update import training_rows
+from diffrl.engines.train.preference import lora_pairs
+from diffrl.flows.build import build_engines
+from diffrl.flows.build_preference import check_preference_config
 
 GROUPS = ["a", "a", "a", "b", "b", "c", "c"]
 REWARDS = torch.tensor([0.1, 0.9, 0.5, 0.3, 0.3, 0.2, 0.7])
@@ -37,11 +37,23 @@ def test_nft_and_awm_train_on_every_valid_sample():
 
 
 def test_nft_rollout_samples_with_the_old_adapter(tmp_path, tiny_model):
-    cfg = load_experiment("quick_nft", [
-        f"model.path={tiny_model('sd3')}", f"run.root={tmp_path}/runs", "run.name=nft_old",
-        "rollout.num_inference_steps=2", "rollout.height=32", "rollout.width=32", "rollout.group_size=2",
-        "rollout.prompts_per_step=2", "rollout.chunk_size=4", "train.mini_batch_prompts=2",
-        "algorithm.window={kind: random_start, size: 1, start_range: [1, 2]}", "data.num_generated=8"])
+    cfg = load_experiment(
+        "quick_nft",
+        [
+            f"model.path={tiny_model('sd3')}",
+            f"run.root={tmp_path}/runs",
+            "run.name=nft_old",
+            "rollout.num_inference_steps=2",
+            "rollout.height=32",
+            "rollout.width=32",
+            "rollout.group_size=2",
+            "rollout.prompts_per_step=2",
+            "rollout.chunk_size=4",
+            "train.mini_batch_prompts=2",
+            "algorithm.window={kind: random_start, size: 1, start_range: [1, 2]}",
+            "data.num_generated=8",
+        ],
+    )
     engines = build_engines(cfg)
     try:
         with torch.no_grad():  # move the policy away from the old adapter (as training does)
@@ -52,8 +64,13 @@ def test_nft_rollout_samples_with_the_old_adapter(tmp_path, tiny_model):
         engines.memory.drain()  # the held rows land
         stored = engines.store.read_chunk(0, 0)
         plan = chunk_plan(engines, 0, 0)
-        args = ([r.prompt for r in plan["records"]], [r.uid for r in plan["records"]], plan["sample_index"],
-                plan["seeds"], cfg.sampling)
+        args = (
+            [r.prompt for r in plan["records"]],
+            [r.uid for r in plan["records"]],
+            plan["sample_index"],
+            plan["seeds"],
+            cfg.sampling,
+        )
         with engines.trainer.old_policy():
             old = engines.rollout.generate(*args)
         current = engines.rollout.generate(*args)
@@ -68,11 +85,15 @@ def test_nft_rollout_samples_with_the_old_adapter(tmp_path, tiny_model):
 def test_direct_preference_window_must_end_at_the_last_step():
     """A window ending at the last step trains (size 1, or longer: SDE sampling on the earlier steps too)."""
     base = ["algorithm.name=dpo", "rollout.num_inference_steps=4"]
-    for window in ("{kind: random_start, size: 1, start_range: [3, 4]}",
-                   "{kind: random_start, size: 4, start_range: [0, 1]}"):
+    for window in (
+        "{kind: random_start, size: 1, start_range: [3, 4]}",
+        "{kind: random_start, size: 4, start_range: [0, 1]}",
+    ):
         check_preference_config(load_experiment("quick_dpo", [*base, f"algorithm.window={window}"]))
-    for window in ("{kind: random_start, size: 2, start_range: [1, 2]}",    # ends at step 2
-                   "{kind: random_start, size: 1, start_range: [2, 4]}",    # may end at step 2
-                   "{kind: all_but_last, size: 2, start_range: [0, 4]}"):
+    for window in (
+        "{kind: random_start, size: 2, start_range: [1, 2]}",  # ends at step 2
+        "{kind: random_start, size: 1, start_range: [2, 4]}",  # may end at step 2
+        "{kind: all_but_last, size: 2, start_range: [0, 4]}",
+    ):
         with pytest.raises(ValueError, match="window must end at the last denoising step"):
             check_preference_config(load_experiment("quick_dpo", [*base, f"algorithm.window={window}"]))

@@ -9,14 +9,15 @@ import os
 
 import torch
 
-from configs.schema import load_experiment
-from engines.rollout import RolloutEngine
-from engines.store.prompts import PromptDataset
-from models.base import load_adapter
-from engines.step.plan import validation_batch, validation_rollout
+from diffrl.configs.schema import load_experiment
+from diffrl.engines.rollout import RolloutEngine
+from diffrl.engines.step.plan import validation_batch, validation_rollout
+from diffrl.engines.store.prompts import PromptDataset
+from diffrl.models.base import load_adapter
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HELDOUT = PromptDataset.load(os.path.join(REPO, "data", "shapes_heldout.jsonl"))
+SHAPES_SMALL = os.path.join(REPO, "diffrl", "models", "reference", "shapes-small")
+HELDOUT = PromptDataset.load(os.path.join(REPO, "diffrl", "data", "shapes_heldout.jsonl"))
 
 
 def test_copies_get_new_seeds_and_copy_zero_keeps_the_one_image_seeds():
@@ -33,7 +34,7 @@ def test_copies_get_new_seeds_and_copy_zero_keeps_the_one_image_seeds():
 
 def test_two_images_per_prompt_repeat_the_one_image_validation_then_add_new_samples():
     cfg = load_experiment("quickstart", [])
-    rollout = RolloutEngine(load_adapter(os.path.join(REPO, "models", "reference", "shapes-small")), progress=False)
+    rollout = RolloutEngine(load_adapter(SHAPES_SMALL), progress=False)
     records = [HELDOUT[i] for i in range(3)]
     # ODE as validation samples; chunks of 3 so the first chunk of six is the three-sample batch itself
     ode = dataclasses.replace(cfg.sampling, noise_level=0.0, batch_size=3)
@@ -48,11 +49,12 @@ def test_validation_rollout_samples_the_ode_copies_and_takes_fewer_steps_than_th
     """The config's sampling at noise 0 on validation_batch's copies; overriding num_inference_steps below the
     SDE window's 4 steps cuts the window instead of failing ("WindowPolicy.size 4 > num_steps 2")."""
     cfg = load_experiment("quickstart", ["data.val_samples_per_prompt=2"])
-    rollout = RolloutEngine(load_adapter(os.path.join(REPO, "models", "reference", "shapes-small")), progress=False)
+    rollout = RolloutEngine(load_adapter(SHAPES_SMALL), progress=False)
     records = [HELDOUT[i] for i in range(3)]
     traj = validation_rollout(rollout, cfg, records, step=5)
-    by_hand = rollout.generate(cfg=dataclasses.replace(cfg.sampling, noise_level=0.0),
-                               **validation_batch(records, cfg.run.seed, copies=2))
+    by_hand = rollout.generate(
+        cfg=dataclasses.replace(cfg.sampling, noise_level=0.0), **validation_batch(records, cfg.run.seed, copies=2)
+    )
     assert traj.images.shape[0] == 6 and torch.equal(traj.images, by_hand.images)
     assert traj.prompts == [r.prompt for r in records] * 2
     two_steps = validation_rollout(rollout, cfg, records, num_inference_steps=2)

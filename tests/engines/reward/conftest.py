@@ -86,10 +86,24 @@ def tiny_clip_folder(tmp_path_factory) -> str:
     torch.manual_seed(0)
     config = CLIPConfig(
         text_config=dict(
-            vocab_size=len(words), hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
-            max_position_embeddings=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            vocab_size=len(words),
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=16,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
         ),
-        vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2),
+        vision_config=dict(
+            image_size=32,
+            patch_size=8,
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+        ),
         projection_dim=16,
     )
     CLIPModel(config).eval().save_pretrained(folder)

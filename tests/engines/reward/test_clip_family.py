@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 
-from engines.reward.base import build_reward
+from diffrl.engines.reward.base import build_reward
 
 PROMPTS = ["a red cat", "a photo of the blue dog"]
 
@@ -25,7 +25,11 @@ def _hand_embeddings(folder: str, images: np.ndarray, prompts: list[str]) -> tup
     with torch.no_grad():
         image = model.get_image_features(pixel_values=pixels).pooler_output
         text = model.get_text_features(**tokens).pooler_output
-    return image / image.norm(dim=-1, keepdim=True), text / text.norm(dim=-1, keepdim=True), model.logit_scale.exp().item()
+    return (
+        image / image.norm(dim=-1, keepdim=True),
+        text / text.norm(dim=-1, keepdim=True),
+        model.logit_scale.exp().item(),
+    )
 
 
 def test_clip_score_is_the_cosine_similarity(tiny_clip_folder):
@@ -55,16 +59,26 @@ def test_video_scores_average_every_fourth_frame(tiny_clip_folder):
 
 def test_aesthetic_head_on_the_image_embedding(tiny_clip_folder, tmp_path):
     torch.manual_seed(0)
-    head = {"layers.0.weight": torch.randn(8, 16), "layers.0.bias": torch.randn(8),
-            "layers.2.weight": torch.randn(1, 8), "layers.2.bias": torch.randn(1)}
+    head = {
+        "layers.0.weight": torch.randn(8, 16),
+        "layers.0.bias": torch.randn(8),
+        "layers.2.weight": torch.randn(1, 8),
+        "layers.2.bias": torch.randn(1),
+    }
     save_file(head, str(tmp_path / "head.safetensors"))
     images = _images(3)
     image, _, _ = _hand_embeddings(tiny_clip_folder, images, PROMPTS)
-    expected = (image @ head["layers.0.weight"].T + head["layers.0.bias"]) @ head["layers.2.weight"].T + head["layers.2.bias"]
-    reward = build_reward("aesthetic", {"model_path": tiny_clip_folder, "head_path": str(tmp_path / "head.safetensors")})
+    expected = (image @ head["layers.0.weight"].T + head["layers.0.bias"]) @ head["layers.2.weight"].T + head[
+        "layers.2.bias"
+    ]
+    reward = build_reward(
+        "aesthetic", {"model_path": tiny_clip_folder, "head_path": str(tmp_path / "head.safetensors")}
+    )
     out = reward(images, ["", ""], [{}, {}])
     torch.testing.assert_close(out.scores, expected[:, 0], rtol=1e-5, atol=1e-5)
-    save_file({"layers.0.weight": torch.randn(1, 7), "layers.0.bias": torch.randn(1)}, str(tmp_path / "bad.safetensors"))
+    save_file(
+        {"layers.0.weight": torch.randn(1, 7), "layers.0.bias": torch.randn(1)}, str(tmp_path / "bad.safetensors")
+    )
     with pytest.raises(ValueError, match=r"layer 0 has weight \(1, 7\), expected \(\*, 16\)"):
         build_reward("aesthetic", {"model_path": tiny_clip_folder, "head_path": str(tmp_path / "bad.safetensors")})
 
@@ -86,9 +100,13 @@ def test_open_clip_format_needs_the_package_or_is_loaded(tmp_path):
         import open_clip  # noqa: F401
     except ImportError:
         with pytest.raises(ValueError, match="pip install open_clip_torch"):
-            build_reward("clip_score", {"model_path": str(tmp_path), "format": "open_clip", "open_clip_model": "ViT-B-32"})
+            build_reward(
+                "clip_score", {"model_path": str(tmp_path), "format": "open_clip", "open_clip_model": "ViT-B-32"}
+            )
     else:
         with pytest.raises(ValueError, match="lacks open_clip_model.safetensors"):
-            build_reward("clip_score", {"model_path": str(tmp_path), "format": "open_clip", "open_clip_model": "ViT-B-32"})
+            build_reward(
+                "clip_score", {"model_path": str(tmp_path), "format": "open_clip", "open_clip_model": "ViT-B-32"}
+            )
     with pytest.raises(ValueError, match="needs option 'open_clip_model'"):
         build_reward("clip_score", {"model_path": str(tmp_path), "format": "open_clip"})

@@ -7,9 +7,16 @@ import pytest
 import torch
 from PIL import Image, ImageFilter
 
-from engines.reward.base import build_reward, reward_names
-from engines.reward.geneval_lite import Detection, GenevalLiteOptions, color_masks, detect, detect_batch, relation_holds
-from engines.store.scenes import SceneObject, render, scene_pairs, target_json
+from diffrl.engines.reward.base import build_reward, reward_names
+from diffrl.engines.reward.geneval_lite import (
+    Detection,
+    GenevalLiteOptions,
+    color_masks,
+    detect,
+    detect_batch,
+    relation_holds,
+)
+from diffrl.engines.store.scenes import SceneObject, render, scene_pairs, target_json
 
 
 def _score(objects, target, transform=None):
@@ -32,17 +39,22 @@ def _noise(image):
 
 THREE_CIRCLES = {"tag": "counting", "include": [{"shape": "circle", "count": 3}]}
 BLUE_SQUARE = {"tag": "colors", "include": [{"shape": "square", "count": 1, "color": "blue"}]}
-CIRCLE_LEFT_OF_SQUARE = {"tag": "position", "include": [{"shape": "square", "count": 1},
-                                                        {"shape": "circle", "count": 1, "position": ["left of", 0]}]}
-RED_CIRCLE_AND_GREEN_TRIANGLE = {"tag": "color_attr", "include": [
-    {"shape": "circle", "count": 1, "color": "red"}, {"shape": "triangle", "count": 1, "color": "green"}]}
+CIRCLE_LEFT_OF_SQUARE = {
+    "tag": "position",
+    "include": [{"shape": "square", "count": 1}, {"shape": "circle", "count": 1, "position": ["left of", 0]}],
+}
+RED_CIRCLE_AND_GREEN_TRIANGLE = {
+    "tag": "color_attr",
+    "include": [{"shape": "circle", "count": 1, "color": "red"}, {"shape": "triangle", "count": 1, "color": "green"}],
+}
 
 
 def test_registered_and_exact_renders_of_every_category_score_one():
     assert "geneval_lite" in reward_names()
     images, prompts, targets = scene_pairs(240, seed=11)
-    out = build_reward("geneval_lite")(torch.from_numpy(images), prompts,
-                                      [{"ground_truth": target_json(t)} for t in targets])
+    out = build_reward("geneval_lite")(
+        torch.from_numpy(images), prompts, [{"ground_truth": target_json(t)} for t in targets]
+    )
     assert torch.equal(out.scores, torch.ones(240)) and out.info["accuracy"] == [1.0] * 240
     assert len(out.info["detected"]) == 240 and "@" in out.info["detected"][0]
 
@@ -134,8 +146,12 @@ def test_ground_truth_as_dict_or_json_and_errors():
 @pytest.mark.parametrize("weight", [0.0, 0.5, 1.0])
 def test_strict_weight_mixes_partial_credit_and_strict_accuracy(weight):
     reward = build_reward("geneval_lite", {"strict_weight": weight})
-    images = np.stack([render([SceneObject("square", "blue", 30, 30, 16)]),   # right: partial 1, strict 1
-                       render([SceneObject("square", "red", 30, 30, 16)])])   # wrong colour: 0.5, 0
+    images = np.stack(
+        [
+            render([SceneObject("square", "blue", 30, 30, 16)]),  # right: partial 1, strict 1
+            render([SceneObject("square", "red", 30, 30, 16)]),
+        ]
+    )  # wrong colour: 0.5, 0
     out = reward(images, ["p", "p"], [{"ground_truth": BLUE_SQUARE}] * 2)
     assert out.scores.tolist() == pytest.approx([1.0, (1 - weight) * 0.5])
     assert out.info["accuracy"] == [1.0, 0.0]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engines.reward.base import RewardError, build_reward
+from diffrl.engines.reward.base import RewardError, build_reward
 
 FAST = {"timeout_s": 1.0, "retries": 1, "backoff_s": 0.01}
 
@@ -16,8 +16,8 @@ FAST = {"timeout_s": 1.0, "retries": 1, "backoff_s": 0.01}
 def _field(body: bytes, name: str) -> bytes:
     """The raw value of one multipart form field."""
     marker = f'name="{name}"'.encode()
-    part = body[body.index(marker):]
-    value = part[part.index(b"\r\n\r\n") + 4:]
+    part = body[body.index(marker) :]
+    value = part[part.index(b"\r\n\r\n") + 4 :]
     return value[: value.index(b"\r\n--")]
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from engines.reward.base import build_reward
+from diffrl.engines.reward.base import build_reward
 
 
 def _images(seed: int = 0) -> np.ndarray:

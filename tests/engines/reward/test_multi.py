@@ -5,8 +5,8 @@ import socket
 import numpy as np
 import pytest
 
-from engines.reward.base import RewardError, build_reward
-from engines.reward.multi import MultiReward, RewardComponent, RewardConfig, reward_metrics
+from diffrl.engines.reward.base import RewardError, build_reward
+from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig, reward_metrics
 
 
 def _images() -> np.ndarray:
@@ -22,10 +22,12 @@ def _dead_url() -> str:
 
 def test_total_is_the_weighted_sum_of_components():
     images = _images()
-    config = RewardConfig(components=[
-        {"name": "jpeg_compressibility", "weight": 0.5, "options": {"batch_size": 1}},
-        {"name": "jpeg_incompressibility", "weight": 2.0, "options": {"quality": 50}},
-    ])
+    config = RewardConfig(
+        components=[
+            {"name": "jpeg_compressibility", "weight": 0.5, "options": {"batch_size": 1}},
+            {"name": "jpeg_incompressibility", "weight": 2.0, "options": {"quality": 50}},
+        ]
+    )
     out = MultiReward(config)(images, ["", ""], [{}, {}])
     comp = build_reward("jpeg_compressibility", {})(images, ["", ""], [{}, {}]).scores
     incomp = build_reward("jpeg_incompressibility", {"quality": 50})(images, ["", ""], [{}, {}]).scores
@@ -38,10 +40,14 @@ def test_total_is_the_weighted_sum_of_components():
 
 
 def test_failing_non_required_component_excludes_and_counts():
-    config = RewardConfig(components=[
-        RewardComponent("jpeg_compressibility"),
-        RewardComponent("http_scorer", required=False, options={"url": _dead_url(), "retries": 0, "timeout_s": 1.0}),
-    ])
+    config = RewardConfig(
+        components=[
+            RewardComponent("jpeg_compressibility"),
+            RewardComponent(
+                "http_scorer", required=False, options={"url": _dead_url(), "retries": 0, "timeout_s": 1.0}
+            ),
+        ]
+    )
     out = MultiReward(config)(_images(), ["", ""], [{}, {}])
     assert out.valid.tolist() == [False, False]
     assert np.isnan(out.scores.numpy()).all()  # never a silent 0

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from engines.reward.base import build_reward
-from flows.commands import score
+from diffrl.engines.reward.base import build_reward
+from diffrl.flows.commands import score
 
 PROMPT = 'A wooden trail marker with "Hidden Trail" carved into the wood'
 REPO = Path(__file__).resolve().parents[3]
@@ -21,7 +21,9 @@ REPO = Path(__file__).resolve().parents[3]
 def render_text(text: str, size: int = 256) -> np.ndarray:
     """Black text on white with Pillow's built-in font (no system fonts needed)."""
     image = Image.new("RGB", (size, size), (255, 255, 255))
-    ImageDraw.Draw(image).text((size // 10, size // 2 - size // 20), text, fill=(0, 0, 0), font=ImageFont.load_default(size=size // 10))
+    ImageDraw.Draw(image).text(
+        (size // 10, size // 2 - size // 20), text, fill=(0, 0, 0), font=ImageFont.load_default(size=size // 10)
+    )
     return np.asarray(image)
 
 
@@ -48,8 +50,19 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_score_command_json_hidden_trail_blank_noise(image_files, capsys):
-    args = _parse(["score", "--reward", "ocr", "--prompt", PROMPT, "--json",
-                   image_files["text"], image_files["blank"], image_files["noise"]])
+    args = _parse(
+        [
+            "score",
+            "--reward",
+            "ocr",
+            "--prompt",
+            PROMPT,
+            "--json",
+            image_files["text"],
+            image_files["blank"],
+            image_files["noise"],
+        ]
+    )
     assert score.run(args) == 0
     results = json.loads(capsys.readouterr().out)  # stdout holds only the JSON
     assert [r["image"] for r in results] == [image_files["text"], image_files["blank"], image_files["noise"]]
@@ -74,8 +87,21 @@ def test_score_command_ground_truth_and_bad_input(image_files, capsys):
 
 def test_python_dash_m_prints_json_on_stdout_only(image_files):
     completed = subprocess.run(
-        [sys.executable, "-m", "flows.commands.score", "--reward", "ocr", "--prompt", PROMPT, "--json", image_files["text"]],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "diffrl.flows.commands.score",
+            "--reward",
+            "ocr",
+            "--prompt",
+            PROMPT,
+            "--json",
+            image_files["text"],
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert completed.returncode == 0, completed.stderr
     assert json.loads(completed.stdout)[0]["score"] >= 0.9

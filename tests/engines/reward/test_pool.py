@@ -4,9 +4,9 @@ processes. Timing claims (overlap) are measured in benchmarks/reward_ocr.py, not
 import numpy as np
 import pytest
 
-from engines.reward.base import RewardError
-from engines.reward.multi import MultiReward, RewardComponent, RewardConfig
-from engines.reward.pool import RewardPool, overlap_length, union
+from diffrl.engines.reward.base import RewardError
+from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig
+from diffrl.engines.reward.pool import RewardPool, overlap_length, union
 
 
 def _chunks(count: int, size: int = 2) -> list[np.ndarray]:
@@ -31,7 +31,12 @@ def test_pool_results_equal_direct_scoring_per_chunk():
     assert sorted(results) == list(range(5))
     for chunk_id, images in enumerate(chunks):
         assert results[chunk_id].scores.tolist() == direct(images, ["p"] * len(images)).scores.tolist()
-    assert set(stats) == {"timing_s/reward", "timing_s/reward_wait", "timing_s/reward_backpressure", "timing_s/reward_overlap"}
+    assert set(stats) == {
+        "timing_s/reward",
+        "timing_s/reward_wait",
+        "timing_s/reward_backpressure",
+        "timing_s/reward_overlap",
+    }
     assert 0.0 <= stats["timing_s/reward_overlap"] <= 1.0 and stats["timing_s/reward"] > 0
 
 
@@ -84,6 +89,8 @@ def test_spawned_process_workers():
     expected = MultiReward(config)
     for chunk_id, images in enumerate(chunks):
         assert results[chunk_id].scores.tolist() == expected(images, ["p"] * 2).scores.tolist()
-    bad = RewardConfig(components=[RewardComponent("clip_score", options={"model_path": "/no/such/folder"})], mode="process")
+    bad = RewardConfig(
+        components=[RewardComponent("clip_score", options={"model_path": "/no/such/folder"})], mode="process"
+    )
     with pytest.raises(ValueError, match="not an existing folder"):  # the worker's build error, verbatim
         RewardPool(bad)

@@ -2,12 +2,20 @@
 
 import pytest
 
-from engines.reward.base import build_reward, reward_names
+from diffrl.engines.reward.base import build_reward, reward_names
 
 
 def test_builtin_rewards_are_registered():
-    assert {"jpeg_compressibility", "jpeg_incompressibility", "ocr", "vlm_judge", "clip_score", "pickscore",
-            "aesthetic", "http_scorer"} <= set(reward_names())
+    assert {
+        "jpeg_compressibility",
+        "jpeg_incompressibility",
+        "ocr",
+        "vlm_judge",
+        "clip_score",
+        "pickscore",
+        "aesthetic",
+        "http_scorer",
+    } <= set(reward_names())
 
 
 def test_unknown_reward_lists_the_names():

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines.reward.text import levenshtein, normalize_text, target_text, text_similarity
+from diffrl.engines.reward.text import levenshtein, normalize_text, target_text, text_similarity
 
 
 @pytest.mark.parametrize(

@@ -10,16 +10,19 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engines.reward.base import RewardError, build_reward
-from engines.reward.multi import MultiReward, RewardComponent, RewardConfig, reward_metrics
-from engines.reward.vlm_judge import parse_rating
+from diffrl.engines.reward.base import RewardError, build_reward
+from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig, reward_metrics
+from diffrl.engines.reward.vlm_judge import parse_rating
 
 FAST = {"timeout_s": 1.0, "retries": 2, "backoff_s": 0.01}
 
 
 def chat_answer(content) -> dict:
     """An OpenAI chat-completions response body carrying `content`."""
-    return {"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
+    return {
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
+    }
 
 
 def _images(count: int, seed: int = 0) -> np.ndarray:
@@ -39,8 +42,10 @@ def test_request_format_and_rating_scores(scripted_server, monkeypatch):
     answers = iter(["4", "Rating: 2"])
     server = scripted_server(lambda path, headers, body: (200, chat_answer(next(answers)), 0))
     monkeypatch.setenv("TEST_JUDGE_KEY", "secret-key")
-    reward = build_reward("vlm_judge", {"base_url": server.url + "/v1", "model": "judge", "api_key_env": "TEST_JUDGE_KEY",
-                                        "concurrency": 1, **FAST})
+    reward = build_reward(
+        "vlm_judge",
+        {"base_url": server.url + "/v1", "model": "judge", "api_key_env": "TEST_JUDGE_KEY", "concurrency": 1, **FAST},
+    )
     images = _images(2)
     out = reward(images, ["a red cat", "a dog"], [{}, {}])
     assert out.valid.tolist() == [True, True]
@@ -55,7 +60,7 @@ def test_request_format_and_rating_scores(scripted_server, monkeypatch):
     assert 'description "a red cat"' in text_part["text"]
     prefix = "data:image/png;base64,"
     assert image_part["type"] == "image_url" and image_part["image_url"]["url"].startswith(prefix)
-    decoded = np.asarray(Image.open(io.BytesIO(base64.b64decode(image_part["image_url"]["url"][len(prefix):]))))
+    decoded = np.asarray(Image.open(io.BytesIO(base64.b64decode(image_part["image_url"]["url"][len(prefix) :]))))
     assert np.array_equal(decoded, images[0])  # PNG is lossless
 
 
@@ -69,12 +74,20 @@ def test_ocr_parser_scores_the_transcription(scripted_server):
 
 def test_malformed_answer_is_an_excluded_counted_sample(scripted_server):
     answers = {"a": chat_answer("5"), "b": chat_answer("I cannot rate this"), "c": {"unexpected": True}}
-    server = scripted_server(lambda path, headers, body: (200, answers[json.loads(body)["messages"][0]["content"][1]["text"][-1]], 0))
+    server = scripted_server(
+        lambda path, headers, body: (200, answers[json.loads(body)["messages"][0]["content"][1]["text"][-1]], 0)
+    )
     template = "{prompt}"  # the prompt alone, so the server can tell the samples apart
-    config = RewardConfig(components=[
-        RewardComponent("vlm_judge", weight=2.0, options={"base_url": server.url, "model": "m", "prompt_template": template, **FAST}),
-        RewardComponent("jpeg_compressibility", weight=1.0),
-    ])
+    config = RewardConfig(
+        components=[
+            RewardComponent(
+                "vlm_judge",
+                weight=2.0,
+                options={"base_url": server.url, "model": "m", "prompt_template": template, **FAST},
+            ),
+            RewardComponent("jpeg_compressibility", weight=1.0),
+        ]
+    )
     out = MultiReward(config)(_images(3), ["a", "b", "c"], None)
     assert out.valid.tolist() == [True, False, False]
     assert np.isnan(out.scores[1:].numpy()).all()  # excluded samples are NaN, never 0
@@ -99,7 +112,9 @@ def test_server_down_fails_after_the_retries():
 
 def test_slow_answer_times_out_after_the_retries(scripted_server):
     server = scripted_server(lambda path, headers, body: (200, chat_answer("5"), 1.0))
-    reward = build_reward("vlm_judge", {"base_url": server.url, "model": "m", "timeout_s": 0.2, "retries": 1, "backoff_s": 0.01})
+    reward = build_reward(
+        "vlm_judge", {"base_url": server.url, "model": "m", "timeout_s": 0.2, "retries": 1, "backoff_s": 0.01}
+    )
     started = time.monotonic()
     with pytest.raises(RewardError, match=r"failed after 2 attempts; last error: ReadTimeout"):
         reward(_images(1), ["x"], [{}])
@@ -109,7 +124,9 @@ def test_slow_answer_times_out_after_the_retries(scripted_server):
 
 def test_transient_errors_are_retried_client_errors_are_not(scripted_server):
     statuses = iter([503, 429, 200])
-    server = scripted_server(lambda path, headers, body: (s := next(statuses), chat_answer("3") if s == 200 else {"error": "busy"}, 0))
+    server = scripted_server(
+        lambda path, headers, body: (s := next(statuses), chat_answer("3") if s == 200 else {"error": "busy"}, 0)
+    )
     reward = build_reward("vlm_judge", {"base_url": server.url, "model": "m", **FAST})
     assert reward(_images(1), ["x"], [{}]).scores.tolist() == [0.5]
     assert len(server.requests) == 3

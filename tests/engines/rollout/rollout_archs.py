@@ -17,11 +17,11 @@ class ArchCase:
     """How to sample one arch in tests: the engine's settings and the same call to the pipeline."""
 
     arch: str
-    adapter_file: str             # models/<file>.py
-    tiny_file: str                # models/tiny/<file>.py
+    adapter_file: str  # diffrl/models/<file>.py
+    tiny_file: str  # diffrl/models/tiny/<file>.py
     guidance_scale: float
     negative_prompt: str = ""
-    pipeline_kwargs: dict = field(default_factory=dict)   # guidance knob etc. for the pipeline call
+    pipeline_kwargs: dict = field(default_factory=dict)  # guidance knob etc. for the pipeline call
     height: int = 64
     width: int = 64
     num_frames: int = 1
@@ -29,12 +29,19 @@ class ArchCase:
 
 CASES = [
     ArchCase("sd3", "sd3.py", "sd3.py", 4.5, pipeline_kwargs={"guidance_scale": 4.5, "negative_prompt": ""}),
-    ArchCase("qwen_image", "qwen_image.py", "qwen.py", 4.0, negative_prompt=" ",
-             pipeline_kwargs={"true_cfg_scale": 4.0, "negative_prompt": " "}),
+    ArchCase(
+        "qwen_image",
+        "qwen_image.py",
+        "qwen.py",
+        4.0,
+        negative_prompt=" ",
+        pipeline_kwargs={"true_cfg_scale": 4.0, "negative_prompt": " "},
+    ),
     ArchCase("flux", "flux.py", "flux.py", 3.5, pipeline_kwargs={"guidance_scale": 3.5}),
     ArchCase("z_image", "z_image.py", "qwen.py", 4.0, pipeline_kwargs={"guidance_scale": 4.0}),
-    ArchCase("wan", "wan.py", "wan.py", 5.0, pipeline_kwargs={"guidance_scale": 5.0}, height=32, width=32,
-             num_frames=5),
+    ArchCase(
+        "wan", "wan.py", "wan.py", 5.0, pipeline_kwargs={"guidance_scale": 5.0}, height=32, width=32, num_frames=5
+    ),
 ]
 
 
@@ -45,8 +52,11 @@ def arch_params(archs: list[str] | None = None) -> list:
     for case in CASES:
         if archs is not None and case.arch not in archs:
             continue
-        missing = [p for p in (f"models/{case.adapter_file}", f"models/tiny/{case.tiny_file}")
-                   if not os.path.isfile(os.path.join(_ROOT, p))]
+        missing = [
+            p
+            for p in (f"diffrl/models/{case.adapter_file}", f"diffrl/models/tiny/{case.tiny_file}")
+            if not os.path.isfile(os.path.join(_ROOT, p))
+        ]
         marks = [pytest.mark.skip(reason=f"{case.arch}: {', '.join(missing)} not in the repository")] if missing else []
         params.append(pytest.param(case, id=case.arch, marks=marks))
     return params
@@ -61,8 +71,13 @@ def pipeline_pixels(path: str, case: ArchCase, prompt: str, seed: int, steps: in
     kwargs = dict(case.pipeline_kwargs, height=case.height, width=case.width)
     if case.num_frames > 1:
         kwargs["num_frames"] = case.num_frames
-    out = pipe(prompt=prompt, num_inference_steps=steps, generator=torch.Generator().manual_seed(seed),
-               output_type="np", **kwargs)
+    out = pipe(
+        prompt=prompt,
+        num_inference_steps=steps,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
+        **kwargs,
+    )
     pixels = out.frames if case.num_frames > 1 else out.images
     # The rounding VaeImageProcessor.numpy_to_pil applies.
     return (np.asarray(pixels)[0] * 255).round().astype("uint8")

@@ -10,9 +10,9 @@ import pytest
 import torch
 from rollout_archs import ArchCase, arch_params, pipeline_pixels
 
-from algorithms.windows import WindowPolicy
-from engines.rollout import RolloutEngine, SamplingConfig
-from models.base import SampleShape, load_adapter
+from diffrl.algorithms.windows import WindowPolicy
+from diffrl.engines.rollout import RolloutEngine, SamplingConfig
+from diffrl.models.base import SampleShape, load_adapter
 
 PROMPT = "a red cube on a blue table"
 STEPS = 4
@@ -33,9 +33,16 @@ def adapters(tiny_model):
 
 
 def config(case: ArchCase, **overrides) -> SamplingConfig:
-    base = dict(num_inference_steps=STEPS, height=case.height, width=case.width, num_frames=case.num_frames,
-                guidance_scale=case.guidance_scale, negative_prompt=case.negative_prompt, noise_level=0.7,
-                batch_size=4)
+    base = dict(
+        num_inference_steps=STEPS,
+        height=case.height,
+        width=case.width,
+        num_frames=case.num_frames,
+        guidance_scale=case.guidance_scale,
+        negative_prompt=case.negative_prompt,
+        noise_level=0.7,
+        batch_size=4,
+    )
     return SamplingConfig(**{**base, **overrides})
 
 
@@ -59,8 +66,9 @@ def rollouts(adapters):
         if case.arch not in done:
             engine = RolloutEngine(adapters(case)[1], progress=False)
             cfg = config(case, batch_size=2)
-            traj = engine.generate([PROMPT, "a cat"], ["g0", "g1"], [0, 1], [3, 4], cfg,
-                                   metadata=[{"i": 0}, {"i": 1}], policy_version=4)
+            traj = engine.generate(
+                [PROMPT, "a cat"], ["g0", "g1"], [0, 1], [3, 4], cfg, metadata=[{"i": 0}, {"i": 1}], policy_version=4
+            )
             done[case.arch] = (engine, cfg, traj)
         return done[case.arch]
 
@@ -120,8 +128,9 @@ def test_only_window_steps_are_stochastic(case, adapters):
         assert (traj.latents[0, 1:] - traj.latents[1, 1:]).abs().max() > 1e-3
         # The last step (after the window) is the ODE step: decode(x3 + v dt) is the image.
         x3 = traj.latents[:, -1]
-        v3 = adapter.velocity(x3, sig[3].expand(2), *engine.encode([PROMPT] * 2, cfg)[:2], guidance_scale=g,
-                              shape=shape)
+        v3 = adapter.velocity(
+            x3, sig[3].expand(2), *engine.encode([PROMPT] * 2, cfg)[:2], guidance_scale=g, shape=shape
+        )
         expected = adapter.decode(x3 + (sig[4] - sig[3]) * v3, shape)
     assert (expected.int() - traj.images.int()).abs().max() <= 1
 
@@ -154,7 +163,7 @@ def test_trajectory_shapes(case, rollouts, adapters):
     assert traj.embed_keys == [engine.embed_key(PROMPT, cfg), engine.embed_key("a cat", cfg)]
     assert traj.metadata == [{"i": 0}, {"i": 1}] and traj.policy_version == 4
     sig = adapter.sigmas(STEPS, shape)
-    assert torch.equal(traj.sigmas[0], sig[:w]) and torch.equal(traj.sigmas_prev[0], sig[1:w + 1])
+    assert torch.equal(traj.sigmas[0], sig[:w]) and torch.equal(traj.sigmas_prev[0], sig[1 : w + 1])
     # The window starts at step 0: the first stored latent is the sample's own initial noise.
     assert torch.equal(traj.latents[1, 0], initial[0])
 
@@ -174,8 +183,9 @@ class DictCache:
 
 def _count_text_encoder_calls(adapter) -> list[int]:
     calls = [0]
-    first_encoder = next(m for name, m in adapter.pipe.components.items()
-                         if name.startswith("text_encoder") and m is not None)
+    first_encoder = next(
+        m for name, m in adapter.pipe.components.items() if name.startswith("text_encoder") and m is not None
+    )
     first_encoder.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     return calls
 

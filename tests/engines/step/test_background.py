@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from engines.step.background import Background, BackgroundError
+from diffrl.engines.step.background import Background, BackgroundError
 
 
 def test_calls_run_in_submission_order_on_one_thread():

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from configs.schema import load_experiment
-from engines.step.retention import describe_disk, disk_estimate
+from diffrl.configs.schema import load_experiment
+from diffrl.engines.step.retention import describe_disk, disk_estimate
 
 
 def test_disk_estimate_closed_form():

@@ -3,25 +3,27 @@
 import pytest
 import torch
 
-from engines.store.embeddings import EmbeddingCache
+from diffrl.engines.store.embeddings import EmbeddingCache
 
 
 def encoding(length: int, seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {"prompt_embeds": torch.randn(1, length, 8, generator=g).to(torch.bfloat16),
-            "pooled_prompt_embeds": torch.randn(1, 8, generator=g),
-            "prompt_embeds_mask": torch.ones(1, length, dtype=torch.int64)}
+    return {
+        "prompt_embeds": torch.randn(1, length, 8, generator=g).to(torch.bfloat16),
+        "pooled_prompt_embeds": torch.randn(1, 8, generator=g),
+        "prompt_embeds_mask": torch.ones(1, length, dtype=torch.int64),
+    }
 
 
 @pytest.mark.parametrize("uri", ["local", "memory://cache-test/embeddings.lance"])
 def test_round_trip_and_idempotent(tmp_path, uri):
     uri = str(tmp_path / "embeddings.lance") if uri == "local" else uri
     cache = EmbeddingCache(uri)
-    prompts = {"a cat": encoding(5, 0), "it's a \"dog\"": encoding(9, 1)}
+    prompts = {"a cat": encoding(5, 0), 'it\'s a "dog"': encoding(9, 1)}
     assert cache.get("fp1", list(prompts)) == {}
     assert cache.put("fp1", prompts) == 2
     assert cache.put("fp1", {"a cat": encoding(5, 7)}) == 0  # already cached: no-op
-    got = cache.get("fp1", ["a cat", "missing", "it's a \"dog\""])
+    got = cache.get("fp1", ["a cat", "missing", 'it\'s a "dog"'])
     assert set(got) == set(prompts)
     for p, enc in prompts.items():
         for name, t in enc.items():

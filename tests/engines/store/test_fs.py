@@ -2,7 +2,7 @@
 
 import pytest
 
-from engines.store import fs
+from diffrl.engines.store import fs
 
 
 @pytest.mark.parametrize("root", ["local", "memory://fs-test"])

@@ -13,10 +13,15 @@ import pytest
 import torch
 from PIL import Image
 
-from engines.reward.base import build_reward
-from engines.store.preference import (PreferenceCache, latent_shape, preference_prompts, vae_encode,
-                                      write_toy_preferences)
-from models.base import SampleShape, load_adapter
+from diffrl.engines.reward.base import build_reward
+from diffrl.engines.store.preference import (
+    PreferenceCache,
+    latent_shape,
+    preference_prompts,
+    vae_encode,
+    write_toy_preferences,
+)
+from diffrl.models.base import SampleShape, load_adapter
 
 SHAPE = SampleShape(32, 32)
 
@@ -79,16 +84,17 @@ def test_image_paths_and_latent_columns_are_accepted(tmp_path, adapter):
         (tmp_path / f"{i}.png").write_bytes(png)
     prompts = pq.read_table(toy).column("prompt").to_pylist()
     by_path = str(tmp_path / "paths.parquet")
-    pq.write_table(pa.table({"prompt": prompts, "chosen": ["0.png", "1.png"], "rejected": ["2.png", "3.png"]}),
-                   by_path)
+    pq.write_table(pa.table({"prompt": prompts, "chosen": ["0.png", "1.png"], "rejected": ["2.png", "3.png"]}), by_path)
     a, b = PreferenceCache(str(tmp_path / "a.lance")), PreferenceCache(str(tmp_path / "b.lance"))
     a.build(toy, adapter, SHAPE, fingerprint="m")
     b.build(by_path, adapter, SHAPE, fingerprint="m")
     torch.testing.assert_close(a.read([0, 1])[0], b.read([0, 1])[0])
     given = torch.randn(2, 2, *latent_shape(adapter, SHAPE), generator=torch.Generator().manual_seed(1))
     by_latents = str(tmp_path / "latents.parquet")
-    pq.write_table(pa.table({"prompt": prompts, "chosen_latents": given[:, 0].tolist(),
-                             "rejected_latents": given[:, 1].tolist()}), by_latents)
+    pq.write_table(
+        pa.table({"prompt": prompts, "chosen_latents": given[:, 0].tolist(), "rejected_latents": given[:, 1].tolist()}),
+        by_latents,
+    )
     c = PreferenceCache(str(tmp_path / "c.lance"))
     c.build(by_latents, adapter, SHAPE, fingerprint="m")
     assert torch.equal(c.read([0, 1])[0], given)

@@ -8,11 +8,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engines.store.prompts import PromptDataset, PromptSampler, compositional_prompts, ocr_prompts
+from diffrl.engines.store.prompts import PromptDataset, PromptSampler, compositional_prompts, ocr_prompts
 
 REFERENCE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "data", "flow_grpo")
-needs_reference = pytest.mark.skipif(not os.path.isdir(REFERENCE),
-                                     reason=f"reference prompt sets not found at {REFERENCE}")
+needs_reference = pytest.mark.skipif(
+    not os.path.isdir(REFERENCE), reason=f"reference prompt sets not found at {REFERENCE}"
+)
 
 
 @needs_reference
@@ -30,13 +31,18 @@ def test_reference_geneval_jsonl_keeps_structured_metadata():
     assert len(ds) == 2212
     first = ds[0]
     assert first.prompt == "a photo of two wine glasses"
-    assert first.metadata == {"tag": "counting", "include": [{"class": "wine glass", "count": 2}],
-                              "exclude": [{"class": "wine glass", "count": 3}]}
+    assert first.metadata == {
+        "tag": "counting",
+        "include": [{"class": "wine glass", "count": 2}],
+        "exclude": [{"class": "wine glass", "count": 3}],
+    }
 
 
 def test_jsonl_and_parquet_columns(tmp_path):
-    rows = [{"prompt": "a cat", "ground_truth": "cat", "id": 7, "source": "x", "metadata": {"k": 1}},
-            {"prompt": "a dog", "ground_truth": 3, "id": 8, "source": "y", "metadata": '{"k": 2}'}]
+    rows = [
+        {"prompt": "a cat", "ground_truth": "cat", "id": 7, "source": "x", "metadata": {"k": 1}},
+        {"prompt": "a dog", "ground_truth": 3, "id": 8, "source": "y", "metadata": '{"k": 2}'},
+    ]
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     ds = PromptDataset.load(str(jsonl))
@@ -66,7 +72,8 @@ def test_bad_files_name_the_file(tmp_path):
 
 
 def test_memory_uri(tmp_path):
-    from engines.store import fs
+    from diffrl.engines.store import fs
+
     with fs.open("memory://prompts/test.txt", "wb") as f:
         f.write(b"first prompt\nsecond prompt\n")
     loaded = PromptDataset.load("memory://prompts/test.txt")

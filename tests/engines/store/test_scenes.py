@@ -7,23 +7,55 @@ import random
 import numpy as np
 import pytest
 
-from engines.store.prompts import PromptDataset
-from engines.store.scenes import (BACKGROUND, HELDOUT_SEED, HELDOUT_SIZE, PALETTE, TAGS, SceneObject, caption,
-                                  random_target, render, sample_scene, scene_pairs, shapes_prompts, validate_target)
+from diffrl.engines.store.prompts import PromptDataset
+from diffrl.engines.store.scenes import (
+    BACKGROUND,
+    HELDOUT_SEED,
+    HELDOUT_SIZE,
+    PALETTE,
+    TAGS,
+    SceneObject,
+    caption,
+    random_target,
+    render,
+    sample_scene,
+    scene_pairs,
+    shapes_prompts,
+    validate_target,
+)
 
-HELDOUT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "data", "shapes_heldout.jsonl")
+HELDOUT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "diffrl", "data", "shapes_heldout.jsonl")
 
 
 def test_captions_are_plain_english():
-    assert caption({"tag": "counting", "include": [{"shape": "circle", "count": 2, "color": "red"}]}) == "two red circles"
+    assert (
+        caption({"tag": "counting", "include": [{"shape": "circle", "count": 2, "color": "red"}]}) == "two red circles"
+    )
     assert caption({"tag": "single_object", "include": [{"shape": "triangle", "count": 1}]}) == "a triangle"
-    assert caption({"tag": "position", "include": [
-        {"shape": "triangle", "count": 1, "color": "yellow"},
-        {"shape": "square", "count": 1, "color": "blue", "position": ["left of", 0]}]}) == \
-        "a blue square to the left of a yellow triangle"
-    assert caption({"tag": "color_attr", "include": [{"shape": "circle", "count": 1, "color": "green"},
-                                                     {"shape": "square", "count": 1, "color": "purple"}]}) == \
-        "a green circle and a purple square"
+    assert (
+        caption(
+            {
+                "tag": "position",
+                "include": [
+                    {"shape": "triangle", "count": 1, "color": "yellow"},
+                    {"shape": "square", "count": 1, "color": "blue", "position": ["left of", 0]},
+                ],
+            }
+        )
+        == "a blue square to the left of a yellow triangle"
+    )
+    assert (
+        caption(
+            {
+                "tag": "color_attr",
+                "include": [
+                    {"shape": "circle", "count": 1, "color": "green"},
+                    {"shape": "square", "count": 1, "color": "purple"},
+                ],
+            }
+        )
+        == "a green circle and a purple square"
+    )
 
 
 def test_scene_pairs_are_deterministic_by_seed():
@@ -35,8 +67,11 @@ def test_scene_pairs_are_deterministic_by_seed():
 
 
 def test_render_paints_palette_colours_on_white():
-    objects = [SceneObject("square", "red", 16, 16, 14), SceneObject("circle", "blue", 46, 46, 16),
-               SceneObject("triangle", "green", 46, 16, 16)]
+    objects = [
+        SceneObject("square", "red", 16, 16, 14),
+        SceneObject("circle", "blue", 46, 46, 16),
+        SceneObject("triangle", "green", 46, 16, 16),
+    ]
     image = render(objects)
     assert tuple(image[16, 16]) == PALETTE["red"] and tuple(image[46, 46]) == PALETTE["blue"]
     assert tuple(image[19, 46]) == PALETTE["green"]  # below the triangle's centre: inside
@@ -49,8 +84,10 @@ def test_render_paints_palette_colours_on_white():
 @pytest.mark.parametrize("relation", ["left of", "right of", "above", "below"])
 def test_position_scenes_put_the_object_on_the_named_side(relation):
     rng = random.Random(0)
-    target = {"tag": "position", "include": [{"shape": "square", "count": 1},
-                                             {"shape": "circle", "count": 1, "position": [relation, 0]}]}
+    target = {
+        "tag": "position",
+        "include": [{"shape": "square", "count": 1}, {"shape": "circle", "count": 1, "position": [relation, 0]}],
+    }
     for _ in range(30):
         ref, other = sample_scene(target, rng)
         assert (ref.shape, other.shape) == ("square", "circle")
@@ -72,7 +109,7 @@ def test_scenes_hold_exactly_the_counted_objects_without_overlap():
         boxes = [o.box() for o in objects]
         for i, a in enumerate(boxes):
             assert all(0 <= v <= 64 for v in a)
-            for b in boxes[i + 1:]:
+            for b in boxes[i + 1 :]:
                 assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]
 
 
@@ -102,5 +139,6 @@ def test_validate_target_names_the_bad_field():
     with pytest.raises(ValueError, match=r"include\[0\].color"):
         validate_target({"include": [{"shape": "circle", "count": 1, "color": "teal"}]})
     with pytest.raises(ValueError, match=r"include\[1\].position"):
-        validate_target({"include": [{"shape": "circle", "count": 1},
-                                     {"shape": "square", "count": 1, "position": ["near", 0]}]})
+        validate_target(
+            {"include": [{"shape": "circle", "count": 1}, {"shape": "square", "count": 1, "position": ["near", 0]}]}
+        )

@@ -6,12 +6,21 @@ import os
 import pytest
 import torch
 
-from engines.store.synthetic import random_trajectories
-from engines.store.trajectories import TrajectoryStore
-from engines.trajectories import Trajectories
+from diffrl.engines.store.synthetic import random_trajectories
+from diffrl.engines.store.trajectories import TrajectoryStore
+from diffrl.engines.trajectories import Trajectories
 
-TENSORS = ["latents", "log_probs", "sigmas", "sigmas_prev", "trained", "images", "seeds", "sample_index",
-           "window_starts"]
+TENSORS = [
+    "latents",
+    "log_probs",
+    "sigmas",
+    "sigmas_prev",
+    "trained",
+    "images",
+    "seeds",
+    "sample_index",
+    "window_starts",
+]
 
 
 def assert_same(a: Trajectories, b: Trajectories, tensors=TENSORS) -> None:
@@ -155,8 +164,9 @@ def test_retention_drops_old_latents_only(tmp_path):
         store.write_rewards(s, t, torch.arange(4.0), {}, torch.ones(4, dtype=torch.bool))
 
     def size():
-        return sum(os.path.getsize(p) for p in glob.glob(str(tmp_path / "**" / "*"), recursive=True)
-                   if os.path.isfile(p))
+        return sum(
+            os.path.getsize(p) for p in glob.glob(str(tmp_path / "**" / "*"), recursive=True) if os.path.isfile(p)
+        )
 
     before = size()
     assert store.drop_latents(keep_latents_steps=2, current_step=3) == [0, 1]

@@ -13,16 +13,17 @@ import lance
 import pyarrow.compute as pc
 import torch
 
-from engines.store.synthetic import random_trajectories
-from engines.store.trajectories import TrajectoryStore
+from diffrl.engines.store.synthetic import random_trajectories
+from diffrl.engines.store.trajectories import TrajectoryStore
 
 CHUNK_PROMPTS, GROUP = 4, 4  # 16 samples per chunk
 
 
 def chunk_traj(chunk: int, latent_shape=(4, 8, 8)):
     """The deterministic content of (step 0, chunk): what a resumed run regenerates."""
-    return random_trajectories(CHUNK_PROMPTS, GROUP, latent_shape=latent_shape, seed=100 + chunk,
-                               prompt_offset=CHUNK_PROMPTS * chunk)
+    return random_trajectories(
+        CHUNK_PROMPTS, GROUP, latent_shape=latent_shape, seed=100 + chunk, prompt_offset=CHUNK_PROMPTS * chunk
+    )
 
 
 def _append_worker(uri, chunks, latent_shape, results):
@@ -105,8 +106,9 @@ def test_sigkill_mid_append_leaves_whole_chunks_and_resume_completes(tmp_path):
 
 
 def _create_worker(uri, value, barrier, results):
-    from engines.store.tables import LanceTable
     import pyarrow as pa
+
+    from diffrl.engines.store.tables import LanceTable
 
     table = pa.table({"x": [value] * 10})
     barrier.wait()  # both processes find no table, then both create it

@@ -21,13 +21,13 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
 
-from algorithms.catalog import get_algorithm  # noqa: E402
-from engines.rollout.config import SamplingConfig  # noqa: E402
-from engines.rollout.engine import RolloutEngine  # noqa: E402
-from engines.train.checkpoint import trainable_state  # noqa: E402
-from engines.train.config import TrainConfig  # noqa: E402
-from engines.train.trainer import PolicyTrainer  # noqa: E402
-from models.base import load_adapter  # noqa: E402
+from diffrl.algorithms.catalog import get_algorithm  # noqa: E402
+from diffrl.engines.rollout.config import SamplingConfig  # noqa: E402
+from diffrl.engines.rollout.engine import RolloutEngine  # noqa: E402
+from diffrl.engines.train.checkpoint import trainable_state  # noqa: E402
+from diffrl.engines.train.config import TrainConfig  # noqa: E402
+from diffrl.engines.train.trainer import PolicyTrainer  # noqa: E402
+from diffrl.models.base import load_adapter  # noqa: E402
 
 
 def main(model_path: str, out_dir: str, device: str = "cpu", dtype: str = "fp32", micro_batch_size: str = "1") -> None:
@@ -42,13 +42,25 @@ def main(model_path: str, out_dir: str, device: str = "cpu", dtype: str = "fp32"
     adapter = load_adapter(model_path, device=device, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
     sampling = SamplingConfig(num_inference_steps=3, height=32, width=32, noise_level=0.7, batch_size=4)
     engine = RolloutEngine(adapter, progress=False)
-    traj = engine.generate(["a red cube", "a red cube", "two cats", "two cats"], ["g0", "g0", "g1", "g1"],
-                           [0, 1, 0, 1], [11, 12, 13, 14], sampling)
+    traj = engine.generate(
+        ["a red cube", "a red cube", "two cats", "two cats"],
+        ["g0", "g0", "g1", "g1"],
+        [0, 1, 0, 1],
+        [11, 12, 13, 14],
+        sampling,
+    )
     advantages = torch.tensor([1.0, -1.0, 0.7, -0.7])
-    cfg = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=1,
-                      micro_batch_size=int(micro_batch_size), seed=3)
-    trainer = PolicyTrainer(adapter, get_algorithm("flow_grpo", kl_coef=0.04, clip_ratio=0.2), cfg, sampling,
-                            group_size=2, device=torch.device(device))
+    cfg = TrainConfig(
+        lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=1, micro_batch_size=int(micro_batch_size), seed=3
+    )
+    trainer = PolicyTrainer(
+        adapter,
+        get_algorithm("flow_grpo", kl_coef=0.04, clip_ratio=0.2),
+        cfg,
+        sampling,
+        group_size=2,
+        device=torch.device(device),
+    )
     metrics = [trainer.update(traj, advantages, engine) for _ in range(2)]
     weights = trainable_state(trainer)
     if not dist.is_initialized() or dist.get_rank() == 0:

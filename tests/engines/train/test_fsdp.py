@@ -32,8 +32,21 @@ def test_two_process_fsdp2_matches_one_process(tiny_model, tmp_path, dtype):
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir(), two.mkdir()
     _run([sys.executable, WORKER, path, str(one), "cpu", dtype])
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-          WORKER, path, str(two), "cpu", dtype])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            WORKER,
+            path,
+            str(two),
+            "cpu",
+            dtype,
+        ]
+    )
     w1, w2 = load_file(str(one / "weights.safetensors")), load_file(str(two / "weights.safetensors"))
     assert w1.keys() == w2.keys() and len(w1) > 0
     moved = 0.0

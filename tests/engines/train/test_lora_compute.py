@@ -6,22 +6,36 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from algorithms.catalog import get_algorithm
-from engines.rollout.config import SamplingConfig
-from engines.rollout.engine import RolloutEngine
-from engines.train.config import TrainConfig
-from engines.train.setup import CastLinear, set_lora_compute_dtype
-from engines.train.trainer import PolicyTrainer
-from models.base import load_adapter
+from diffrl.algorithms.catalog import get_algorithm
+from diffrl.engines.rollout.config import SamplingConfig
+from diffrl.engines.rollout.engine import RolloutEngine
+from diffrl.engines.train.config import TrainConfig
+from diffrl.engines.train.setup import CastLinear, set_lora_compute_dtype
+from diffrl.engines.train.trainer import PolicyTrainer
+from diffrl.models.base import load_adapter
 
 SAMPLING = SamplingConfig(num_inference_steps=3, height=32, width=32, noise_level=0.7, batch_size=4)
 
 
 def _trainer(path: str, **cfg) -> tuple:
     adapter = load_adapter(path, dtype=torch.bfloat16)
-    trainer = PolicyTrainer(adapter, get_algorithm("flow_grpo", kl_coef=0.0, clip_ratio=0.2),
-                            TrainConfig(**{"lora_rank": 4, "lora_alpha": 8, "lr": 1e-2, "mini_batch_prompts": 1,
-                                           "micro_batch_size": 2, "seed": 1, **cfg}), SAMPLING, group_size=2)
+    trainer = PolicyTrainer(
+        adapter,
+        get_algorithm("flow_grpo", kl_coef=0.0, clip_ratio=0.2),
+        TrainConfig(
+            **{
+                "lora_rank": 4,
+                "lora_alpha": 8,
+                "lr": 1e-2,
+                "mini_batch_prompts": 1,
+                "micro_batch_size": 2,
+                "seed": 1,
+                **cfg,
+            }
+        ),
+        SAMPLING,
+        group_size=2,
+    )
     return adapter, trainer
 
 
@@ -69,8 +83,9 @@ def test_rollout_and_replay_share_numerics_and_the_update_follows_the_advantage(
     log-probs equal the rollout's and the update raises the preferred sample's log-probs."""
     adapter, trainer = _trainer(tiny_model("sd3"), lora_compute="base")
     engine = RolloutEngine(adapter, progress=False)
-    traj = engine.generate(["a red cube", "a red cube"], ["g0", "g0"], [0, 1], [11, 12], SAMPLING,
-                           policy_version=trainer.policy_version)
+    traj = engine.generate(
+        ["a red cube", "a red cube"], ["g0", "g0"], [0, 1], [11, 12], SAMPLING, policy_version=trainer.policy_version
+    )
     metrics = trainer.update(traj, torch.tensor([1.0, -1.0]), engine)
     assert metrics["rollout_corr/logprob_abs_diff_max"] == 0.0
     assert metrics["actor/skipped_steps"] == 0 and metrics["actor/grad_norm"] > 0

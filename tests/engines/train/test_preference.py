@@ -5,27 +5,39 @@ from __future__ import annotations
 import pytest
 import torch
 
-from algorithms.catalog import get_algorithm, old_policy_decay
-from algorithms.windows import WindowPolicy
-from engines.rollout.config import SamplingConfig
-from engines.rollout.engine import RolloutEngine
-from engines.train.config import TrainConfig
-from engines.train.preference import DirectPreferenceTrainer, lora_pairs, preference_pairs
-from models.base import SampleShape, load_adapter
+from diffrl.algorithms.catalog import get_algorithm, old_policy_decay
+from diffrl.algorithms.windows import WindowPolicy
+from diffrl.engines.rollout.config import SamplingConfig
+from diffrl.engines.rollout.engine import RolloutEngine
+from diffrl.engines.train.config import TrainConfig
+from diffrl.engines.train.preference import DirectPreferenceTrainer, lora_pairs, preference_pairs
+from diffrl.models.base import SampleShape, load_adapter
 
 # Direct preference trains on final samples: the window is the last step (ODE rollout, noise level 0).
-SAMPLING = SamplingConfig(num_inference_steps=3, height=32, width=32, noise_level=0.0, batch_size=4,
-                          window=WindowPolicy("random_start", size=1, start_range=(2, 3)))
+SAMPLING = SamplingConfig(
+    num_inference_steps=3,
+    height=32,
+    width=32,
+    noise_level=0.0,
+    batch_size=4,
+    window=WindowPolicy("random_start", size=1, start_range=(2, 3)),
+)
 ADVANTAGES = torch.tensor([1.0, -1.0, 0.5, -0.5])
 
 
 def _setup(path, algorithm):
     adapter = load_adapter(path)
     engine = RolloutEngine(adapter, progress=False)
-    trainer = DirectPreferenceTrainer(adapter, algorithm, TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2,
-                                      mini_batch_prompts=2, micro_batch_size=2), SAMPLING, group_size=2)
-    traj = engine.generate(["a cat", "a cat", "a dog", "a dog"], ["0", "0", "1", "1"], [0, 1, 0, 1], [1, 2, 3, 4],
-                           SAMPLING)
+    trainer = DirectPreferenceTrainer(
+        adapter,
+        algorithm,
+        TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=2, micro_batch_size=2),
+        SAMPLING,
+        group_size=2,
+    )
+    traj = engine.generate(
+        ["a cat", "a cat", "a dog", "a dog"], ["0", "0", "1", "1"], [0, 1, 0, 1], [1, 2, 3, 4], SAMPLING
+    )
     return adapter, engine, trainer, traj
 
 
@@ -44,9 +56,9 @@ def test_dpo_update_prefers_the_chosen_sample(tiny_model):
 def test_diffusion_nft_old_adapter_is_an_ema_of_the_policy(tiny_model):
     algorithm = get_algorithm("diffusion_nft", old_policy_decay_ramp=0.25)
     adapter, engine, trainer, traj = _setup(tiny_model("sd3"), algorithm)
-    trainer.update(traj, ADVANTAGES, engine)                       # decay(1) = 0.25
+    trainer.update(traj, ADVANTAGES, engine)  # decay(1) = 0.25
     old_before = [old.detach().clone() for _, old in lora_pairs(adapter.transformer)]
-    trainer.update(traj, ADVANTAGES, engine)                       # decay(2) = 0.5
+    trainer.update(traj, ADVANTAGES, engine)  # decay(2) = 0.5
     decay = old_policy_decay(algorithm, 2)
     assert decay == 0.5
     for (new, old), prev in zip(lora_pairs(adapter.transformer), old_before):
@@ -56,8 +68,9 @@ def test_diffusion_nft_old_adapter_is_an_ema_of_the_policy(tiny_model):
 
 def test_policy_gradient_algorithm_is_rejected(tiny_model):
     with pytest.raises(ValueError, match="direct_preference"):
-        DirectPreferenceTrainer(load_adapter(tiny_model("sd3")), get_algorithm("flow_grpo"), TrainConfig(),
-                                SAMPLING, group_size=2)
+        DirectPreferenceTrainer(
+            load_adapter(tiny_model("sd3")), get_algorithm("flow_grpo"), TrainConfig(), SAMPLING, group_size=2
+        )
 
 
 def test_each_ppo_epoch_trains_a_sample_at_new_noise(tiny_model):
@@ -70,7 +83,7 @@ def test_each_ppo_epoch_trains_a_sample_at_new_noise(tiny_model):
     second = trainer._noised(x0, seeds, sigmas_N, epoch=1)
     for a, b in zip(first, again):
         torch.testing.assert_close(a, b)
-    assert not torch.equal(first[1], second[1])                  # new noise in epoch 1
-    for sigma, x_t, target in (first, second):                     # x_t on the flow-matching line, target noise - x0
+    assert not torch.equal(first[1], second[1])  # new noise in epoch 1
+    for sigma, x_t, target in (first, second):  # x_t on the flow-matching line, target noise - x0
         s = sigma.reshape(-1, *[1] * (x0.ndim - 1))
         torch.testing.assert_close(x_t, (1 - s) * x0 + s * (target + x0))

@@ -7,14 +7,14 @@ import math
 import pytest
 import torch
 
-from algorithms.catalog import get_algorithm
-from engines.rollout.config import SamplingConfig
-from engines.rollout.engine import RolloutEngine
-from engines.train.checkpoint import trainable_state
-from engines.train.config import TrainConfig
-from engines.train.setup import lr_factor
-from engines.train.trainer import PolicyTrainer
-from models.base import load_adapter
+from diffrl.algorithms.catalog import get_algorithm
+from diffrl.engines.rollout.config import SamplingConfig
+from diffrl.engines.rollout.engine import RolloutEngine
+from diffrl.engines.train.checkpoint import trainable_state
+from diffrl.engines.train.config import TrainConfig
+from diffrl.engines.train.setup import lr_factor
+from diffrl.engines.train.trainer import PolicyTrainer
+from diffrl.models.base import load_adapter
 
 SAMPLING = SamplingConfig(num_inference_steps=3, height=32, width=32, noise_level=0.7, batch_size=4)
 PROMPTS, GROUPS = ["a red cube", "a red cube", "two cats", "two cats"], ["g0", "g0", "g1", "g1"]
@@ -24,14 +24,20 @@ def _setup(path: str, algorithm=None, **cfg):
     adapter = load_adapter(path)
     engine = RolloutEngine(adapter, progress=False)
     defaults = dict(lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=1, micro_batch_size=2, seed=1)
-    trainer = PolicyTrainer(adapter, algorithm or get_algorithm("flow_grpo", kl_coef=0.0, clip_ratio=0.2),
-                            TrainConfig(**{**defaults, **cfg}), SAMPLING, group_size=2)
+    trainer = PolicyTrainer(
+        adapter,
+        algorithm or get_algorithm("flow_grpo", kl_coef=0.0, clip_ratio=0.2),
+        TrainConfig(**{**defaults, **cfg}),
+        SAMPLING,
+        group_size=2,
+    )
     return adapter, engine, trainer
 
 
 def _rollout(engine, trainer, n: int = 4):
-    return engine.generate(PROMPTS[:n], GROUPS[:n], [0, 1, 0, 1][:n], [11, 12, 13, 14][:n], SAMPLING,
-                           policy_version=trainer.policy_version)
+    return engine.generate(
+        PROMPTS[:n], GROUPS[:n], [0, 1, 0, 1][:n], [11, 12, 13, 14][:n], SAMPLING, policy_version=trainer.policy_version
+    )
 
 
 def _replayed_log_probs(engine, traj) -> torch.Tensor:
@@ -46,12 +52,19 @@ def test_update_moves_log_probs_in_the_direction_of_the_advantage(tiny_model):
     torch.testing.assert_close(before, traj.log_probs, atol=1e-6, rtol=0)  # replay == rollout numerics
     metrics = trainer.update(traj, torch.tensor([1.0, -1.0]), engine)
     after = _replayed_log_probs(engine, traj)
-    assert (after[0] > before[0]).all(), (before, after)   # advantage +1: every trained step more likely
-    assert (after[1] < before[1]).all(), (before, after)   # advantage -1: less likely
+    assert (after[0] > before[0]).all(), (before, after)  # advantage +1: every trained step more likely
+    assert (after[1] < before[1]).all(), (before, after)  # advantage -1: less likely
     assert metrics["rollout_corr/logprob_abs_diff_max"] <= 1e-6
     assert metrics["actor/skipped_steps"] == 0 and metrics["actor/grad_norm"] > 0
-    for name in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/ratio_mean", "actor/ratio_std",
-                 "actor/lr", "timing_s/update_actor"):
+    for name in (
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "actor/ratio_mean",
+        "actor/ratio_std",
+        "actor/lr",
+        "timing_s/update_actor",
+    ):
         assert math.isfinite(metrics[name]), name
 
 
@@ -101,7 +114,7 @@ def test_snapshot_equals_the_torch_distributed_state_dicts_and_is_a_copy(tiny_mo
     alone (the background writer writes them while the next rollout runs)."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    from engines.train import checkpoint
+    from diffrl.engines.train import checkpoint
 
     _, engine, trainer = _setup(tiny_model("sd3"))
     traj = _rollout(engine, trainer)
@@ -110,13 +123,14 @@ def test_snapshot_equals_the_torch_distributed_state_dicts_and_is_a_copy(tiny_mo
     reference = {k: v.clone() for k, v in trainable_state(trainer, all_lora=True).items()}  # views on the CPU
     assert sorted(snap.trainable) == sorted(reference)
     assert all(torch.equal(snap.trainable[k], v) for k, v in reference.items())
-    tensors, groups = checkpoint._split_optimizer(get_optimizer_state_dict(
-        trainer.adapter.transformer, trainer.optimizer, options=checkpoint._FULL))
+    tensors, groups = checkpoint._split_optimizer(
+        get_optimizer_state_dict(trainer.adapter.transformer, trainer.optimizer, options=checkpoint._FULL)
+    )
     assert sorted(snap.optimizer) == sorted(tensors) and groups == snap.optimizer_groups
     assert all(torch.equal(snap.optimizer[k], v) for k, v in tensors.items())
     trainer.update(traj, torch.tensor([1.0, -1.0, 0.5, -0.5]), engine)
     moved = trainable_state(trainer, all_lora=True)
-    assert any(not torch.equal(snap.trainable[k], moved[k]) for k in moved)   # the live weights moved on...
+    assert any(not torch.equal(snap.trainable[k], moved[k]) for k in moved)  # the live weights moved on...
     assert all(torch.equal(snap.trainable[k], v) for k, v in reference.items())  # ...the snapshot did not
 
 
@@ -137,9 +151,12 @@ def test_lora_checkpoint_loads_into_the_diffusers_pipeline(tiny_model, tmp_path)
     assert abs(tuned - base).max() > 1e-4  # the LoRA changes the output
     # ... and the loaded LoRA (rank, alpha, targets from the file's metadata) is exactly our policy.
     x = torch.randn(1, 16, 4, 4, generator=torch.Generator().manual_seed(1))
-    inputs = dict(hidden_states=x, timestep=torch.tensor([500.0]),
-                  encoder_hidden_states=torch.randn(1, 7, pipe.transformer.config.joint_attention_dim),
-                  pooled_projections=torch.randn(1, pipe.transformer.config.pooled_projection_dim))
+    inputs = dict(
+        hidden_states=x,
+        timestep=torch.tensor([500.0]),
+        encoder_hidden_states=torch.randn(1, 7, pipe.transformer.config.joint_attention_dim),
+        pooled_projections=torch.randn(1, pipe.transformer.config.pooled_projection_dim),
+    )
     with torch.no_grad():
         ours = adapter.transformer(**inputs).sample
         theirs = pipe.transformer(**inputs).sample
@@ -180,7 +197,7 @@ def test_lr_schedule_closed_form():
 
 
 def test_rollout_correction_weights_closed_form():
-    from engines.train.policy_loss import correction_weights
+    from diffrl.engines.train.policy_loss import correction_weights
 
     old, rollout = torch.tensor([0.0, 1.0, -1.0, 0.1]), torch.tensor([0.0, 0.0, 0.0, 0.0])
     assert correction_weights(old, rollout, TrainConfig()) is None

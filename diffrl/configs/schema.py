@@ -1,0 +1,331 @@
+"""The typed schema one experiment YAML loads into: one dataclass per component, nested in one run
+config. Components owned by an engine are that engine's own dataclass (TrainConfig, RewardConfig);
+the algorithm is a named bundle from algorithms.catalog with explicit overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+
+import torch
+
+from diffrl.algorithms.catalog import Algorithm, get_algorithm
+from diffrl.configs.loader import ConfigError, apply_overrides, build, coerce, parse_override, to_dict
+from diffrl.engines.reward.multi import RewardComponent, RewardConfig
+from diffrl.engines.rollout.config import SamplingConfig
+from diffrl.engines.train.config import TrainConfig
+from diffrl.models.base import ATTENTION_BACKENDS
+
+CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny:sd3"  # a diffusers folder, a Hub id (when online), or tiny:<arch> (built offline, cached)
+    dtype: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    tiny_seed: int = 0  # seed of the random weights of a tiny:<arch> model
+    attention: str = (
+        "default"  # SDPA backend first tried on CUDA: default (PyTorch's) | cudnn | flash | efficient | math
+    )
+    compile: bool = (
+        False  # torch.compile the denoiser's transformer blocks (faster sampling and training after a compile)
+    )
+    tf32: bool = True  # CUDA fp32 matmuls (e.g. fp32 LoRA branches over a bf16 base) on TF32 tensor cores
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "fp32", "bf16", "fp16"):
+            raise ValueError(f"model.dtype must be one of auto, fp32, bf16, fp16; got {self.dtype!r}")
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"model.attention must be one of {', '.join(ATTENTION_BACKENDS)}; got {self.attention!r}")
+
+    def device_and_dtype(self) -> tuple[torch.device, torch.dtype]:
+        """The device ("auto": CUDA when available) and dtype ("auto": bf16 on CUDA, fp32 elsewhere)."""
+        device = torch.device(
+            ("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device
+        )
+        if self.dtype == "auto":
+            return device, torch.bfloat16 if device.type == "cuda" else torch.float32
+        return device, {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling settings; the stochastic parts (sde_type, noise_level, window) come from the algorithm."""
+
+    num_inference_steps: int = 10
+    height: int = 512
+    width: int = 512
+    num_frames: int = 1
+    guidance_scale: float | None = None
+    negative_prompt: str = ""
+    max_sequence_length: int | None = None
+    batch_size: int = 8  # samples per transformer forward
+    group_size: int = 16  # samples per prompt
+    prompts_per_step: int = 32  # prompts per RL step (x group_size images)
+    chunk_size: int = 64  # samples per generate chunk (scored while the next chunk generates)
+    same_noise_per_group: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "prompts_per_step", "chunk_size", "batch_size", "num_inference_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.chunk_size % self.group_size and self.group_size % self.chunk_size:
+            raise ValueError(
+                f"rollout.chunk_size ({self.chunk_size}) must be a multiple or a divisor of "
+                f"rollout.group_size ({self.group_size})"
+            )
+        if self.same_noise_per_group and self.chunk_size % self.group_size:
+            # the engine shares the noise of a group's first sample in a call: keep groups whole
+            raise ValueError(
+                f"rollout.same_noise_per_group needs whole groups per chunk: rollout.chunk_size "
+                f"({self.chunk_size}) must be a multiple of rollout.group_size ({self.group_size})"
+            )
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+    def sampling(self, algorithm: Algorithm) -> SamplingConfig:
+        """The engine's sampling config: these settings plus the algorithm's stochastic parts."""
+        return SamplingConfig(
+            num_inference_steps=self.num_inference_steps,
+            height=self.height,
+            width=self.width,
+            num_frames=self.num_frames,
+            guidance_scale=self.guidance_scale,
+            negative_prompt=self.negative_prompt,
+            noise_level=algorithm.noise_level,
+            sde_type=algorithm.sde_type,
+            window=algorithm.window,
+            max_sequence_length=self.max_sequence_length,
+            batch_size=self.batch_size,
+            same_noise_per_group=self.same_noise_per_group,
+        )
+
+
+@dataclass
+class DataConfig:
+    train: str = "generator:ocr"  # parquet / jsonl / txt path, or generator:ocr | compositional | shapes
+    val: str | None = None  # same forms; None = a held-out slice of the train generator
+    num_generated: int = 1000  # prompts a generator makes
+    num_val_prompts: int = 8
+    # images per validation prompt (GenEval samples 4): more images average out the sampling noise of
+    # val/accuracy; copy c of prompt i uses seed run.seed + 7 + i + c * num_val_prompts
+    val_samples_per_prompt: int = 1
+    storage_options: dict = field(default_factory=dict)
+    # online: train on the run's own rollouts; offline (algorithm dpo only): train from the preference
+    # parquet in `train` (prompt, chosen, rejected), VAE-encoded once (diffrl/engines/store/preference.py)
+    sample_source: str = "online"
+
+    def __post_init__(self) -> None:
+        if self.val_samples_per_prompt < 1:
+            raise ValueError(f"data.val_samples_per_prompt must be >= 1, got {self.val_samples_per_prompt}")
+        if self.sample_source not in ("online", "offline"):
+            raise ValueError(f"data.sample_source must be 'online' or 'offline', got {self.sample_source!r}")
+
+
+@dataclass
+class RunConfig:
+    name: str = "quickstart"
+    experiment: str = "diffrl"
+    root: str = "runs"  # runs/<name>/ holds trajectories.lance, checkpoints/, ...
+    steps: int = 10
+    seed: int = 0
+    checkpoint_every: int = 5  # kept checkpoints (a resume point is written after every step)
+    validate_every: int = 0  # 0 = only before the first and after the last step
+    log_images: int = 4  # rollout images logged to MLflow per step
+    # latents (the bulk of a step, fp32) of the last k committed steps stay on disk, older ones are dropped
+    # (rows, rewards, images always stay); -1 keeps every step's. Resume needs only the step in flight.
+    keep_latents_steps: int = 2
+    compact_every: int = 10  # every k steps merge the run's Lance fragments (reads slow with their count); 0 = never
+    storage_options: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name:
+            raise ValueError(f"run.name must be a non-empty name without '/', got {self.name!r}")
+        if self.steps < 1:
+            raise ValueError(f"run.steps must be >= 1, got {self.steps}")
+        if self.compact_every < 0:
+            raise ValueError(f"run.compact_every must be >= 0 (0 = never), got {self.compact_every}")
+        if self.keep_latents_steps < -1:
+            raise ValueError(
+                f"run.keep_latents_steps must be >= 0 (steps whose latents stay) or -1 (keep every "
+                f"step's), got {self.keep_latents_steps}"
+            )
+
+
+@dataclass
+class ClusterConfig:
+    mode: str = "local"  # local | ray
+    address: str | None = None  # ray cluster address (ray mode)
+    placement: str = "colocated"  # colocated | split
+    actor_timeout_s: float = 600.0
+    trainers: int = 1  # data-parallel trainer actors (FSDP2 over one torch.distributed group); split only
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("local", "ray"):
+            raise ValueError(f"cluster.mode must be 'local' or 'ray', got {self.mode!r}")
+        if self.placement not in ("colocated", "split"):
+            raise ValueError(f"cluster.placement must be 'colocated' or 'split', got {self.placement!r}")
+        if self.trainers < 1:
+            raise ValueError(f"cluster.trainers must be >= 1, got {self.trainers}")
+        if self.trainers > 1 and (self.mode, self.placement) != ("ray", "split"):
+            raise ValueError(
+                f"cluster.trainers: {self.trainers} runs data-parallel trainer actors, which needs "
+                f"cluster.mode: ray and cluster.placement: split (the rollout in its own actor); got "
+                f"mode {self.mode!r}, placement {self.placement!r}"
+            )
+
+
+@dataclass
+class ExperimentConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: Algorithm = field(default_factory=lambda: get_algorithm("flow_grpo"))
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    reward: RewardConfig = field(
+        default_factory=lambda: RewardConfig(components=[RewardComponent(name="jpeg_compressibility")])
+    )
+    data: DataConfig = field(default_factory=DataConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def __post_init__(self) -> None:
+        import torch
+
+        from diffrl.algorithms.windows import sample_windows
+
+        try:  # the algorithm's window must fit the number of denoising steps: fail now, not mid-run
+            sample_windows(self.algorithm.window, self.rollout.num_inference_steps, torch.zeros(1, dtype=torch.long), 0)
+        except ValueError as e:
+            raise ValueError(
+                f"algorithm.window {self.algorithm.window.kind!r} does not fit "
+                f"rollout.num_inference_steps={self.rollout.num_inference_steps}: {e}"
+            ) from None
+        if self.train.mini_batch_prompts > self.rollout.prompts_per_step:
+            raise ValueError(
+                f"train.mini_batch_prompts ({self.train.mini_batch_prompts}) exceeds "
+                f"rollout.prompts_per_step ({self.rollout.prompts_per_step})"
+            )
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return self.rollout.sampling(self.algorithm)
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.run.root, self.run.name)
+
+
+def _algorithm_from_mapping(data: dict, where: str) -> Algorithm:
+    """`algorithm: {name: mix_grpo, clip_ratio: 1e-4, window: {...}}` -> the named bundle with overrides."""
+    data = dict(data or {})
+    name = data.pop("name", "flow_grpo")
+    try:
+        base = get_algorithm(name)
+        overrides = {}
+        fields = {f.name: f for f in dataclasses.fields(Algorithm)}
+        hints = typing.get_type_hints(Algorithm)
+        for key, value in data.items():
+            if key not in fields:
+                get_algorithm(name, **{key: value})  # raises with the valid fields listed
+            current = getattr(base, key)
+            if dataclasses.is_dataclass(current) and isinstance(value, dict):
+                overrides[key] = build(type(current), {**to_dict(current), **value}, where=f"{where}.{key}")
+            elif hints[key] in (float, int, bool):
+                # typed like every other section: YAML reads `1e-4` (no dot) as a string
+                overrides[key] = coerce(value, hints[key], f"{where}.{key}")
+            else:
+                overrides[key] = value
+        return get_algorithm(name, **overrides)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def config_path(name_or_path: str | None) -> str:
+    """A shipped config name (quickstart, qwen_image_ocr_lora, ...) or a path to a YAML file."""
+    if name_or_path is None:
+        return os.path.join(CONFIG_DIR, "quickstart.yaml")
+    if os.path.exists(name_or_path):
+        return name_or_path
+    shipped = os.path.join(CONFIG_DIR, name_or_path if name_or_path.endswith(".yaml") else f"{name_or_path}.yaml")
+    if os.path.exists(shipped):
+        return shipped
+    names = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
+    raise ConfigError(f"config {name_or_path!r} is neither a file nor a shipped config; shipped: {names}")
+
+
+def _algorithm_name(section) -> str | None:
+    return section if isinstance(section, str) else section.get("name") if isinstance(section, dict) else None
+
+
+def _merge_sections(under: dict, over: dict) -> dict:
+    """`over`'s keys on top of `under`'s: mappings merge key by key, anything else replaces. The algorithm
+    section is a named bundle: a bare name, or a mapping naming another algorithm, replaces the base's whole
+    section (none of the base algorithm's fields carry over); a mapping of fields edits the base's."""
+    merged = dict(under)
+    for key, value in over.items():
+        if key == "algorithm" and _algorithm_name(value) not in (None, _algorithm_name(under.get(key))):
+            merged[key] = value
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge_sections(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_sections(path: str, including: tuple[str, ...] = ()) -> dict:
+    """The raw sections of one config file, merged over those of its `base:` config (a file next to it or a
+    shipped config name), which may itself have a base."""
+    import yaml
+
+    path = os.path.abspath(path)
+    if path in including:
+        raise ConfigError(f"{including[-1]}: `base:` forms a cycle through {path}")
+    with open(path) as f:
+        try:
+            raw = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{path}: `base:` must name a config file or a shipped config; got {base!r}")
+    beside = os.path.join(os.path.dirname(path), base)
+    base_path = beside if os.path.isfile(beside) else config_path(base)
+    return _merge_sections(_read_sections(base_path, (*including, path)), raw)
+
+
+def load_experiment(name_or_path: str | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load an experiment YAML (default: the quickstart), merged over its `base:` config if it names one, with
+    dotted overrides, fully validated. `algorithm=NAME` (or a mapping) replaces the whole algorithm section;
+    `algorithm.FIELD=VALUE` edits one field of it."""
+    raw = _read_sections(config_path(name_or_path))
+    algo_raw = raw.pop("algorithm", {}) or {}
+    if isinstance(algo_raw, str):
+        algo_raw = {"name": algo_raw}
+    algo_over = [o for o in (overrides or []) if o.split("=", 1)[0].split(".")[0] == "algorithm"]
+    raw = apply_overrides(raw, [o for o in (overrides or []) if o not in algo_over], ExperimentConfig)
+    for text in algo_over:
+        keys, value = parse_override(text)
+        if len(keys) == 1:
+            if not isinstance(value, (str, dict)) or not value:
+                raise ConfigError(f"override {text!r}: `algorithm=` takes an algorithm name or a mapping of fields")
+            algo_raw = {"name": value} if isinstance(value, str) else dict(value)
+            continue
+        node = algo_raw
+        for k in keys[1:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    # the algorithm section is a named bundle plus overrides, built here; the loader takes the instance
+    raw["algorithm"] = _algorithm_from_mapping(algo_raw, "algorithm")
+    return build(ExperimentConfig, raw)

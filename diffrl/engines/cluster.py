@@ -1,0 +1,494 @@
+"""Where the engines of a run live.
+
+Embedded default (`cluster.mode: local`): in-process objects in this registry, found by run name, so
+a Prefect task only carries (run, step, chunk) and runs its stage function on the warm engines here.
+
+Ray mode (`cluster.mode: ray`): the engines are named, detached Ray actors in the "diffrl"
+namespace, created once per run name and found again by later flow runs (warm models across steps
+and across runs). Each actor holds one role's engines (see ROLES) and runs stage functions on them;
+callers wait at most `cluster.actor_timeout_s`, so a dead or stuck actor fails the caller with the
+actor's error instead of hanging. Both kinds of handle expose the same `run(role, fn, *args)`.
+
+    colocated: <run>/engine  (adapter + rollout + trainer on the same GPUs: weights shared, no copy)
+               <run>/reward  (reward pool + store, on CPUs)
+    split:     <run>/rollout (its own adapter copy, own GPU)   <run>/trainer (adapter + trainer, own GPU)
+               <run>/reward
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+_LOCK = threading.Lock()
+_ENGINES: dict[str, Any] = {}
+
+NAMESPACE = "diffrl"
+# Which actor of a placement plays each role (a role is what a stage function needs).
+ROLES = {
+    "colocated": {"rollout": "engine", "trainer": "engine", "reward": "reward"},
+    "split": {"rollout": "rollout", "trainer": "trainer", "reward": "reward"},
+}
+# Environment the Ray side needs from the driver (tasks report to the same Prefect server).
+FORWARDED_ENV = (
+    "PREFECT_API_URL",
+    "PREFECT_API_KEY",
+    "PREFECT_LOGGING_LEVEL",
+    "DIFFRL_CACHE",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "TOKENIZERS_PARALLELISM",
+)
+_BUILDS = 0  # engine builds in this process (an actor process: 1 while it stays warm)
+
+
+@dataclass
+class Engines:
+    """The warm state of one run: model, rollout, trainer, reward, store, prompt sampling, config."""
+
+    config: Any  # configs.schema.ExperimentConfig
+    adapter: Any  # models.base.ModelAdapter
+    rollout: Any  # engines.rollout.engine.RolloutEngine
+    trainer: Any  # engines.train.trainer.PolicyTrainer
+    reward: Any  # engines.reward.multi.MultiReward
+    store: Any  # engines.store.trajectories.TrajectoryStore
+    prompts: Any  # engines.store.prompts.PromptSampler
+    val_prompts: list = field(default_factory=list)  # fixed PromptRecords for validation
+    extras: dict = field(default_factory=dict)
+    memory: Any = None  # engines.step.memory.StepMemory: the step in flight, the background writer
+    split = False  # one process: the rollout always samples with the trainer's adapter
+
+    def run(self, role: str, fn: Callable, *args: Any) -> Any:
+        """Run `fn(engines, *args)` here (every role lives in this process)."""
+        return fn(self, *args)
+
+    def share_extras(self) -> None:
+        """Nothing to share: the tasks run in this process."""
+
+    @property
+    def policy_version(self) -> int:
+        """The policy version the rollout samples with (split rollout actors have no trainer)."""
+        if self.trainer is not None:
+            return self.trainer.policy_version
+        return int(self.extras.get("policy_version", 0))
+
+
+def put(run_name: str, engines: Any) -> None:
+    """Register the engines (or the Ray handle) of a run in this process (replacing any previous ones)."""
+    with _LOCK:
+        _ENGINES[run_name] = engines
+
+
+def get(run_name: str) -> Any:
+    """The engines of a run: registered in this process, else (inside a Ray worker) its named actors."""
+    with _LOCK:
+        if run_name in _ENGINES:
+            return _ENGINES[run_name]
+    if _in_ray_worker():
+        return RayEngines.find(run_name)
+    raise RuntimeError(
+        f"no engines for run {run_name!r} in this process: run it with `diffrl train` "
+        f"(known runs here: {sorted(_ENGINES)})"
+    )
+
+
+def drop(run_name: str) -> None:
+    with _LOCK:
+        _ENGINES.pop(run_name, None)
+
+
+def _in_ray_worker() -> bool:
+    try:
+        import ray
+    except ImportError:
+        return False
+    return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+
+
+# ---- ray mode ------------------------------------------------------------------------------------
+
+
+def actor_name(run_name: str, actor: str) -> str:
+    return f"{run_name}/{actor}"
+
+
+def trainer_actors(config: Any) -> list[str]:
+    """The trainer actors of a run, rank order: "trainer", then "trainer-1" ... for cluster.trainers > 1."""
+    return ["trainer"] + [f"trainer-{rank}" for rank in range(1, config.cluster.trainers)]
+
+
+def actor_names(config: Any) -> list[str]:
+    """Every actor of a run: its placement's roles plus the data-parallel trainer ranks."""
+    names = set(ROLES[config.cluster.placement].values())
+    if config.cluster.placement == "split":
+        names.update(trainer_actors(config))
+    return sorted(names)
+
+
+def _role(actor: str) -> str:
+    """The role an actor builds for ("trainer-1" builds what "trainer" builds)."""
+    return "trainer" if actor.startswith("trainer") else actor
+
+
+def forwarded_env() -> dict[str, str]:
+    """The driver's settings the Ray workers and actors need (runtime_env env_vars)."""
+    return {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+
+
+def connect(address: str | None) -> None:
+    """Join the Ray cluster at `address` (None: RAY_ADDRESS or a local `ray start --head`)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    ray.init(
+        address=address or os.environ.get("RAY_ADDRESS") or "auto",
+        namespace=NAMESPACE,
+        runtime_env={"env_vars": forwarded_env()},
+        log_to_driver=False,
+    )
+
+
+class EngineHost:
+    """The body of one named detached actor: builds its role's engines once, then runs stage functions.
+
+    `build(config, actor)` is passed by reference (flows.build.build_engines), so this module stays
+    free of model code; Ray ships functions of importable modules by name, never their bytecode.
+    """
+
+    def __init__(self, build: Callable, config: Any, actor: str, extras: dict, rank: int = 0, world: int = 1):
+        self.actor, self.rank, self.world = actor, rank, world
+        self._pending = (build, config, extras)
+        self.engines: Engines | None = None
+        self.created = time.time()
+        if world == 1:
+            self._build()
+        # A data-parallel trainer rank builds in `join`, once every rank knows where rank 0 listens.
+
+    def _build(self) -> None:
+        global _BUILDS
+        build, config, extras = self._pending
+        self.engines = build(config, _role(self.actor))
+        self.engines.extras.update(extras)
+        _BUILDS += 1
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0: this node's address and a free port for the torch.distributed store."""
+        import socket
+
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def join(self, address: str, port: int) -> None:
+        """Join the run's trainer process group (NCCL on GPUs, gloo on CPUs), then build: the trainer
+        shards its model with FSDP2 over the group. A warm (already built) rank does nothing."""
+        if self.engines is not None:
+            return
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        config = self._pending[1]
+        os.environ.update(
+            MASTER_ADDR=address, MASTER_PORT=str(port), RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK="0"
+        )
+        backend = "nccl" if torch.cuda.is_available() and config.model.device != "cpu" else "gloo"
+        dist.init_process_group(
+            backend,
+            rank=self.rank,
+            world_size=self.world,
+            timeout=datetime.timedelta(seconds=config.cluster.actor_timeout_s),
+        )
+        self._build()
+
+    def attach(self, config: Any, extras: dict) -> dict:
+        """A later flow run of the same run name: same model and training setup, fresh run settings."""
+        ours = _comparable(self.engines.config)
+        if ours != _comparable(config):
+            raise ValueError(
+                f"the warm actors of run {config.run.name!r} were built from another config "
+                f"(model/train/rollout/reward/data differ); remove them with "
+                f"`diffrl cluster stop {config.run.name}` or use another run.name"
+            )
+        self.engines.config = config
+        self.engines.extras.update(extras)
+        return self.describe()
+
+    def run(self, fn: Callable, *args: Any) -> Any:
+        return fn(self.engines, *args)
+
+    def describe(self) -> dict:
+        """What `diffrl cluster status` shows: role, process, devices and what the actor holds."""
+        import ray
+
+        e = self.engines
+        if e is None:
+            return {
+                "actor": self.actor,
+                "pid": os.getpid(),
+                "holds": [],
+                "rank": self.rank,
+                "error": "not built: waiting for the other trainer ranks to join",
+            }
+        holds = [name for name in ("adapter", "rollout", "trainer", "reward", "store") if getattr(e, name) is not None]
+        return {
+            "actor": self.actor,
+            "rank": self.rank,
+            "world": self.world,
+            "pid": os.getpid(),
+            "node": ray.get_runtime_context().get_node_id(),
+            "gpus": [str(g) for g in ray.get_gpu_ids()],
+            "device": str(getattr(e.adapter, "device", "cpu")),
+            "holds": holds,
+            "model": e.extras.get("model_path", "") if e.adapter is not None else "",
+            "builds": _BUILDS,
+            "policy_version": e.policy_version if e.adapter is not None else None,
+            "created": self.created,
+            "config": e.config,
+            "extras": dict(e.extras),
+        }
+
+
+def _comparable(config: Any) -> Any:
+    """The config minus what may change between flow runs of one run name (length, logging, timeouts)."""
+    run = dataclasses.replace(
+        config.run, steps=1, validate_every=0, log_images=0, checkpoint_every=1, keep_latents_steps=0
+    )
+    return dataclasses.replace(config, run=run, cluster=dataclasses.replace(config.cluster, actor_timeout_s=1.0))
+
+
+def _resources(config: Any, actors: list[str]) -> dict[str, float]:
+    """GPUs each actor asks for: 1 for a model holder when the cluster has GPUs and the model is not on CPU."""
+    import ray
+
+    has_gpus = ray.cluster_resources().get("GPU", 0) >= 1 and config.model.device != "cpu"
+    return {a: (1.0 if has_gpus and _role(a) in ("engine", "rollout", "trainer") else 0.0) for a in actors}
+
+
+def _placement_group(run_name: str, gpus: dict[str, float], timeout_s: float):
+    """One detached placement group per run reserving the model holders' GPUs (None without GPUs)."""
+    import ray
+    from ray.util.placement_group import get_placement_group, placement_group
+
+    bundles = [{"GPU": g} for g in gpus.values() if g > 0]
+    if not bundles:
+        return None
+    name = actor_name(run_name, "gpus")
+    try:
+        pg = get_placement_group(name)
+    except ValueError:
+        pg = placement_group(bundles, strategy="PACK", name=name, lifetime="detached")
+    if not pg.wait(timeout_seconds=timeout_s):
+        raise RuntimeError(
+            f"run {run_name!r}: the Ray cluster cannot place {bundles} within {timeout_s:.0f} s "
+            f"(cluster resources: {ray.cluster_resources()})"
+        )
+    return pg
+
+
+class RayEngines:
+    """A run's engines living in named detached Ray actors: the handle flows and Ray-run tasks hold.
+
+    `config`, `val_prompts` and `extras` are copies; `store` is this process's own view of the run's
+    trajectory table (reads for logging and retention); models never leave their actors.
+    """
+
+    memory = None  # the step core's hand-off lives in each actor (diffrl/engines/step/memory.py), not in this handle
+
+    def __init__(
+        self,
+        run_name: str,
+        config: Any,
+        actors: dict[str, Any],
+        extras: dict,
+        store: Any = None,
+        val_prompts: list | None = None,
+    ):
+        self.run_name, self.config, self.actors, self.extras = run_name, config, actors, extras
+        self.store, self.val_prompts = store, val_prompts or []
+        self.split = config.cluster.placement == "split"
+
+    @classmethod
+    def find(cls, run_name: str) -> "RayEngines":
+        """The live actors of `run_name` (from any process connected to the cluster)."""
+        import ray
+
+        actors = {}
+        for actor in ("engine", "rollout", "trainer", "reward"):
+            try:
+                actors[actor] = ray.get_actor(actor_name(run_name, actor), namespace=NAMESPACE)
+            except ValueError:
+                continue
+        if "reward" not in actors:
+            raise RuntimeError(
+                f"run {run_name!r} has no actors on this Ray cluster (namespace {NAMESPACE!r}): "
+                f"start it with `diffrl train ... cluster.mode=ray run.name={run_name}`"
+            )
+        info = ray.get(actors["reward"].describe.remote(), timeout=60)
+        for actor in trainer_actors(info["config"])[1:]:
+            try:
+                actors[actor] = ray.get_actor(actor_name(run_name, actor), namespace=NAMESPACE)
+            except ValueError:
+                continue
+        return cls(run_name, info["config"], actors, info["extras"])
+
+    def share_extras(self) -> None:
+        """Push `extras` (the run uid keying the task caches) to every actor of the run."""
+        for name, actor in self.actors.items():
+            self.wait(actor.attach.remote(self.config, self.extras), f"{name}.attach")
+
+    def actor_for(self, role: str) -> Any:
+        actor = ROLES[self.config.cluster.placement][role]
+        if actor not in self.actors:
+            raise RuntimeError(
+                f"run {self.run_name!r}: its {actor_name(self.run_name, actor)} actor is not alive "
+                f"(it died or was stopped); `diffrl cluster stop {self.run_name}` and rerun "
+                "`diffrl train` to start fresh actors from the last checkpoint"
+            )
+        return self.actors[actor]
+
+    def ranks(self, role: str) -> list[Any]:
+        """The actors that run a call of `role`: every data-parallel trainer rank for "trainer" (rank 0 first)."""
+        if role != "trainer" or not self.split or self.config.cluster.trainers == 1:
+            return [self.actor_for(role)]
+        missing = [a for a in trainer_actors(self.config) if a not in self.actors]
+        if missing:
+            raise RuntimeError(
+                f"run {self.run_name!r}: trainer actors {missing} are not alive; "
+                f"`diffrl cluster stop {self.run_name}` and rerun to start fresh actors"
+            )
+        return [self.actors[a] for a in trainer_actors(self.config)]
+
+    def run(self, role: str, fn: Callable, *args: Any) -> Any:
+        """`fn(engines, *args)` inside the actor playing `role` -- on every trainer rank for "trainer", which
+        returns rank 0's result; an error (or a timeout) of any of them fails the caller."""
+        refs = [actor.run.remote(fn, *args) for actor in self.ranks(role)]
+        return self.wait(refs, f"{role} ({getattr(fn, '__name__', fn)})")[0]
+
+    def pipe(self, first: tuple[str, Callable], second: tuple[str, Callable], *args: Any) -> Any:
+        """second_fn(engines2, first_fn(engines1, *args)): the intermediate goes actor to actor, not via here
+        (from rank 0 when `first` runs on every trainer rank)."""
+        refs = [actor.run.remote(first[1], *args) for actor in self.ranks(first[0])]
+        out = self.actor_for(second[0]).run.remote(second[1], refs[0])
+        return self.wait([out, *refs[1:]], f"{first[0]} -> {second[0]}")[0]
+
+    def wait(self, ref: Any, what: str) -> Any:
+        """ray.get of one ref or a list of them, within cluster.actor_timeout_s."""
+        import ray
+
+        timeout = self.config.cluster.actor_timeout_s
+        try:
+            return ray.get(ref, timeout=timeout)
+        except ray.exceptions.GetTimeoutError as e:
+            for r in ref if isinstance(ref, list) else [ref]:
+                ray.cancel(r, force=False)
+            raise TimeoutError(
+                f"run {self.run_name!r}: actor call {what} did not answer within "
+                f"cluster.actor_timeout_s={timeout:g} s (stuck or overloaded actor; "
+                f"`diffrl cluster status` shows the actors)"
+            ) from e
+        except ray.exceptions.RayActorError as e:
+            raise RuntimeError(f"run {self.run_name!r}: the actor for {what} died: {e}") from e
+
+    def describe(self) -> list[dict]:
+        import ray
+
+        return (
+            [self.wait(a.describe.remote(), f"{name}.describe") for name, a in self.actors.items()]
+            if ray.is_initialized()
+            else []
+        )
+
+
+def start_actors(config: Any, build: Callable, extras: dict) -> RayEngines:
+    """Create-or-get the run's named detached actors on the connected cluster (model built once per actor)."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    run_name, timeout = config.run.name, config.cluster.actor_timeout_s
+    names = actor_names(config)
+    dp_ranks = trainer_actors(config) if config.cluster.trainers > 1 else []
+    gpus = _resources(config, names)
+    pg = _placement_group(run_name, gpus, timeout)
+    host = ray.remote(EngineHost)
+    actors, bundle = {}, 0
+    env = {"env_vars": forwarded_env()}
+    for actor in names:
+        options = dict(
+            name=actor_name(run_name, actor),
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            num_cpus=0,
+            num_gpus=gpus[actor],
+            runtime_env=env,
+            max_restarts=0,
+        )
+        if gpus[actor] > 0:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle)
+            bundle += 1
+        rank, world = (dp_ranks.index(actor), len(dp_ranks)) if actor in dp_ranks else (0, 1)
+        actors[actor] = host.options(**options).remote(build, config, actor, extras, rank, world)
+    handle = RayEngines(run_name, config, actors, dict(extras))
+    if config.cluster.trainers > 1:  # data-parallel trainers: one process group, rank 0's address
+        ranks = handle.ranks("trainer")
+        address, port = handle.wait(ranks[0].rendezvous.remote(), "trainer rendezvous")
+        handle.wait([r.join.remote(address, port) for r in ranks], "trainers (process group and build)")
+    # a warm actor from an earlier flow run answers `attach`; a new one answers once its build is done
+    infos = [handle.wait(a.attach.remote(config, extras), f"{name} (build/attach)") for name, a in actors.items()]
+    handle.extras.update(infos[0]["extras"])
+    return handle
+
+
+def list_actors(run_name: str | None = None) -> list[dict]:
+    """diffrl's live actors on the connected cluster (all runs, or one run's), each with its description."""
+    import ray
+
+    out = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        name = entry["name"]
+        if entry["namespace"] != NAMESPACE or (run_name and name.rsplit("/", 1)[0] != run_name):
+            continue
+        handle = ray.get_actor(name, namespace=NAMESPACE)
+        try:
+            info = ray.get(handle.describe.remote(), timeout=30)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as e:
+            info = {"error": f"{type(e).__name__}: {e}"}
+        info.pop("config", None)
+        out.append({"name": name, "actor_id": handle._actor_id.hex(), **info})
+    return sorted(out, key=lambda a: a["name"])
+
+
+def stop_actors(run_name: str) -> list[str]:
+    """Kill the run's actors and free its placement group; returns the names removed."""
+    import ray
+    from ray.util.placement_group import get_placement_group, remove_placement_group
+
+    removed = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        name = entry["name"]
+        if entry["namespace"] != NAMESPACE or name.rsplit("/", 1)[0] != run_name:
+            continue
+        try:
+            handle = ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            continue
+        ray.kill(handle, no_restart=True)
+        removed.append(name)
+    removed.sort()  # list_named_actors has no fixed order
+    try:
+        remove_placement_group(get_placement_group(actor_name(run_name, "gpus")))
+        removed.append(actor_name(run_name, "gpus"))
+    except ValueError:
+        pass
+    drop(run_name)
+    return removed

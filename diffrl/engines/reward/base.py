@@ -1,0 +1,258 @@
+"""Reward contracts: the output type, the function protocol, the registry, option parsing.
+
+Legend: B = batch, F = frames, H/W = height/width. Images arrive as uint8 (B, H, W, 3), videos
+as uint8 (B, F, H, W, 3), either as torch tensors or numpy arrays.
+
+Conventions every reward follows:
+- `scores` is float32 (B,); `valid` is bool (B,). A sample a reward could not score (a malformed
+  judge answer, an unreadable service reply) has valid False and score NaN: never a silent 0,
+  and NaN makes any unmasked use loud.
+- `info` maps a key to a per-sample list of length B (so batches concatenate by list extension).
+- Heavy dependencies (transformers, rapidocr, open_clip) are imported inside the constructors, so
+  importing the registry stays cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+# Modules that register the built-in rewards; imported lazily on the first registry lookup.
+_BUILTIN_MODULES = (
+    "diffrl.engines.reward.jpeg",
+    "diffrl.engines.reward.ocr",
+    "diffrl.engines.reward.vlm_judge",
+    "diffrl.engines.reward.clip_score",
+    "diffrl.engines.reward.pickscore",
+    "diffrl.engines.reward.aesthetic",
+    "diffrl.engines.reward.http_scorer",
+    "diffrl.engines.reward.geneval_lite",
+)
+
+
+class RewardError(RuntimeError):
+    """A reward function failed; carries the reward's name so a pool can report it."""
+
+    def __init__(self, message: str, reward_name: str):
+        super().__init__(message)
+        self.reward_name = reward_name
+
+    def __reduce__(self):  # keep it picklable across spawned worker processes
+        return (type(self), (self.args[0], self.reward_name))
+
+
+@dataclass
+class RewardOutput:
+    """Per-sample scores of one batch.
+
+    scores: float32 (B,), NaN where not valid.  valid: bool (B,), False = excluded sample.
+    info: per-sample lists of length B (recognised text, raw judge answers, component scores).
+    """
+
+    scores: torch.Tensor
+    valid: torch.Tensor
+    info: dict[str, list] = field(default_factory=dict)
+
+    def __post_init__(self):
+        assert self.scores.ndim == 1 and self.scores.shape == self.valid.shape, "scores/valid must be (B,)"
+        assert self.valid.dtype == torch.bool, "valid must be bool"
+        for key, values in self.info.items():
+            assert len(values) == len(self.scores), f"info[{key!r}] must have one entry per sample"
+
+    @classmethod
+    def from_lists(cls, scores: list[float | None], info: dict[str, list] | None = None) -> "RewardOutput":
+        """Builds an output from per-sample scores where None marks an excluded sample."""
+        valid = torch.tensor([s is not None for s in scores], dtype=torch.bool)
+        values = torch.tensor([math.nan if s is None else float(s) for s in scores], dtype=torch.float32)
+        return cls(scores=values, valid=valid, info=dict(info or {}))
+
+
+def concat_outputs(outputs: list[RewardOutput]) -> RewardOutput:
+    """Concatenates batch outputs in order; info keys must agree between batches."""
+    if not outputs:
+        return RewardOutput(torch.zeros(0), torch.zeros(0, dtype=torch.bool), {})
+    keys = list(outputs[0].info)
+    info: dict[str, list] = {k: [] for k in keys}
+    for out in outputs:
+        assert list(out.info) == keys, "batches of one reward must report the same info keys"
+        for k in keys:
+            info[k].extend(out.info[k])
+    return RewardOutput(
+        scores=torch.cat([o.scores for o in outputs]),
+        valid=torch.cat([o.valid for o in outputs]),
+        info=info,
+    )
+
+
+@runtime_checkable
+class RewardFunction(Protocol):
+    """Scores a batch: images uint8 (B, H, W, 3) or videos (B, F, H, W, 3)."""
+
+    name: str
+    batch_size: int
+
+    def __call__(self, images: torch.Tensor | np.ndarray, prompts: list[str], metadata: list[dict]) -> RewardOutput: ...
+
+
+@dataclass
+class NoOptions:
+    """Options of a reward that takes none."""
+
+
+@dataclass
+class _Entry:
+    factory: Callable[[Any], RewardFunction]
+    options: type
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register_reward(name: str, options: type = NoOptions) -> Callable:
+    """Decorator registering `factory(options) -> RewardFunction` under `name`.
+
+    `options` is the reward's own @dataclass; `build_reward` validates a dict into it.
+    """
+    if not dataclasses.is_dataclass(options):
+        raise TypeError(f"options of reward {name!r} must be a dataclass, got {options!r}")
+
+    def decorator(factory: Callable) -> Callable:
+        if name in _REGISTRY and _REGISTRY[name].factory is not factory:
+            raise ValueError(f"reward {name!r} is already registered")
+        _REGISTRY[name] = _Entry(factory=factory, options=options)
+        return factory
+
+    return decorator
+
+
+def _load_builtins() -> None:
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(module)
+
+
+def reward_names() -> list[str]:
+    """Sorted names of all registered rewards (built-ins included)."""
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def reward_options_type(name: str) -> type:
+    """The options dataclass of reward `name` (ValueError listing the names if unknown)."""
+    _load_builtins()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown reward {name!r}; registered rewards: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name].options
+
+
+def build_reward(name: str, options: dict | None = None) -> RewardFunction:
+    """Builds reward `name` from a dict of options, validated into that reward's dataclass.
+
+    Everything that can be checked before the run (weight folders, API-key variables, option
+    values) fails here, at start-up, not mid-run.
+    """
+    options_type = reward_options_type(name)
+    parsed = parse_options(options_type, options or {}, owner=f"reward {name!r}")
+    return _REGISTRY[name].factory(parsed)
+
+
+def parse_options(options_type: type, values: dict, owner: str) -> Any:
+    """Validates `values` into the dataclass `options_type`.
+
+    Unknown keys raise ValueError naming the key and listing the valid ones. String values are
+    converted to the field's type (so CLI `key=value` overrides work).
+    """
+    if not isinstance(values, dict):
+        raise ValueError(f"options of {owner} must be a mapping, got {type(values).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(options_type)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {', '.join(map(repr, unknown))} for {owner}; "
+            f"valid options: {', '.join(fields) or '(none)'}"
+        )
+    hints = typing.get_type_hints(options_type)
+    converted = {k: _convert(v, hints[k], k, owner) for k, v in values.items()}
+    try:
+        return options_type(**converted)
+    except TypeError as e:  # a required field without a value
+        raise ValueError(f"bad options for {owner}: {e}") from None
+
+
+def _convert(value: Any, hint: Any, key: str, owner: str) -> Any:
+    """Converts a string (from the CLI) to the annotated scalar type; leaves other values alone."""
+    if not isinstance(value, str):
+        return value
+    target = hint
+    if typing.get_origin(hint) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value.lower() in ("none", "null"):
+            return None
+        target = args[0] if len(args) == 1 else str
+    try:
+        if target is bool:
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1", "yes")
+        if target in (int, float):
+            return target(value)
+    except ValueError:
+        raise ValueError(f"option {key!r} of {owner} must be a {target.__name__}, got {value!r}") from None
+    return value
+
+
+def to_uint8_numpy(images: torch.Tensor | np.ndarray) -> np.ndarray:
+    """Checks images (B, H, W, 3) / videos (B, F, H, W, 3) uint8 and returns a numpy view."""
+    if isinstance(images, torch.Tensor):
+        images = images.detach().cpu().numpy()
+    if not isinstance(images, np.ndarray):
+        raise TypeError(f"images must be a torch.Tensor or np.ndarray, got {type(images).__name__}")
+    if images.dtype != np.uint8:
+        raise ValueError(f"images must be uint8, got {images.dtype}")
+    if images.ndim not in (4, 5) or images.shape[-1] != 3:
+        raise ValueError(f"images must be (B, H, W, 3) or (B, F, H, W, 3), got shape {tuple(images.shape)}")
+    return images
+
+
+def sample_frames(sample: np.ndarray, frame_stride: int) -> list[np.ndarray]:
+    """An image (H, W, 3) -> [image]; a video (F, H, W, 3) -> every `frame_stride`-th frame."""
+    if sample.ndim == 3:
+        return [sample]
+    return list(sample[::frame_stride])
+
+
+def iter_batches(n: int, batch_size: int) -> Iterator[slice]:
+    """Slices covering range(n) in batches of `batch_size`."""
+    for start in range(0, n, batch_size):
+        yield slice(start, min(start + batch_size, n))
+
+
+def check_folder(path: str | Path, option: str, owner: str, must_contain: tuple[str, ...] = ()) -> Path:
+    """Start-up check of a local weight folder: it exists and holds the named files."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ValueError(f"{owner}: option {option!r} = {str(path)!r} is not an existing folder")
+    missing = [name for name in must_contain if not (folder / name).exists()]
+    if missing:
+        raise ValueError(f"{owner}: folder {str(folder)!r} ({option}) lacks {', '.join(missing)}")
+    return folder
+
+
+def check_positive(value: float, option: str, owner: str, allow_zero: bool = False) -> None:
+    """ValueError unless value > 0 (or >= 0 with allow_zero)."""
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{owner}: option {option!r} must be {bound}, got {value!r}")
+
+
+def check_choice(value: str, option: str, owner: str, choices: tuple[str, ...]) -> None:
+    """ValueError unless value is one of `choices`."""
+    if value not in choices:
+        raise ValueError(f"{owner}: option {option!r} must be one of {', '.join(choices)}; got {value!r}")

@@ -1,0 +1,152 @@
+"""HTTP plumbing shared by the network rewards (vlm_judge, http_scorer): retries with exponential
+backoff, timeouts on every call, a concurrency limit, API keys from environment variables."""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, TypeVar
+
+import numpy as np
+import requests
+from PIL import Image
+
+from diffrl.engines.reward.base import RewardError
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Transient statuses worth another attempt; any other 4xx is the caller's bug and fails at once.
+RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+class MalformedAnswer(ValueError):
+    """The server answered, but not in the expected shape: the sample is excluded, not retried."""
+
+
+def api_key_from_env(variable: str | None, owner: str) -> str | None:
+    """The API key in environment variable `variable` (None when no variable is configured).
+
+    A configured but unset variable fails at start-up: a run must not discover it mid-way.
+    """
+    if variable is None:
+        return None
+    key = os.environ.get(variable)
+    if not key:
+        raise ValueError(f"{owner}: option 'api_key_env' names {variable!r}, but that environment variable is not set")
+    return key
+
+
+def encode_image(image_HW3: np.ndarray, image_format: str = "png") -> bytes:
+    """RGB uint8 image -> PNG or JPEG (quality 95) bytes."""
+    buffer = io.BytesIO()
+    if image_format == "png":
+        Image.fromarray(image_HW3).save(buffer, format="PNG")
+    else:
+        Image.fromarray(image_HW3).save(buffer, format="JPEG", quality=95)
+    return buffer.getvalue()
+
+
+def data_url(image_HW3: np.ndarray, image_format: str = "png") -> str:
+    """A base64 data URL as OpenAI-compatible chat servers accept in `image_url.url`."""
+    mime = "image/png" if image_format == "png" else "image/jpeg"
+    return f"data:{mime};base64,{base64.b64encode(encode_image(image_HW3, image_format)).decode('ascii')}"
+
+
+def post_with_retries(
+    session: requests.Session,
+    url: str,
+    *,
+    reward_name: str,
+    timeout_s: float,
+    retries: int,
+    backoff_s: float,
+    **request_kwargs: Any,
+) -> Any:
+    """POSTs and returns the decoded JSON body.
+
+    Connection errors, timeouts and RETRY_STATUSES are retried `retries` times, sleeping
+    backoff_s * 2**attempt between attempts; after the last attempt a RewardError names the URL
+    and the last failure. A body that is not JSON raises MalformedAnswer (not retried).
+    """
+    last_error = ""
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(backoff_s * 2 ** (attempt - 1))
+        try:
+            response = session.post(url, timeout=(timeout_s, timeout_s), **request_kwargs)
+        except (requests.ConnectionError, requests.Timeout) as e:
+            last_error = f"{type(e).__name__}: {e}"
+            logger.warning("%s: attempt %d/%d to %s failed: %s", reward_name, attempt + 1, retries + 1, url, last_error)
+            continue
+        if response.status_code in RETRY_STATUSES:
+            last_error = f"HTTP {response.status_code}: {response.text[:200]}"
+            logger.warning("%s: attempt %d/%d to %s failed: %s", reward_name, attempt + 1, retries + 1, url, last_error)
+            continue
+        if response.status_code >= 400:
+            raise RewardError(
+                f"{reward_name}: {url} answered HTTP {response.status_code}: {response.text[:500]}", reward_name
+            )
+        try:
+            return response.json()
+        except ValueError:
+            raise MalformedAnswer(f"{url} answered a non-JSON body: {response.text[:200]!r}") from None
+    raise RewardError(
+        f"{reward_name}: {url} failed after {retries + 1} attempts; last error: {last_error}", reward_name
+    )
+
+
+def map_concurrently(function: Callable[[int], T], count: int, concurrency: int) -> list[T]:
+    """[function(i) for i in range(count)] with at most `concurrency` running at once, in order.
+
+    The first exception propagates; requests not yet started are cancelled.
+    """
+    if count == 0:
+        return []
+    with ThreadPoolExecutor(max_workers=min(concurrency, count)) as executor:
+        futures = [executor.submit(function, i) for i in range(count)]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+
+
+def score_each_concurrently(
+    name: str,
+    images,
+    prompts: list[str],
+    metadata: list[dict],
+    score_one: Callable[[np.ndarray, str, dict], tuple[float | None, Any]],
+    concurrency: int,
+    info_key: str,
+):
+    """A reward's output from one request per sample (`score_one(image, prompt, metadata)` ->
+    (score or None for an excluded sample, info)), at most `concurrency` requests at once."""
+    from diffrl.engines.reward.base import RewardOutput, to_uint8_numpy
+
+    array = to_uint8_numpy(images)
+    if not len(array) == len(prompts) == len(metadata):
+        raise ValueError(f"{name}: got {len(array)} images, {len(prompts)} prompts, {len(metadata)} metadata")
+    results = map_concurrently(lambda i: score_one(array[i], prompts[i], metadata[i]), len(array), concurrency)
+    return RewardOutput.from_lists([score for score, _ in results], info={info_key: [x for _, x in results]})
+
+
+def check_request_options(options, owner: str, url_field: str) -> None:
+    """The request options every HTTP reward shares: the URL's scheme, image format, concurrency,
+    timeout, frame stride, batch size (> 0), retries and backoff (>= 0). ValueError naming the option."""
+    from diffrl.engines.reward.base import check_choice, check_positive
+
+    url = getattr(options, url_field)
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"{owner}: option '{url_field}' must start with http:// or https://, got {url!r}")
+    check_choice(options.image_format, "image_format", owner, ("png", "jpeg"))
+    for name in ("concurrency", "timeout_s", "frame_stride", "batch_size"):
+        check_positive(getattr(options, name), name, owner)
+    check_positive(options.retries, "retries", owner, allow_zero=True)
+    check_positive(options.backoff_s, "backoff_s", owner, allow_zero=True)

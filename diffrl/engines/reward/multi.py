@@ -1,0 +1,176 @@
+"""Weighted multi-reward: total = sum_i w_i * score_i over the configured components.
+
+Exclusion rules (never a silent 0):
+- A component that returns valid False for a sample excludes that sample from the total
+  (total NaN, valid False), logged and counted in info["excluded"].
+- A component that raises: if `required` (the default), the error propagates as a RewardError
+  naming the component; if `required: false`, the whole batch is excluded for that component
+  (logged, counted) and the run goes on.
+
+info of the combined output (per-sample lists, length B):
+  "<name>"          the component's score (NaN where it excluded the sample)
+  "<name>/<key>"    the component's own info (recognised text, judge answers, ...); a
+                    non-required component that raised reports only "<name>/error"
+  "excluded"        True where the sample is excluded
+  "excluded_by"     the names of the components that excluded it
+This class is the whole scoring logic of the pool: a thread, a spawned process or a Ray actor
+just holds one MultiReward and calls it on chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from diffrl.engines.reward.base import (
+    RewardError,
+    RewardFunction,
+    RewardOutput,
+    build_reward,
+    check_choice,
+    concat_outputs,
+    iter_batches,
+    to_uint8_numpy,
+)
+
+logger = logging.getLogger(__name__)
+MODES = ("thread", "process")
+
+
+@dataclass
+class RewardComponent:
+    """One reward of the weighted sum; options go to the reward's own options dataclass."""
+
+    name: str
+    weight: float = 1.0
+    required: bool = True
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.name:
+            raise ValueError("reward component: 'name' must be a registered reward name, got ''")
+        if not math.isfinite(self.weight):
+            raise ValueError(f"reward component {self.name!r}: 'weight' must be finite, got {self.weight}")
+
+
+@dataclass
+class RewardConfig:
+    """components: the weighted rewards. workers: scorers in the pool (each loads its own models).
+    max_pending_chunks: submitted-but-unfinished chunks before submit blocks (back-pressure).
+    timeout_s: the longest RewardPool.results() waits. mode: thread | process (spawned, never fork)."""
+
+    components: list[RewardComponent]
+    workers: int = 1
+    max_pending_chunks: int = 4
+    timeout_s: float = 600.0
+    mode: str = "thread"
+
+    def __post_init__(self):
+        # YAML gives dicts; turn them into components here so only dataclasses travel further.
+        self.components = [c if isinstance(c, RewardComponent) else RewardComponent(**c) for c in self.components]
+        if not self.components:
+            raise ValueError("reward config: 'components' must name at least one reward")
+        names = [c.name for c in self.components]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"reward config: component names must be unique, repeated: {', '.join(duplicates)}")
+        for option in ("workers", "max_pending_chunks"):
+            if getattr(self, option) < 1:
+                raise ValueError(f"reward config: {option!r} must be >= 1, got {getattr(self, option)}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"reward config: 'timeout_s' must be > 0, got {self.timeout_s}")
+        check_choice(self.mode, "mode", "reward config", MODES)
+
+
+def score_in_batches(reward: RewardFunction, images, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+    """Calls `reward` on slices of its own batch_size and concatenates (per-function batching)."""
+    outputs = []
+    for part in iter_batches(len(prompts), reward.batch_size):
+        output = reward(images[part], prompts[part], metadata[part])
+        if len(output.scores) != part.stop - part.start:
+            expected = part.stop - part.start
+            raise RewardError(
+                f"reward {reward.name!r} returned {len(output.scores)} scores for {expected} samples", reward.name
+            )
+        outputs.append(output)
+    return concat_outputs(outputs)
+
+
+def combine(outputs: dict[str, RewardOutput], weights: dict[str, float]) -> RewardOutput:
+    """Weighted sum of component outputs (same batch) with the exclusion rules of this module."""
+    names = list(outputs)
+    count = len(outputs[names[0]].scores)
+    valid = torch.ones(count, dtype=torch.bool)
+    total = torch.zeros(count, dtype=torch.float32)
+    info: dict[str, list] = {"excluded_by": [[] for _ in range(count)]}
+    for name in names:
+        out = outputs[name]
+        valid &= out.valid
+        # where() keeps NaN of excluded samples out of the arithmetic of valid ones
+        total += weights[name] * torch.where(out.valid, out.scores, torch.zeros_like(out.scores))
+        info[name] = [float(s) if v else math.nan for s, v in zip(out.scores.tolist(), out.valid.tolist())]
+        for key, values in out.info.items():
+            info[f"{name}/{key}"] = list(values)
+        for index in torch.nonzero(~out.valid).flatten().tolist():
+            info["excluded_by"][index].append(name)
+    info["excluded"] = (~valid).tolist()
+    total[~valid] = math.nan
+    return RewardOutput(scores=total, valid=valid, info=info)
+
+
+def reward_metrics(output: RewardOutput, names: list[str]) -> dict[str, float]:
+    """reward/<name>: mean of that component's valid scores (NaN if none); reward/excluded: count."""
+    metrics = {}
+    for name in names:
+        values = np.asarray(output.info[name], dtype=np.float64)
+        finite = values[~np.isnan(values)]
+        metrics[f"reward/{name}"] = float(finite.mean()) if finite.size else math.nan
+    metrics["reward/excluded"] = float(sum(output.info["excluded"]))
+    return metrics
+
+
+class MultiReward:
+    """Owns the built reward functions of a RewardConfig (models, clients)."""
+
+    def __init__(self, config: RewardConfig):
+        self.config = config
+        # build_reward checks folders, keys and options now: start-up, not mid-run
+        self.rewards = {c.name: build_reward(c.name, c.options) for c in config.components}
+        self.weights = {c.name: c.weight for c in config.components}
+        self.required = {c.name: c.required for c in config.components}
+
+    @property
+    def names(self) -> list[str]:
+        """Component names in config order."""
+        return list(self.rewards)
+
+    def score_component(self, name: str, images, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+        """One component on the batch; a failure of a non-required one excludes the whole batch."""
+        try:
+            return score_in_batches(self.rewards[name], images, prompts, metadata)
+        except Exception as e:
+            if self.required[name]:
+                if isinstance(e, RewardError) and e.reward_name == name:
+                    raise
+                raise RewardError(f"reward {name!r} failed: {type(e).__name__}: {e}", name) from e
+            logger.warning("reward %r (not required) failed on %d samples; excluding them: %s", name, len(prompts), e)
+            return RewardOutput.from_lists(
+                [None] * len(prompts), info={"error": [f"{type(e).__name__}: {e}"] * len(prompts)}
+            )
+
+    def __call__(self, images, prompts: list[str], metadata: list[dict] | None = None) -> RewardOutput:
+        """Scores a batch with every component and combines them (see the module docstring)."""
+        array = to_uint8_numpy(images)
+        metadata = metadata if metadata is not None else [{} for _ in prompts]
+        if not len(array) == len(prompts) == len(metadata):
+            raise ValueError(f"got {len(array)} images, {len(prompts)} prompts, {len(metadata)} metadata entries")
+        outputs = {name: self.score_component(name, array, prompts, metadata) for name in self.rewards}
+        combined = combine(outputs, self.weights)
+        excluded = sum(combined.info["excluded"])
+        if excluded:
+            logger.warning("excluded %d of %d samples: %s", excluded, len(prompts), combined.info["excluded_by"])
+        return combined

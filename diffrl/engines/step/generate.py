@@ -1,0 +1,306 @@
+"""Stages that make a step's samples: `generate` (a chunk's rollout), `score` (its rewards), `offline_pairs`
+(offline DPO's rows), and the prefetch of the next step's rollout. Each is `stage(engines, step[, chunk])`,
+runs where its role lives (engines.run) and returns a typed record (diffrl/engines/step/records.py).
+
+Data flow (diffrl/engines/step/memory.py): a chunk stays in this process's memory for the stages after it; its rows
+and rewards are queued on the ordered background writer. What memory lacks (a resumed step, another
+process's output) is read from the trajectory store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from typing import Any
+
+import torch
+
+from diffrl.engines.reward.base import concat_outputs
+from diffrl.engines.step.memory import ChunkRewards
+from diffrl.engines.step.plan import chunk_plan, inject_fault, num_chunks, sample_seed, validation_due
+from diffrl.engines.step.records import Generated, Scored
+from diffrl.engines.trajectories import Trajectories
+from diffrl.models.base import SampleShape
+
+PREFERENCE_REWARD = "preference"  # the reward component of offline pairs: 1 chosen, 0 rejected
+
+
+def uses_old_policy_rollout(algorithm: Any) -> bool:
+    """DiffusionNFT samples its rollouts with the old (EMA) policy, as the published code does."""
+    return algorithm.loss == "diffusion_nft_loss"
+
+
+def step_chunks(cfg: Any) -> int:
+    """Chunks a step's rows come in: offline pairs are one chunk, online rollouts num_chunks(cfg)."""
+    return 1 if cfg.data.sample_source == "offline" else num_chunks(cfg)
+
+
+def store_call(engines: Any, step: int, what: str, fn, *args, **kwargs):
+    """A store operation after every write made before it (the writer owns the store while a step runs)."""
+    if engines.store is None:
+        raise ValueError(f"{what}: this run keeps no trajectory store (engines-only), and the data is not in memory")
+    engines.memory.release_writes()
+    return engines.memory.writer.call(step, what, functools.partial(fn, *args, **kwargs))
+
+
+def store_submit(engines: Any, step: int, what: str, fn, *args) -> None:
+    """A durable write, in order behind the writes before it (held until the update: StepMemory.queue_write);
+    nothing when the run keeps no store."""
+    if engines.store is not None:
+        engines.memory.queue_write(step, what, fn, *args)
+
+
+def maybe_committed(engines: Any, step: int) -> bool:
+    """Whether `step` may have rows from an earlier process (a resumed step, or Ray's other actors)."""
+    memory = engines.memory
+    return engines.store is not None and (not memory.asynchronous or step <= memory.first_step)
+
+
+# ---- generate -----------------------------------------------------------------------------------------
+def generate(engines: Any, step: int, chunk: int) -> Generated:
+    """Roll out one chunk (or take the rollout that ran ahead of this stage) and queue its rows for the store;
+    a chunk already committed is not generated again."""
+    memory, started = engines.memory, time.perf_counter()
+    if not memory.has_chunk(step, chunk) and maybe_committed(engines, step):
+        rows = store_call(engines, step, f"chunk_rows({step}, {chunk})", engines.store.chunk_rows, step, chunk)
+        if rows:
+            return Generated(step, chunk, rows=rows, seconds=0.0, waited=0.0, reused=True)
+    if not memory.has_chunk(step, chunk):
+        memory.start_rollout(step, chunk, functools.partial(sample_chunk, engines, step, chunk))
+    traj, seconds = memory.chunk(step, chunk)
+    store_submit(engines, step, f"rows of step {step} chunk {chunk}", _append, engines, traj, step, chunk)
+    return Generated(step, chunk, rows=len(traj), seconds=seconds, waited=time.perf_counter() - started, reused=False)
+
+
+def sample_chunk(engines: Any, step: int, chunk: int) -> Trajectories:
+    """The rollout of one chunk (on the rollout worker); streams each decoded sub-batch to the reward worker
+    when the reward lives in this process, and samples DiffusionNFT's rollouts with its old adapter."""
+    inject_fault("generate", step, chunk)
+    cfg, memory = engines.config, engines.memory
+    plan = chunk_plan(engines, step, chunk)
+    records = plan["records"]
+    prompts = [r.prompt for r in records]
+    metadata = [{"ground_truth": r.ground_truth, **r.metadata} for r in records]
+    memory.reset_stream(step, chunk)
+    on_batch = None
+    if engines.reward is not None and memory.asynchronous:
+
+        def on_batch(start: int, stop: int, images: torch.Tensor) -> None:
+            memory.stream_reward(
+                step, chunk, functools.partial(engines.reward, images, prompts[start:stop], metadata[start:stop])
+            )
+
+    with _rollout_policy(engines):
+        return engines.rollout.generate(
+            prompts,
+            [r.uid for r in records],
+            plan["sample_index"],
+            plan["seeds"],
+            cfg.sampling,
+            step=step,
+            policy_version=engines.policy_version,
+            metadata=metadata,
+            on_batch=on_batch,
+        )
+
+
+def _rollout_policy(engines: Any):
+    """The policy a rollout samples with: the trained one, or DiffusionNFT's old adapter (the trainer's module)."""
+    if not uses_old_policy_rollout(engines.config.algorithm):
+        return contextlib.nullcontext()
+    if engines.trainer is None or engines.rollout.adapter is not engines.trainer.adapter:
+        raise ValueError(
+            "diffusion_nft samples with the trainer's old LoRA adapter, so the rollout must run on "
+            "the trainer's model (cluster.placement: colocated)"
+        )
+    return engines.trainer.old_policy()
+
+
+def _append(engines: Any, traj: Trajectories, step: int, chunk: int) -> None:
+    inject_fault("write_rows", step, chunk)  # a crash before the rows land, after their stage completed
+    engines.store.append(traj, run=engines.config.run.name, step=step, chunk=chunk)
+
+
+def prefetch(engines: Any, step: int) -> int:
+    """Start the rollout of every chunk of `step` on the rollout worker (right after the previous step's weight
+    sync: the same weights, prompts and seeds as on demand); returns the chunks started. Not done for offline
+    pairs, after the run's last step, before a validation (it samples on the same model), or when stages may
+    run in other processes (Ray: their inputs must come from the store)."""
+    cfg, memory = engines.config, engines.memory
+    if (
+        not memory.asynchronous
+        or engines.rollout is None
+        or cfg.data.sample_source == "offline"
+        or step >= cfg.run.steps
+        or validation_due(cfg, step)
+    ):
+        return 0
+    count = num_chunks(cfg)
+    for chunk in range(count):
+        memory.start_rollout(step, chunk, functools.partial(sample_chunk, engines, step, chunk))
+    return count
+
+
+# ---- score --------------------------------------------------------------------------------------------
+def score(engines: Any, step: int, chunk: int) -> Scored:
+    """The rewards of one chunk (streamed while it was sampled, or scored now) and their queued write."""
+    inject_fault("score", step, chunk)
+    memory = engines.memory
+    streamed = memory.take_streamed(step, chunk)
+    held = memory.chunk(step, chunk)
+    traj = (
+        held[0]
+        if held is not None
+        else store_call(
+            engines, step, f"read step {step} chunk {chunk}", engines.store.read_chunk, step, chunk, with_latents=False
+        )
+    )
+    if streamed is not None:
+        out, seconds = concat_outputs(streamed[0]), streamed[1]
+    else:
+        started = time.perf_counter()
+        out = engines.reward(traj.images, traj.prompts, traj.metadata)
+        seconds = time.perf_counter() - started
+    components = {name: torch.tensor(out.info[name], dtype=torch.float32) for name in engines.reward.names}
+    memory.put_rewards(step, chunk, ChunkRewards(out.scores, out.valid, components, out.info, seconds))
+    store_submit(
+        engines,
+        step,
+        f"rewards of step {step} chunk {chunk}",
+        _write_rewards,
+        engines,
+        step,
+        traj,
+        out.scores,
+        components,
+        out.valid,
+    )
+    return Scored(step, chunk, rows=len(traj), seconds=seconds, excluded=int((~out.valid).sum()))
+
+
+def _write_rewards(engines: Any, step: int, keys: Any, scores, components, valid) -> None:
+    engines.store.write_rewards(step, keys, scores, components, valid)
+
+
+# ---- offline pairs ------------------------------------------------------------------------------------
+def offline_pairs(engines: Any, step: int, chunk: int = 0) -> Generated:
+    """Offline DPO: the step's preference pairs (from the VAE-latent cache) as chunk 0, with reward 1 for the
+    chosen and 0 for the rejected image; a committed step is reused."""
+    started = time.perf_counter()
+    if maybe_committed(engines, step) and store_call(engines, step, "has_chunk", engines.store.has_chunk, step, 0):
+        traj = store_call(
+            engines, step, "read pairs", engines.store.read_chunk, step, 0, with_latents=False, with_images=False
+        )
+        reused = True
+    else:
+        inject_fault("offline_pairs", step)
+        traj, reused = _pair_trajectories(engines, step), False
+        engines.memory.put_chunk(step, 0, traj, 0.0)
+        store_submit(engines, step, f"pairs of step {step}", _append, engines, traj, step, 0)
+    rewards = (traj.sample_index == 0).float()
+    valid = torch.ones(len(traj), dtype=torch.bool)
+    components = {PREFERENCE_REWARD: rewards}
+    engines.memory.put_rewards(step, 0, ChunkRewards(rewards, valid, components, {}, 0.0))
+    # Rewards are written after the rows; writing them again is a no-op, so a crash in between heals here.
+    store_submit(
+        engines, step, f"pair rewards of step {step}", _write_rewards, engines, step, traj, rewards, components, valid
+    )
+    return Generated(step, 0, rows=len(traj), seconds=time.perf_counter() - started, waited=0.0, reused=reused)
+
+
+def _pair_trajectories(engines: Any, step: int) -> Trajectories:
+    """(2P) samples of the step's P pairs, chosen then rejected, as a one-step window ending at x0.
+
+    Only the clean latent latents[:, -1] is trained on by the direct-preference trainer; an offline
+    sample has no denoising trajectory, so latents[:, 0] repeats x0 and the log-probs are 0.
+    """
+    cfg = engines.config
+    sampling = cfg.sampling
+    n = sampling.num_inference_steps
+    records = engines.prompts.sample(step)
+    latents_P2S, images_P2HWC = engines.extras["preferences"].read([r.metadata["pair"] for r in records])
+    x0 = latents_P2S.flatten(0, 1)
+    b = x0.shape[0]
+    shape = SampleShape(sampling.height, sampling.width, sampling.num_frames)
+    last_sigma = float(engines.adapter.sigmas(n, shape)[n - 1])
+    prompts = [r.prompt for r in records for _ in range(2)]
+    encoder = engines.rollout if engines.rollout is not None else engines.trainer._replayer  # split trainer actor
+    return Trajectories(
+        prompts=prompts,
+        group_ids=[r.uid for r in records for _ in range(2)],
+        sample_index=torch.tensor([0, 1] * len(records)),
+        seeds=torch.tensor([sample_seed(cfg.run.seed, step, k) for k in range(b)]),
+        latents=torch.stack([x0, x0], 1).float().contiguous(),
+        log_probs=torch.zeros(b, 1),
+        sigmas=torch.full((b, 1), last_sigma),
+        sigmas_prev=torch.zeros(b, 1),
+        window_starts=torch.full((b,), n - 1),
+        trained=torch.ones(b, 1, dtype=torch.bool),
+        images=images_P2HWC.flatten(0, 1),
+        embed_keys=[encoder.embed_key(p, sampling) for p in prompts],
+        metadata=[{"pair": r.metadata["pair"], "label": label} for r in records for label in ("chosen", "rejected")],
+        policy_version=engines.trainer.policy_version,
+    )
+
+
+# ---- what later stages and the flow read ----------------------------------------------------------------
+def step_trajectories(engines: Any, step: int, *, with_latents: bool = True, with_images: bool = False) -> Trajectories:
+    """The step's samples in (chunk, row) order: from memory, else from the store."""
+    parts = engines.memory.chunks(step, step_chunks(engines.config))
+    if parts is not None:
+        return Trajectories.cat(parts)
+    return store_call(
+        engines,
+        step,
+        f"read step {step}",
+        engines.store.read_step,
+        step,
+        with_latents=with_latents,
+        with_images=with_images,
+    )
+
+
+def step_rewards(engines: Any, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    """(rewards (B,), components {name: (B,)}, valid (B,)) of the step, aligned with step_trajectories."""
+    parts = engines.memory.rewards(step, step_chunks(engines.config))
+    if parts is None:
+        return store_call(engines, step, f"read rewards of step {step}", engines.store.read_rewards, step)
+    names = sorted({name for p in parts for name in p.components})
+    components = {
+        name: torch.cat([p.components.get(name, torch.full_like(p.scores, float("nan"))) for p in parts])
+        for name in names
+    }
+    return torch.cat([p.scores for p in parts]), components, torch.cat([p.valid for p in parts])
+
+
+def step_reward_info(engines: Any, step: int, kept: torch.Tensor) -> dict[str, float]:
+    """reward/<key>: the mean over the `kept` samples of each per-sample number the reward reported besides its
+    components' scores (e.g. reward/geneval_lite/accuracy), when the step was scored in this process."""
+    parts = engines.memory.rewards(step, step_chunks(engines.config))
+    if parts is None:
+        return {}
+    out = {}
+    for key in parts[0].info:
+        values = [v for p in parts for v in p.info.get(key, [])]
+        if (
+            key in parts[0].components
+            or key.startswith("excluded")
+            or len(values) != len(kept)
+            or not all(isinstance(v, (bool, int, float)) for v in values)
+        ):
+            continue
+        numbers = torch.tensor([float(v) for v in values])[kept]
+        numbers = numbers[~torch.isnan(numbers)]
+        if numbers.numel():
+            out[f"reward/{key}"] = float(numbers.mean())
+    return out
+
+
+def rollout_images(engines: Any, step: int, count: int) -> torch.Tensor:
+    """The first `count` images of a step's first chunk (what the flow logs to MLflow)."""
+    held = engines.memory.chunk(step, 0)
+    if held is not None:
+        return held[0].images[:count]
+    traj = store_call(engines, step, "read images", engines.store.read_chunk, step, 0, with_latents=False)
+    return traj.images[:count]

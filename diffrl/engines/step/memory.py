@@ -1,0 +1,210 @@
+"""The step in flight, handed from stage to stage inside one process (DESIGN section 1, "lean trajectories").
+
+When the rollout, the reward and the trainer live in one process (`cluster.mode: local`), a chunk's
+trajectories go from `generate` to `score` and `update_actor` in memory, and the trajectory store is written
+behind them by one ordered background writer (diffrl/engines/step/background.py): rows, rewards, advantages, then the
+checkpoint. Nothing waits for Lance on the critical path; a crash leaves a prefix of that order on disk, and
+the stages fall back to the store for whatever this process does not hold (a resumed step, or another
+process's output in Ray mode, where every write is inline).
+
+Two more workers keep the GPU busy while the flow does its bookkeeping:
+- the reward worker scores each rollout sub-batch as soon as it is decoded, while the next one denoises
+  (streamed rewards; `rollout.batch_size` below `rollout.chunk_size` gives sub-batches);
+- the rollout worker starts the next step's chunks right after the weight sync (prefetch), so the Prefect
+  subflow, MLflow and retention of one step overlap the next step's sampling. Same weights, prompts and
+  seeds as sampling on demand: the samples are identical.
+
+Legend: B samples of a chunk.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from diffrl.engines.step.background import Background, run_into
+from diffrl.engines.trajectories import Trajectories
+
+
+@dataclass
+class ChunkRewards:
+    """Rewards of one chunk, aligned with its rows: scores (B,) NaN where excluded, valid (B,), components
+    {name: (B,)}, the reward's info (per-sample lists) and the seconds the reward computed."""
+
+    scores: torch.Tensor
+    valid: torch.Tensor
+    components: dict[str, torch.Tensor]
+    info: dict[str, list]
+    seconds: float
+
+
+class StepMemory:
+    """One process's hand-off between stages, its background writer and its rollout/reward workers."""
+
+    def __init__(self, *, asynchronous: bool):
+        self.asynchronous = asynchronous
+        # nice 10: the writer's CPU work (PNG, Arrow) yields to the reward and the rollout's kernel launches
+        self.writer = Background("writer", inline=not asynchronous, nice=10)
+        self._rollouts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diffrl-rollout")
+        self._rewards = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diffrl-reward")
+        self._lock = threading.Lock()
+        self._chunks: dict[tuple[int, int], Future] = {}  # (step, chunk) -> Future[(Trajectories, s)]
+        self._streamed: dict[tuple[int, int], list[Future]] = {}  # (step, chunk) -> Futures[(RewardOutput, s)]
+        self._rewards_done: dict[tuple[int, int], ChunkRewards] = {}
+        self._advantages: dict[int, torch.Tensor] = {}
+        self._snapshot: Future | None = None  # the last checkpoint snapshot, taken on the rollout worker
+        self._held: list[tuple] = []  # the step's durable writes, until the update releases them
+        # The first step of this process: earlier-or-equal steps may have durable state from a previous
+        # process (resume), later ones cannot, so only those check the store before sampling.
+        self.first_step = 0
+
+    # ---- rollouts --------------------------------------------------------------------------------------
+    def start_rollout(self, step: int, chunk: int, rollout: Callable[[], Trajectories]) -> None:
+        """Run `rollout()` on the rollout worker (the next step's chunks, right after the weight sync); inline,
+        in the caller, when this process's stages are not asynchronous (a Ray actor)."""
+        with self._lock:
+            if (step, chunk) in self._chunks:
+                return
+            if self.asynchronous:
+                self._chunks[(step, chunk)] = self._rollouts.submit(_timed, rollout)
+                return
+        future: Future = Future()
+        run_into(future, _timed, (rollout,))  # a failure is raised by chunk(), as a worker's would be
+        with self._lock:
+            self._chunks[(step, chunk)] = future
+
+    def put_chunk(self, step: int, chunk: int, traj: Trajectories, seconds: float) -> None:
+        future: Future = Future()
+        future.set_result((traj, seconds))
+        with self._lock:
+            self._chunks[(step, chunk)] = future
+
+    def has_chunk(self, step: int, chunk: int) -> bool:
+        with self._lock:
+            return (step, chunk) in self._chunks
+
+    def chunk(self, step: int, chunk: int) -> tuple[Trajectories, float] | None:
+        """(trajectories, rollout seconds) of a chunk held here, waiting for a prefetched one; None if absent.
+        A failed rollout raises its error here (and is forgotten, so a retry samples again)."""
+        with self._lock:
+            future = self._chunks.get((step, chunk))
+        if future is None:
+            return None
+        try:
+            return future.result()
+        except BaseException:
+            with self._lock:
+                self._chunks.pop((step, chunk), None)
+            raise
+
+    def chunks(self, step: int, count: int) -> list[Trajectories] | None:
+        """All `count` chunks of a step in chunk order, or None unless every one is held here."""
+        parts = [self.chunk(step, c) for c in range(count)]
+        return None if any(p is None for p in parts) else [p[0] for p in parts]
+
+    # ---- durable writes --------------------------------------------------------------------------------
+    def queue_write(self, tag: int, what: str, fn: Callable, *args) -> None:
+        """A durable write of the step in flight. Held until `release_writes` (the update releases them: the GPU
+        then trains while the writer works, instead of the writer's CPU work slowing the reward and the
+        rollout's kernel launches); written at once where writes are inline (Ray)."""
+        if not self.asynchronous:
+            self.writer.submit(tag, what, fn, *args)
+            return
+        with self._lock:
+            self._held.append((tag, what, fn, args))
+
+    def release_writes(self) -> None:
+        """Queue the held writes on the writer, in the order they were made."""
+        with self._lock:
+            held, self._held = self._held, []
+        for tag, what, fn, args in held:
+            self.writer.submit(tag, what, fn, *args)
+
+    def start_snapshot(self, take: Callable[[], object]) -> None:
+        """Run `take()` (a checkpoint snapshot) on the rollout worker ahead of the next step's rollout: it overlaps
+        the flow's work between steps; `wait_snapshot` must return before the weights change again."""
+        self._snapshot = self._rollouts.submit(take)
+
+    def wait_snapshot(self) -> None:
+        """Block until the last snapshot is taken (raises its error)."""
+        if self._snapshot is not None:
+            self._snapshot.result()
+
+    # ---- rewards ---------------------------------------------------------------------------------------
+    def stream_reward(self, step: int, chunk: int, score: Callable[[], object]) -> None:
+        """Score one decoded sub-batch of a chunk on the reward worker (while the rollout goes on)."""
+        with self._lock:
+            self._streamed.setdefault((step, chunk), []).append(self._rewards.submit(_timed, score))
+
+    def reset_stream(self, step: int, chunk: int) -> None:
+        """Forget a chunk's streamed sub-batches (its rollout starts again)."""
+        with self._lock:
+            self._streamed.pop((step, chunk), None)
+
+    def take_streamed(self, step: int, chunk: int) -> tuple[list, float] | None:
+        """(reward outputs of the chunk's sub-batches in order, their compute seconds), or None."""
+        with self._lock:
+            futures = self._streamed.pop((step, chunk), None)
+        if not futures:
+            return None
+        results = [f.result() for f in futures]
+        return [out for out, _ in results], sum(s for _, s in results)
+
+    def put_rewards(self, step: int, chunk: int, rewards: ChunkRewards) -> None:
+        with self._lock:
+            self._rewards_done[(step, chunk)] = rewards
+
+    def rewards(self, step: int, count: int) -> list[ChunkRewards] | None:
+        """The rewards of all `count` chunks of a step in chunk order, or None unless every one is held here."""
+        with self._lock:
+            parts = [self._rewards_done.get((step, c)) for c in range(count)]
+        return None if any(p is None for p in parts) else parts
+
+    # ---- advantages ------------------------------------------------------------------------------------
+    def put_advantages(self, step: int, advantages: torch.Tensor) -> None:
+        with self._lock:
+            self._advantages[step] = advantages
+
+    def advantages(self, step: int) -> torch.Tensor | None:
+        with self._lock:
+            return self._advantages.get(step)
+
+    # ---- lifetime --------------------------------------------------------------------------------------
+    def release_before(self, step: int) -> None:
+        """Drop what steps before `step` handed over (their durable copies are queued or written)."""
+        with self._lock:
+            for table in (self._chunks, self._streamed, self._rewards_done):
+                for key in [k for k in table if k[0] < step]:
+                    table.pop(key)
+            for key in [k for k in self._advantages if k < step]:
+                self._advantages.pop(key)
+
+    def drain(self) -> None:
+        """Wait for running rollouts and rewards (their errors are the stages' to raise), then the writer."""
+        with self._lock:
+            pending = list(self._chunks.values()) + [f for fs in self._streamed.values() for f in fs]
+        pending += [self._snapshot] if self._snapshot is not None else []
+        for future in pending:
+            try:
+                future.result()
+            except BaseException:  # noqa: BLE001 - reported by the stage that reads it
+                pass
+        self.release_writes()
+        self.writer.flush()
+
+    def close(self) -> None:
+        """End the worker threads (after drain: nothing queued is dropped by the writer)."""
+        self._rollouts.shutdown(wait=True, cancel_futures=True)
+        self._rewards.shutdown(wait=True, cancel_futures=True)
+        self.writer.close()
+
+
+def _timed(fn: Callable[[], object]) -> tuple[object, float]:
+    started = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - started

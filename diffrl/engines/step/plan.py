@@ -1,0 +1,88 @@
+"""What a step samples, decided before anything runs: prompts, seeds and chunks of a step, the validation batch,
+and the fault-injection hook of the stage tests. Pure functions of the config and the run's prompt sampler."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from typing import Any
+
+
+def sample_seed(run_seed: int, step: int, global_index: int) -> int:
+    """A per-sample generator seed that depends only on (run seed, step, sample position)."""
+    digest = hashlib.sha256(f"{run_seed}:{step}:{global_index}".encode()).digest()
+    return int.from_bytes(digest[:7], "little")  # < 2**56: fits torch.Generator.manual_seed
+
+
+def num_chunks(cfg: Any) -> int:
+    """Generate chunks per step: samples_per_step / chunk_size, rounded up."""
+    return -(-cfg.rollout.samples_per_step // cfg.rollout.chunk_size)
+
+
+def chunk_plan(engines: Any, step: int, chunk: int) -> dict:
+    """Which samples chunk `chunk` of `step` holds: prompt-major order, group_size samples per prompt."""
+    cfg = engines.config
+    records = engines.prompts.sample(step)
+    group = cfg.rollout.group_size
+    start = chunk * cfg.rollout.chunk_size
+    stop = min(start + cfg.rollout.chunk_size, len(records) * group)
+    positions = list(range(start, stop))
+    return {
+        "records": [records[p // group] for p in positions],
+        "sample_index": [p % group for p in positions],
+        "seeds": [sample_seed(cfg.run.seed, step, p) for p in positions],
+    }
+
+
+def validation_batch(records: list, run_seed: int, copies: int = 1) -> dict:
+    """`RolloutEngine.generate` arguments for `copies` images of each validation prompt record: copy c of
+    record i has sample index c and seed run_seed + 7 + i + c * len(records) (copy 0 keeps the seeds a
+    one-image validation always used), and carries the record's ground truth for the reward."""
+    n = len(records)
+    rows = [(c, i) for c in range(copies) for i in range(n)]
+    return dict(
+        prompts=[records[i].prompt for _, i in rows],
+        group_ids=[records[i].uid for _, i in rows],
+        sample_index=[c for c, _ in rows],
+        seeds=[run_seed + 7 + i + c * n for c, i in rows],
+        metadata=[{"ground_truth": records[i].ground_truth, **records[i].metadata} for _, i in rows],
+    )
+
+
+def validation_rollout(rollout, cfg, records: list, *, step: int = 0, **sampling):
+    """ODE samples (noise level 0) of the validation `records`, `cfg.data.val_samples_per_prompt` each
+    (validation_batch's seeds), with the config's sampling; `sampling` overrides its fields (guidance_scale,
+    num_inference_steps). An SDE window longer than the steps is cut to them: at noise 0 it only marks steps."""
+    ode = dataclasses.replace(cfg.sampling, noise_level=0.0, **sampling)
+    if ode.window.size > ode.num_inference_steps:
+        ode = dataclasses.replace(
+            ode, window=dataclasses.replace(ode.window, size=ode.num_inference_steps, start_range=(0, None))
+        )
+    batch = validation_batch(records, cfg.run.seed, cfg.data.val_samples_per_prompt)
+    return rollout.generate(cfg=ode, step=step, **batch)
+
+
+def validation_due(cfg: Any, steps_done: int) -> bool:
+    """Whether the run validates after `steps_done` RL steps: every run.validate_every steps and after the last."""
+    every = cfg.run.validate_every
+    return bool(every and steps_done % every == 0) or steps_done == cfg.run.steps
+
+
+def inject_fault(stage: str, step: int, chunk: int = 0) -> None:
+    """Fault injection for resume/retry tests and drills: DIFFRL_INJECT_FAULT="stage@step[.chunk][:exit]".
+
+    `raise` (default) fails the stage with RuntimeError, as an out-of-memory would; `exit` kills the
+    process on the spot (os._exit(137), like SIGKILL) to test crash recovery. Unset: does nothing.
+    """
+    spec = os.environ.get("DIFFRL_INJECT_FAULT", "")
+    if not spec:
+        return
+    where, _, action = spec.partition(":")
+    target_stage, _, position = where.partition("@")
+    target_step, _, target_chunk = position.partition(".")
+    if target_stage != stage or int(target_step or -1) != step or int(target_chunk or 0) != chunk:
+        return
+    if action == "exit":
+        os._exit(137)
+    raise RuntimeError(f"injected fault in stage {stage!r} at step {step} chunk {chunk} (DIFFRL_INJECT_FAULT)")

@@ -1,0 +1,134 @@
+"""A run's disk, kept bounded: old steps' latents dropped (`run.keep_latents_steps`), the per-append Lance fragments
+merged every `run.compact_every` steps, and the estimate `diffrl train` prints before it starts.
+
+Latents are the bulk of a step (fp32, every stored denoising state of every sample: 320 KB per 64x64 sample of
+the shapes recipe, 768 KB per 512x512 Qwen-Image sample); the update needs them only until its step's checkpoint
+commits, and a resume only for the step in flight. Rows, prompts, seeds, log-probs, rewards, advantages and
+images always stay.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import torch
+
+from diffrl.algorithms.windows import sample_windows
+from diffrl.models.base import SampleShape
+
+# Versions older than this go after a compaction: the previous compaction's copies, not the one a reader may be on
+# (a read takes well under this; at 60 s a 2 s step kept ~30 steps of dropped latents on disk).
+KEEP_VERSIONS_S = 10.0
+ROW_BYTES = 1024  # prompt, keys, log-probs, sigmas, metadata of one row (an upper estimate)
+
+
+def retain(engines: Any, step: int) -> None:
+    """After step `step` is done: every run.compact_every steps, drop latents older than run.keep_latents_steps,
+    merge fragments and delete old versions (every step's drop when compact_every is 0). Queued on the background
+    writer (after the step's checkpoint) when this process owns the writes; done here otherwise (the Ray driver's
+    own store view)."""
+    run = engines.config.run
+    compact = bool(run.compact_every) and (step + 1) % run.compact_every == 0
+    memory = engines.memory
+    if memory is None:
+        _retain(engines.store, run.keep_latents_steps, step, compact, run.compact_every)
+        if compact:
+            engines.run("rollout", compact_embeddings)
+        return
+    if engines.store is None:
+        return
+    memory.wait_snapshot()  # its job queues the step's checkpoint: retention comes after it
+    memory.writer.submit(
+        step,
+        f"retention after step {step}",
+        _retain,
+        engines.store,
+        run.keep_latents_steps,
+        step,
+        compact,
+        run.compact_every,
+    )
+    if compact:
+        memory.writer.submit(step, "embedding cache compaction", compact_embeddings, engines)
+
+
+def _retain(store: Any, keep_latents_steps: int, step: int, compact: bool, compact_every: int) -> None:
+    # Dropping rewrites the rows it nulls: batched at compaction time (which frees the bytes) it is one rewrite
+    # per compact_every steps instead of one per step; without compaction, every step.
+    if keep_latents_steps >= 0 and (compact or not compact_every):
+        store.drop_latents(keep_latents_steps, step)
+    if compact:
+        store.compact()
+        store.cleanup(older_than_seconds=KEEP_VERSIONS_S)
+
+
+def compact_embeddings(engines: Any) -> None:
+    """Merge the rollout's prompt-embedding cache, which gains a fragment for each step that meets new prompts
+    (run where the rollout and its cache live: this process, or its Ray actor)."""
+    cache = engines.rollout.cache
+    if cache is not None:
+        cache.compact()
+        cache.table.cleanup(older_than_seconds=KEEP_VERSIONS_S)
+
+
+def latent_numel(engines: Any) -> int:
+    """Elements of one sample's latent at the run's resolution (where the rollout's adapter lives)."""
+    cfg = engines.config.rollout
+    shape = SampleShape(cfg.height, cfg.width, cfg.num_frames)
+    return int(engines.adapter.prepare_latents(shape, [torch.Generator().manual_seed(0)])[0].numel())
+
+
+def disk_estimate(cfg: Any, latent_elements: int) -> dict[str, float]:
+    """Bytes a run writes: per step (latents, rows with images) and in all, with its retention. Images are
+    counted at their raw size (PNG is at most that); latents stay on disk for keep_latents_steps steps plus up
+    to compact_every more until a compaction frees the dropped ones."""
+    samples, steps = cfg.rollout.samples_per_step, cfg.run.steps
+    # the stored window: what the rollout keeps for this policy and number of steps (offline pairs keep one step)
+    window = (
+        sample_windows(cfg.algorithm.window, cfg.rollout.num_inference_steps, torch.zeros(1, dtype=torch.long), 0).size
+        if cfg.data.sample_source == "online"
+        else 1
+    )
+    latents = samples * (window + 1) * latent_elements * 4
+    rows = samples * (ROW_BYTES + cfg.rollout.height * cfg.rollout.width * 3 * max(cfg.rollout.num_frames, 1))
+    keep = cfg.run.keep_latents_steps
+    held = steps if keep < 0 else min(steps, keep + 1 + (cfg.run.compact_every or steps))
+    return {
+        "latents_per_step": float(latents),
+        "rows_per_step": float(rows),
+        "total": float(steps * rows + held * latents),
+        "latent_steps_held": float(held),
+    }
+
+
+def describe_disk(cfg: Any, latent_elements: int) -> str:
+    """One line for the start of a run: what it will write and what the disk has free."""
+    est = disk_estimate(cfg, latent_elements)
+    keep = cfg.run.keep_latents_steps
+    kept = "every step's latents kept" if keep < 0 else f"latents of the last {keep} steps kept"
+    line = (
+        f"disk: about {_size(est['total'])} for {cfg.run.steps} steps ({kept}; per step "
+        f"{_size(est['latents_per_step'])} of latents, up to {_size(est['rows_per_step'])} of rows and images)"
+    )
+    if "://" not in cfg.run.root:
+        free = shutil.disk_usage(_existing(cfg.run.root)).free
+        line += f"; {_size(free)} free"
+        if free < est["total"]:
+            line += " -- NOT ENOUGH: lower run.keep_latents_steps or free space"
+    return line
+
+
+def _existing(path: str) -> str:
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"

@@ -1,0 +1,196 @@
+"""One RL step, the only place its stages are sequenced: the Prefect flow (diffrl/flows/rl_step.py) runs it with its
+stages as Prefect tasks, the benchmarks and tests run it with the stages called directly (`DirectStages`).
+
+    online:  for each chunk: generate(chunk) ; score(chunk) runs while the next chunk generates
+    offline: offline_pairs(step)   -- offline DPO's pairs from the VAE-latent cache
+    advantages(step) -> update_actor(step) (+ checkpoint) -> sync_weights(step) (+ the next step's rollout)
+
+Which trainer, which rows and which rollout policy a step uses follow from the algorithm (diffrl/engines/step/update.py
+`training_rows`, diffrl/engines/step/generate.py `uses_old_policy_rollout`), so policy-gradient and direct-preference
+algorithms share this sequence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Protocol
+
+from diffrl.engines.step import generate as sample_stages
+from diffrl.engines.step import update as learn_stages
+from diffrl.engines.step.plan import num_chunks
+from diffrl.engines.step.records import Advantaged, Generated, Scored, StepResult, Synced, Updated
+
+log = logging.getLogger("diffrl")
+
+
+def sync_engines(engines: Any, step: int, chunk: int = 0, prefetch_next: bool = True) -> Synced:
+    """Bring the rollout to the trainer's weights wherever they live (in-process or colocated actor: the shared
+    adapter; split actors: the changed tensors travel trainer -> rollout)."""
+    if engines.split:
+        return engines.pipe(
+            ("trainer", learn_stages.export_for_rollout), ("rollout", learn_stages.load_from_trainer), step
+        )
+    return engines.run("trainer", learn_stages.sync, step, 0, prefetch_next)
+
+
+def _on(role: str, fn: Callable) -> Callable:
+    def call(engines: Any, step: int, chunk: int = 0):
+        return engines.run(role, fn, step, chunk)
+
+    call.__name__ = fn.__name__
+    return call
+
+
+# Stage name -> (driver-side call running the stage where its role lives, the record type it returns).
+STAGES: dict[str, tuple[Callable, type]] = {
+    "generate": (_on("rollout", sample_stages.generate), Generated),
+    "score": (_on("reward", sample_stages.score), Scored),
+    "offline_pairs": (_on("trainer", sample_stages.offline_pairs), Generated),
+    "advantages": (_on("reward", learn_stages.advantages), Advantaged),
+    "update_actor": (_on("trainer", learn_stages.update), Updated),
+    "sync_weights": (sync_engines, Synced),
+}
+
+
+class Stages(Protocol):
+    """How run_step calls a stage: wait for it (`call`) or start it and wait later (`submit(...).result()`)."""
+
+    def call(self, name: str, step: int, chunk: int = 0) -> Any: ...
+
+    def submit(self, name: str, step: int, chunk: int = 0) -> Any: ...
+
+
+class DirectStages:
+    """The stages called on the engines directly, without Prefect (benchmarks, tests, the engines-only loop)."""
+
+    def __init__(self, engines: Any):
+        self.engines = engines
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="diffrl-stage")
+
+    def call(self, name: str, step: int, chunk: int = 0) -> Any:
+        return STAGES[name][0](self.engines, step, chunk)
+
+    def submit(self, name: str, step: int, chunk: int = 0) -> Any:
+        return self._pool.submit(self.call, name, step, chunk)
+
+
+def run_step(engines: Any, step: int, stages: Stages) -> StepResult:
+    """Run RL step `step` on `engines` through `stages`; returns its metrics (DESIGN section 4 names)."""
+    cfg = engines.config
+    started = time.perf_counter()
+    generated: list[Generated] = []
+    scored: list[Scored] = []
+    reward_wait = 0.0
+    try:
+        if cfg.data.sample_source == "offline":
+            generated.append(stages.call("offline_pairs", step))
+        else:
+            pending = []
+            for chunk in range(num_chunks(cfg)):
+                generated.append(stages.call("generate", step, chunk))
+                pending.append(stages.submit("score", step, chunk))  # overlaps with the next chunk
+            rollout_done = time.perf_counter()
+            scored = [future.result() for future in pending]
+            reward_wait = time.perf_counter() - rollout_done
+        advantaged = stages.call("advantages", step)
+        updated = stages.call("update_actor", step)
+        synced = stages.call("sync_weights", step)
+    except BaseException:
+        settle(engines)
+        raise
+    seconds = time.perf_counter() - started
+    return StepResult(
+        step,
+        step_metrics(cfg, generated, scored, advantaged, updated, synced, seconds=seconds, reward_wait=reward_wait),
+    )
+
+
+def settle(engines: Any) -> None:
+    """After a failed stage: let this process's running rollouts and rewards end and commit the writes queued
+    before the failure, so a retry reuses them. A failure of the writer itself is logged, not raised over the
+    stage's own error."""
+    memory = engines.memory
+    if memory is None:
+        return
+    try:
+        memory.drain()
+    except Exception as e:  # noqa: BLE001 - the stage's error is the one to raise
+        log.error("diffrl: the background writer failed too: %s", e)
+
+
+def step_metrics(
+    cfg: Any,
+    generated: list[Generated],
+    scored: list[Scored],
+    advantaged: Advantaged,
+    updated: Updated,
+    synced: Synced,
+    *,
+    seconds: float,
+    reward_wait: float,
+) -> dict[str, float]:
+    """DESIGN section 4 names: rewards, advantages, actor, timings; perf/* is per step as the run sees it
+    (StepClock), set by whoever runs the steps."""
+    images = sum(g.rows for g in generated)
+    reward_s = sum(s.seconds for s in scored)
+    metrics = {**advantaged.metrics, **updated.metrics, **synced.metrics}
+    metrics.update(
+        {
+            "timing_s/generate": sum(g.seconds for g in generated),
+            "timing_s/generate_wait": sum(g.waited for g in generated),
+            "timing_s/reward": reward_s,
+            "timing_s/reward_wait": reward_wait,
+            # share of the reward time hidden behind the rollout (1 = fully overlapped)
+            "timing_s/reward_overlap": max(0.0, 1.0 - reward_wait / reward_s) if reward_s > 0 else 1.0,
+            "timing_s/step": seconds,
+            "reward/excluded": float(sum(s.excluded for s in scored)),
+            "rollout/prefetched_chunks": float(synced.prefetched),
+            "rollout/samples": float(images),
+        }
+    )
+    for stage in ("generate", "reward", "update_actor"):
+        key = f"timing_s/{stage}"
+        if key in metrics and images:
+            metrics[f"timing_per_image_ms/{stage}"] = 1000.0 * metrics[key] / images
+    return metrics
+
+
+class StepClock:
+    """Seconds per step as a run sees them: from the end of one step to the end of the next (so the work between
+    steps counts, and a rollout that ran ahead of its step is not double counted), leaving out what runs inside
+    `excluded()` (validation)."""
+
+    def __init__(self):
+        self._last = time.perf_counter()
+        self._excluded = 0.0
+
+    @contextlib.contextmanager
+    def excluded(self):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._excluded += time.perf_counter() - started
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        seconds = now - self._last - self._excluded
+        self._last, self._excluded = now, 0.0
+        return seconds
+
+
+def add_perf(metrics: dict[str, float], seconds: float) -> dict[str, float]:
+    """perf/time_per_step and perf/throughput (images/GPU/s) of a step that took `seconds` as the run saw it."""
+    metrics["perf/time_per_step"] = seconds
+    metrics["timing_s/step_total"] = seconds
+    metrics["perf/throughput"] = metrics.get("rollout/samples", 0.0) / seconds / _num_gpus() if seconds > 0 else 0.0
+    return metrics
+
+
+def _num_gpus() -> int:
+    import torch
+
+    return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1

@@ -1,0 +1,255 @@
+"""Stages that learn from a step's samples: `advantages`, `update` (both trainer families, plus the checkpoint that
+commits the step) and the weight sync (`sync`, or `export_weights`/`load_weights` between split actors).
+
+A step is done when its checkpoint is committed: `checkpoints/latest.json` names it. The checkpoint is queued on
+the background writer after the step's rows, rewards and advantages, so it can only commit after them; a step
+whose checkpoint exists is never trained again (its saved metrics come back).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from typing import Any
+
+import torch
+
+from diffrl.algorithms.advantages import advantage_stats, group_advantages, reward_stats
+from diffrl.engines.step.generate import (
+    prefetch,
+    step_reward_info,
+    step_rewards,
+    step_trajectories,
+    store_call,
+    store_submit,
+)
+from diffrl.engines.step.plan import inject_fault
+from diffrl.engines.step.records import Advantaged, Synced, Updated
+from diffrl.engines.train import checkpoint
+from diffrl.engines.train.preference import preference_pairs
+from diffrl.engines.train.setup import barrier, world
+from diffrl.engines.train.sync import export_weights, load_weights
+
+# How many steps the background writer may lag behind the update before the update waits for it.
+WRITER_LAG_STEPS = 2
+
+
+# ---- advantages ---------------------------------------------------------------------------------------
+def advantages(engines: Any, step: int, chunk: int = 0) -> Advantaged:
+    """Group-normalised advantages of the step's valid samples (an excluded sample gets 0 and is not trained on);
+    critic/* and reward/<component> metrics over the kept samples."""
+    inject_fault("advantages", step)
+    algo = engines.config.algorithm
+    rewards, components, valid = step_rewards(engines, step)
+    keys = step_trajectories(engines, step, with_latents=False)
+    advantages_B = torch.zeros_like(rewards)
+    kept = valid.nonzero().squeeze(1)
+    kept_groups = [keys.group_ids[i] for i in kept.tolist()]
+    advantages_B[kept] = group_advantages(
+        rewards[kept],
+        kept_groups,
+        norm_by_std=algo.norm_by_std,
+        global_std=algo.global_std,
+        eps=algo.adv_eps,
+        ddof=algo.adv_std_ddof,
+    )
+    engines.memory.put_advantages(step, advantages_B)
+    store_submit(engines, step, f"advantages of step {step}", _write_advantages, engines, step, keys, advantages_B)
+    stats = {**reward_stats(rewards[kept], kept_groups), **advantage_stats(advantages_B[kept])}
+    for name, scores in components.items():  # reward/<name>: each component over the kept samples
+        stats[f"reward/{name}"] = scores[kept].float().mean()
+    stats.update(step_reward_info(engines, step, kept))
+    engines.memory.release_before(step)  # where the reward has its own process, nothing else releases it
+    return Advantaged(step, {k: float(v) for k, v in stats.items()})
+
+
+def _write_advantages(engines: Any, step: int, keys: Any, advantages_B: torch.Tensor) -> None:
+    engines.store.write_advantages(step, keys, advantages_B)
+
+
+def step_advantages(engines: Any, step: int) -> torch.Tensor:
+    held = engines.memory.advantages(step)
+    if held is not None:
+        return held
+    return store_call(engines, step, f"read advantages of step {step}", engines.store.read_advantages, step)
+
+
+# ---- update -------------------------------------------------------------------------------------------
+def training_rows(
+    algorithm: Any, rewards: torch.Tensor, advantages_B: torch.Tensor, group_ids: list[str], valid: torch.Tensor
+) -> tuple[list[int], dict[str, float]]:
+    """Which of a step's samples the algorithm trains on, and statistics of that choice.
+
+    Policy gradient, DiffusionNFT and AWM: every valid sample (weighted by its advantage in the loss). DPO: per
+    group the best and the worst valid sample, as a (chosen, rejected) pair (rows come out chosen, rejected,
+    chosen, ...; groups whose samples all tie are skipped).
+    """
+    kept = valid.nonzero().squeeze(1).tolist()
+    if algorithm.family != "direct_preference":
+        return kept, {}
+    if algorithm.loss != "dpo_loss":
+        return kept, {"dp/num_samples": float(len(kept))}
+    pairs = [
+        (kept[win], kept[lose]) for win, lose in preference_pairs(advantages_B[kept], [group_ids[i] for i in kept])
+    ]
+    rows = [i for pair in pairs for i in pair]
+    stats = {"dp/num_pairs": float(len(pairs)), "dp/num_samples": float(len(rows))}
+    if pairs:
+        stats["dp/chosen_reward"] = float(rewards[[w for w, _ in pairs]].mean())
+        stats["dp/rejected_reward"] = float(rewards[[lose for _, lose in pairs]].mean())
+    return rows, stats
+
+
+def update(engines: Any, step: int, chunk: int = 0) -> Updated:
+    """Train on the step (the rows `training_rows` picks) and commit its checkpoint; a step whose checkpoint is
+    committed returns its saved metrics instead (an optimizer step is not idempotent, the checkpoint is)."""
+    run_dir = engines.config.run_dir
+    done = checkpoint_dir(run_dir, step)
+    durable = engines.store is not None  # engines-only runs keep no checkpoints either
+    if durable and latest_checkpoint(run_dir) == step and os.path.isdir(done):
+        with open(os.path.join(done, "update_metrics.json")) as f:
+            saved = json.load(f)
+        return Updated(step, rows=int(saved.pop("update/rows", 0)), metrics=saved)
+    inject_fault("update_actor", step)
+    started = time.perf_counter()
+    engines.memory.wait_snapshot()  # the previous step's checkpoint copies its weights before they change
+    engines.memory.release_writes()  # the step's rows, rewards and advantages land while the GPU trains
+    traj = step_trajectories(engines, step)
+    advantages_B = step_advantages(engines, step)
+    rewards, _, valid = step_rewards(engines, step)
+    rows, stats = training_rows(engines.config.algorithm, rewards, advantages_B, traj.group_ids, valid)
+    metrics = engines.trainer.update(traj.select(rows), advantages_B[rows], engines.rollout)
+    metrics = {**{k: float(v) for k, v in metrics.items()}, **stats}
+    metrics["timing_s/update_actor"] = time.perf_counter() - started
+    if durable:
+        committed = time.perf_counter()
+        commit_checkpoint(engines, step, {**metrics, "update/rows": float(len(rows))})
+        metrics["timing_s/checkpoint"] = time.perf_counter() - committed
+    engines.memory.release_before(step)
+    engines.memory.writer.wait(step - WRITER_LAG_STEPS)  # memory stays bounded if the disk falls behind
+    return Updated(step, rows=len(rows), metrics=metrics)
+
+
+# ---- checkpoints --------------------------------------------------------------------------------------
+def checkpoint_dir(run_dir: str, step: int) -> str:
+    return os.path.join(run_dir, "checkpoints", f"step_{step}")
+
+
+def latest_checkpoint(run_dir: str) -> int | None:
+    """The last step whose checkpoint was committed (None before the first)."""
+    pointer = os.path.join(run_dir, "checkpoints", "latest.json")
+    if not os.path.exists(pointer):
+        return None
+    with open(pointer) as f:
+        return int(json.load(f)["step"])
+
+
+def commit_checkpoint(engines: Any, step: int, metrics: dict) -> None:
+    """Save the trainer and commit the step. A single-process LoRA trainer is snapshotted now and written by the
+    background writer (after the step's rows); otherwise every rank saves here (the state is gathered) and
+    rank 0 commits."""
+    cfg, trainer, memory = engines.config, engines.trainer, engines.memory
+    if memory.asynchronous and trainer.cfg.lora and trainer.world_size == 1:
+        # Counters and RNG now (the weight sync moves them); the tensors on the rollout worker, ahead of the next
+        # step's rollout (the next update waits for it); the files on the writer, after the step's rows.
+        meta = checkpoint.snapshot_meta(trainer, step)
+
+        def take() -> None:
+            state = checkpoint.snapshot(trainer, step=step, meta=meta)
+            memory.writer.submit(
+                step,
+                f"checkpoint of step {step}",
+                _write_and_commit,
+                cfg.run_dir,
+                step,
+                cfg.run.checkpoint_every,
+                metrics,
+                lambda path: checkpoint.write(state, path),
+            )
+
+        memory.start_snapshot(take)
+        return
+    rank = world()[0]
+    tmp = checkpoint_dir(cfg.run_dir, step) + ".tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    barrier()  # no rank writes into tmp before rank 0 has cleared it
+    trainer.save_checkpoint(tmp, step=step)
+    if rank == 0:
+        _write_and_commit(cfg.run_dir, step, cfg.run.checkpoint_every, metrics, None)
+
+
+def _write_and_commit(run_dir: str, step: int, every: int, metrics: dict, write) -> str:
+    """Write (when `write` is given) into step_<k>.tmp, then make it step_<k> and point latest.json at it: the
+    checkpoint appears whole or not at all. Only every `every`-th checkpoint is kept, plus the latest."""
+    final = checkpoint_dir(run_dir, step)
+    tmp = final + ".tmp"
+    if write is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        write(tmp)
+    with open(os.path.join(tmp, "update_metrics.json"), "w") as f:
+        json.dump(metrics, f)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    pointer = os.path.join(run_dir, "checkpoints", "latest.json")
+    with open(pointer + ".tmp", "w") as f:
+        json.dump({"step": step, "path": final}, f)
+    os.replace(pointer + ".tmp", pointer)
+    previous = checkpoint_dir(run_dir, step - 1)
+    if step - 1 >= 0 and (step - 1) % max(every, 1) and os.path.isdir(previous):
+        shutil.rmtree(previous)
+    return final
+
+
+def load_checkpoint(engines: Any, path: str) -> int:
+    """Resume: the trainer takes the weights and optimizer state of checkpoint `path`."""
+    return engines.trainer.load_checkpoint(path)
+
+
+# ---- weight sync --------------------------------------------------------------------------------------
+def sync(engines: Any, step: int, chunk: int = 0, prefetch_next: bool = True) -> Synced:
+    """Make the rollout sample with the updated weights (colocated: only the policy version moves), then start
+    the next step's rollout on the rollout worker (diffrl/engines/step/generate.prefetch)."""
+    inject_fault("sync_weights", step)
+    metrics = {k: float(v) for k, v in engines.trainer.sync_weights(engines.rollout).items()}
+    started = prefetch(engines, step + 1) if prefetch_next else 0
+    return Synced(step, prefetched=started, metrics=metrics)
+
+
+def export_for_rollout(engines: Any, step: int) -> dict:
+    """Split placement, trainer side: the changed tensors as versioned buckets (bumps the policy version)."""
+    inject_fault("sync_weights", step)
+    trainer = engines.trainer
+    started = time.perf_counter()
+    buckets = list(export_weights(trainer, version=trainer.policy_version + 1))
+    trainer._version += 1  # the same bookkeeping as engines.train.sync.sync_weights
+    trainer._stepped_since_sync = False
+    return {
+        "step": step,
+        "buckets": buckets,
+        "lora_cfg": trainer.cfg if trainer.cfg.lora else None,
+        "targets": trainer.cfg.lora_targets,
+        "version": trainer.policy_version,
+        "export_s": time.perf_counter() - started,
+    }
+
+
+def load_from_trainer(engines: Any, export: dict) -> Synced:
+    """Split placement, rollout side: apply the buckets to this actor's adapter and take their version."""
+    started = time.perf_counter()
+    for bucket in export["buckets"]:
+        load_weights(engines.adapter, bucket, lora_cfg=export["lora_cfg"], targets=export["targets"])
+    engines.extras["policy_version"] = export["version"]
+    tensors = [t for b in export["buckets"] for t in b.tensors.values()]
+    return Synced(
+        export["step"],
+        prefetched=0,
+        metrics={
+            "timing_s/sync_weights": export["export_s"] + time.perf_counter() - started,
+            "sync/num_tensors": float(len(tensors)),
+            "sync/bytes": float(sum(t.numel() * t.element_size() for t in tensors)),
+            "sync/policy_version": float(export["version"]),
+        },
+    )

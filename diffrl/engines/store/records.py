@@ -1,0 +1,250 @@
+"""Trajectories <-> Arrow rows of the trajectory table (schema version 1).
+
+Legend: B samples, W window steps, S per-sample latent shape, F frames, H/W image height/width.
+One row per sample. Tensors become fixed-size columns so a step reads back as contiguous buffers
+(no per-row Python work for tensors): latents are an Arrow `fixed_shape_tensor` of shape
+(W + 1, *S) float32, per-step values (log_probs, sigmas, sigmas_prev, trained) fixed-size lists
+of length W. Images are PNG bytes in a Lance blob column; a video is one PNG of its F frames
+stacked vertically (a lossless filmstrip, `num_frames` = F; 0 for a still image).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+import torch
+from PIL import Image
+
+from diffrl.engines.trajectories import Trajectories
+
+SCHEMA_VERSION = "1"
+META_SCHEMA_VERSION = "diffrl.schema_version"
+META_LATENT_SHAPE = "diffrl.latent_shape"
+META_LATENT_DTYPE = "diffrl.latent_dtype"
+KEY_COLUMNS = ["chunk", "chunk_row", "group_id", "sample_index", "write_id"]
+SMALL_COLUMNS = [
+    "run",
+    "step",
+    "chunk",
+    "chunk_row",
+    "group_id",
+    "sample_index",
+    "prompt",
+    "seed",
+    "window_start",
+    "has_latents",
+    "log_probs",
+    "sigmas",
+    "sigmas_prev",
+    "trained",
+    "num_frames",
+    "embed_key",
+    "metadata",
+    "policy_version",
+    "write_id",
+]
+_PER_STEP = ("log_probs", "sigmas", "sigmas_prev")
+
+
+def trajectory_schema(latent_shape: tuple[int, ...]) -> pa.Schema:
+    """The table schema for latents of shape (W + 1, *S); the shape also goes in the metadata."""
+    window = latent_shape[0] - 1
+    step_f32 = pa.list_(pa.float32(), window)
+    fields = [
+        pa.field("run", pa.string()),
+        pa.field("step", pa.int64()),
+        pa.field("chunk", pa.int64()),
+        pa.field("chunk_row", pa.int64()),
+        pa.field("group_id", pa.string()),
+        pa.field("sample_index", pa.int64()),
+        pa.field("prompt", pa.string()),
+        pa.field("seed", pa.int64()),
+        pa.field("window_start", pa.int64()),
+        # Nullable: retention (drop_latents) nulls old steps' latents; has_latents makes that cheap to query.
+        pa.field("latents", pa.fixed_shape_tensor(pa.float32(), list(latent_shape))),
+        pa.field("has_latents", pa.bool_()),
+        pa.field("log_probs", step_f32),
+        pa.field("sigmas", step_f32),
+        pa.field("sigmas_prev", step_f32),
+        pa.field("trained", pa.list_(pa.bool_(), window)),
+        pa.field("image", pa.large_binary(), metadata={"lance-encoding:blob": "true"}),
+        pa.field("num_frames", pa.int32()),
+        pa.field("embed_key", pa.string()),
+        pa.field("metadata", pa.string()),
+        pa.field("policy_version", pa.int64()),
+        pa.field("write_id", pa.string()),
+    ]
+    meta = {
+        META_SCHEMA_VERSION: SCHEMA_VERSION,
+        META_LATENT_SHAPE: json.dumps(list(latent_shape)),
+        META_LATENT_DTYPE: "float32",
+    }
+    return pa.schema(fields, metadata=meta)
+
+
+def _fixed_list(x: torch.Tensor, arrow_type: pa.DataType) -> pa.Array:
+    """(B, *shape) tensor -> fixed-size list array of B rows (zero-copy from the CPU buffer)."""
+    flat = x.detach().cpu().contiguous().reshape(-1).numpy()
+    width = int(np.prod(x.shape[1:], dtype=np.int64))
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat, type=arrow_type), width)
+
+
+def _encode_png(image_HWC: np.ndarray, compress_level: int) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(image_HWC).save(buf, format="PNG", compress_level=compress_level)
+    return buf.getvalue()
+
+
+def encode_images(images: torch.Tensor, compress_level: int = 1) -> tuple[list[bytes], int]:
+    """(B, H, W, 3) or (B, F, H, W, 3) uint8 -> PNG bytes per sample and F (0 for images).
+
+    compress_level 1: zlib's fastest level; higher levels save ~5% and cost several times more.
+    """
+    if images.dtype != torch.uint8 or images.ndim not in (4, 5) or images.shape[-1] != 3:
+        raise ValueError(
+            f"Trajectories.images: expected uint8 (B, H, W, 3) or (B, F, H, W, 3), "
+            f"got {images.dtype} {tuple(images.shape)}"
+        )
+    arr = images.detach().cpu().contiguous().numpy()
+    num_frames = 0
+    if arr.ndim == 5:  # video: stack frames vertically into one filmstrip image
+        num_frames = arr.shape[1]
+        arr = arr.reshape(arr.shape[0], arr.shape[1] * arr.shape[2], arr.shape[3], 3)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        blobs = list(pool.map(lambda a: _encode_png(a, compress_level), arr))
+    return blobs, num_frames
+
+
+def decode_image(blob: bytes) -> Image.Image:
+    """PNG bytes of one stored sample -> PIL image (a video comes back as its filmstrip)."""
+    return Image.open(io.BytesIO(blob)).convert("RGB")
+
+
+def decode_images(blobs: list[bytes], num_frames: int) -> torch.Tensor:
+    """PNG bytes -> (B, H, W, 3) uint8, or (B, F, H, W, 3) when num_frames > 0."""
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        arrays = list(pool.map(lambda b: np.asarray(decode_image(b)), blobs))
+    shapes = {a.shape for a in arrays}
+    if len(shapes) != 1:
+        raise ValueError(
+            f"stored images of one read have different shapes {sorted(shapes)}; "
+            "read them one by one with TrajectoryStore.image()"
+        )
+    out = torch.from_numpy(np.stack(arrays))
+    if num_frames > 0:
+        b, fh, w, c = out.shape
+        out = out.reshape(b, num_frames, fh // num_frames, w, c)
+    return out
+
+
+def to_arrow(
+    traj: Trajectories, *, run: str, step: int, chunk: int, write_id: str, compress_level: int = 1
+) -> pa.Table:
+    """One chunk of samples as rows of the trajectory table."""
+    b = len(traj)
+    latent_shape = tuple(traj.latents.shape[1:])
+    schema = trajectory_schema(latent_shape)
+    blobs, num_frames = encode_images(traj.images, compress_level)
+    for name in ("sample_index", "seeds", "window_starts"):
+        if getattr(traj, name).shape != (b,):
+            raise ValueError(f"Trajectories.{name}: expected shape ({b},), got {tuple(getattr(traj, name).shape)}")
+    for name in (*_PER_STEP, "trained"):
+        if getattr(traj, name).shape != (b, traj.window_size):
+            raise ValueError(
+                f"Trajectories.{name}: expected shape ({b}, {traj.window_size}), got {tuple(getattr(traj, name).shape)}"
+            )
+    if not (len(traj.group_ids) == len(traj.embed_keys) == len(traj.metadata) == b):
+        raise ValueError("Trajectories: prompts, group_ids, embed_keys and metadata must all have B entries")
+    latents = pa.ExtensionArray.from_storage(schema.field("latents").type, _fixed_list(traj.latents, pa.float32()))
+    ints = lambda x: pa.array(x.detach().cpu().to(torch.int64).numpy())  # noqa: E731
+    columns = {
+        "run": pa.array([run] * b, pa.string()),
+        "step": pa.array(np.full(b, step, np.int64)),
+        "chunk": pa.array(np.full(b, chunk, np.int64)),
+        "chunk_row": pa.array(np.arange(b, dtype=np.int64)),
+        "group_id": pa.array([str(g) for g in traj.group_ids], pa.string()),
+        "sample_index": ints(traj.sample_index),
+        "prompt": pa.array(traj.prompts, pa.string()),
+        "seed": ints(traj.seeds),
+        "window_start": ints(traj.window_starts),
+        "latents": latents,
+        "has_latents": pa.array(np.ones(b, bool)),
+        **{n: _fixed_list(getattr(traj, n).to(torch.float32), pa.float32()) for n in _PER_STEP},
+        "trained": _fixed_list(traj.trained.to(torch.bool), pa.bool_()),
+        "image": pa.array(blobs, pa.large_binary()),
+        "num_frames": pa.array(np.full(b, num_frames, np.int32)),
+        "embed_key": pa.array(traj.embed_keys, pa.string()),
+        "metadata": pa.array([json.dumps(m, sort_keys=True) for m in traj.metadata], pa.string()),
+        "policy_version": pa.array(np.full(b, traj.policy_version, np.int64)),
+        "write_id": pa.array([write_id] * b, pa.string()),
+    }
+    return pa.Table.from_pydict(columns, schema=schema)
+
+
+def column_to_tensor(
+    column: pa.ChunkedArray, dest: np.ndarray, shape: tuple[int, ...], dtype: torch.dtype
+) -> torch.Tensor:
+    """Fixed-size column (scan order) -> tensor (n, *shape) with scan row j written at dest[j].
+
+    One copy per Arrow chunk straight into the output: the permutation to (chunk, row) order is
+    applied while copying instead of with a separate take over the (large) latents buffer.
+    """
+    n = len(dest)
+    out = torch.empty((n, *shape), dtype=dtype)
+    flat = out.view(n, -1).numpy()
+    start = 0
+    for piece in column.chunks:
+        storage = piece.storage if isinstance(piece, pa.ExtensionArray) else piece
+        if storage.null_count:
+            raise AssertionError("column_to_tensor: null rows must be rejected by the caller")
+        m = len(storage)
+        values = storage.flatten().to_numpy(zero_copy_only=False)
+        flat[dest[start : start + m]] = values.reshape(m, -1)
+        start += m
+    return out
+
+
+def from_arrow(
+    table: pa.Table, order: np.ndarray, latent_shape: tuple[int, ...], *, with_latents: bool, with_images: bool
+) -> Trajectories:
+    """Rows of one read (scan order) -> Trajectories in the order `order` (scan positions)."""
+    n = len(order)
+    dest = np.empty(n, dtype=np.int64)
+    dest[order] = np.arange(n)
+    window = latent_shape[0] - 1
+    small = table.select([c for c in SMALL_COLUMNS if c in table.column_names]).take(pa.array(order))
+    as_np = lambda name: small.column(name).to_numpy()  # noqa: E731
+    if with_latents:
+        latents = column_to_tensor(table.column("latents"), dest, latent_shape, torch.float32)
+    else:  # zero-size trailing dim: shape-checks downstream fail loudly instead of training on zeros
+        latents = torch.empty((n, window + 1, 0), dtype=torch.float32)
+    per_step = {c: column_to_tensor(table.column(c), dest, (window,), torch.float32) for c in _PER_STEP}
+    trained = column_to_tensor(table.column("trained"), dest, (window,), torch.bool)
+    if with_images:
+        frames = set(as_np("num_frames").tolist())
+        if len(frames) != 1:
+            raise ValueError(f"stored samples of one read mix videos and images (num_frames {sorted(frames)})")
+        images = decode_images(table.column("image").take(pa.array(order)).to_pylist(), frames.pop())
+    else:
+        images = torch.empty((n, 0, 0, 3), dtype=torch.uint8)
+    return Trajectories(
+        prompts=small.column("prompt").to_pylist(),
+        group_ids=small.column("group_id").to_pylist(),
+        sample_index=torch.from_numpy(as_np("sample_index").copy()),
+        seeds=torch.from_numpy(as_np("seed").copy()),
+        latents=latents,
+        log_probs=per_step["log_probs"],
+        sigmas=per_step["sigmas"],
+        sigmas_prev=per_step["sigmas_prev"],
+        window_starts=torch.from_numpy(as_np("window_start").copy()),
+        trained=trained,
+        images=images,
+        embed_keys=small.column("embed_key").to_pylist(),
+        metadata=[json.loads(m) for m in small.column("metadata").to_pylist()],
+        policy_version=int(as_np("policy_version").min()),
+    )

@@ -1,0 +1,320 @@
+"""Trainer checkpoints on any fsspec path: safetensors / JSON / torch.distributed.checkpoint, no pickle.
+
+Layout of one checkpoint folder:
+    lora/pytorch_lora_weights.safetensors   LoRA only: diffusers format (`pipe.load_lora_weights(folder/lora)`)
+    trainable.safetensors                   LoRA only: the trainable tensors under the module's own names
+    optimizer.safetensors, optimizer.json   LoRA only: AdamW state tensors / param-group hyper-parameters
+    dcp/                                    full fine-tuning: model + optimizer, sharded (torch DCP)
+    trainer_state.json                      step, counters, policy version, LR schedule, python RNG
+    rng_rank<r>.safetensors                 torch CPU (and CUDA) RNG state of every rank
+LoRA state is gathered to full tensors (it is small); full weights stay sharded through DCP.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import tempfile
+import warnings
+from dataclasses import dataclass
+
+import fsspec
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from diffrl.engines.train.setup import ADAPTER_NAME, barrier, lora_config, world
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+
+
+def _write(path: str, data: bytes) -> None:
+    with fsspec.open(path, "wb") as f:
+        f.write(data)
+
+
+def _read(path: str) -> bytes:
+    with fsspec.open(path, "rb") as f:
+        return f.read()
+
+
+def trainable_state(trainer, *, all_lora: bool = False) -> dict[str, torch.Tensor]:
+    """Full (gathered, CPU) tensors of every trainable parameter, keyed by module parameter name.
+
+    all_lora also includes frozen LoRA adapters (DiffusionNFT's "old" policy) for checkpoints.
+    """
+    model = trainer.adapter.transformer
+    params = dict(model.named_parameters())
+    trained = {name for name, p in params.items() if p.requires_grad or (all_lora and "lora_" in name)}
+    flipped = [params[n] for n in trained if not params[n].requires_grad]
+    for p in flipped:  # ignore_frozen_params keeps the (huge) frozen base out of the gather; keep these in
+        p.requires_grad_(True)
+    try:
+        state = get_model_state_dict(model, options=_FULL)
+    finally:
+        for p in flipped:
+            p.requires_grad_(False)
+    # get_model_state_dict also returns buffers (e.g. SD3's pos_embed table): not trained, not saved.
+    return {k: v.contiguous() for k, v in state.items() if k in trained}
+
+
+def lora_state(trainer, trainable: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The LoRA tensors in peft's saved naming (adapter name removed), as diffusers expects."""
+    from peft.utils import get_peft_model_state_dict
+
+    trainable = trainable if trainable is not None else trainable_state(trainer)
+    return get_peft_model_state_dict(trainer.adapter.transformer, state_dict=trainable, adapter_name=ADAPTER_NAME)
+
+
+def export_lora(trainer, path: str, trainable: dict[str, torch.Tensor] | None = None) -> str:
+    """Write the LoRA as `path`/pytorch_lora_weights.safetensors through the pipeline's own save_lora_weights.
+
+    The LoraConfig (rank, alpha, targets) goes into the file's metadata, so `load_lora_weights`
+    restores the same scaling. All ranks must call it (the state is gathered); rank 0 writes.
+    """
+    if not trainer.cfg.lora:
+        raise ValueError(
+            "export_lora: this trainer does full fine-tuning (TrainConfig.lora is false); there is no LoRA to export"
+        )
+    layers = lora_state(trainer, trainable)
+    if world()[0] == 0:
+        pipe_cls = type(trainer.adapter.pipe)
+        if not hasattr(pipe_cls, "save_lora_weights"):
+            raise TypeError(f"{pipe_cls.__name__} has no save_lora_weights: diffusers cannot load LoRAs for it")
+        targets = trainer.cfg.lora_targets or tuple(trainer.adapter.default_lora_targets)
+        metadata = lora_config(trainer.cfg, targets).to_dict()
+        with tempfile.TemporaryDirectory() as tmp:
+            pipe_cls.save_lora_weights(tmp, transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata)
+            for name in os.listdir(tmp):
+                _write(f"{path.rstrip('/')}/{name}", open(os.path.join(tmp, name), "rb").read())
+    barrier()
+    return path
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _trainer_state(trainer, step: int) -> dict:
+    sched = {k: v for k, v in trainer.scheduler.state_dict().items() if k != "lr_lambdas"}
+    return {
+        "step": step,
+        "optimizer_steps": trainer.optimizer_steps,
+        "updates": trainer.updates,
+        "policy_version": trainer.policy_version,
+        "scheduler": sched,
+        "python_random": random.getstate(),
+        "lora": trainer.cfg.lora,
+        "world_size": trainer.world_size,
+        "stepped_since_sync": trainer._stepped_since_sync,
+    }
+
+
+def _split_optimizer(osd: dict) -> tuple[dict[str, torch.Tensor], list]:
+    """A full optimizer state dict {state: {fqn: {key: tensor}}, param_groups: [...]} -> (tensors, groups).
+
+    Tensors are keyed "fqn/key" for safetensors; param groups (hyper-parameters, fqn lists) go to JSON.
+    (torch's flatten_optimizer_state_dict cannot be loaded back with full_state_dict in torch 2.13.)
+    """
+    tensors = {
+        f"{fqn}/{key}": torch.as_tensor(v).contiguous()
+        for fqn, per_param in osd["state"].items()
+        for key, v in per_param.items()
+    }
+    return tensors, osd["param_groups"]
+
+
+def _join_optimizer(tensors: dict[str, torch.Tensor], groups: list) -> dict:
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        fqn, key = name.rsplit("/", 1)
+        state.setdefault(fqn, {})[key] = value
+    # JSON turned tuples (AdamW betas) into lists.
+    groups = [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in groups]
+    return {"state": state, "param_groups": groups}
+
+
+@dataclass
+class LoraSnapshot:
+    """A LoRA trainer's whole checkpoint state as CPU copies, taken between updates, written later: the
+    step core writes it on its background writer while the next rollout runs (`snapshot`, then `write`)."""
+
+    step: int
+    trainable: dict[str, torch.Tensor]
+    optimizer: dict[str, torch.Tensor]
+    optimizer_groups: list
+    lora_layers: dict[str, torch.Tensor]
+    lora_metadata: dict
+    pipe_cls: type
+    trainer_state: dict
+    rng: dict[str, torch.Tensor]
+
+
+def snapshot_meta(trainer, step: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The counters, schedule and RNG state of a checkpoint (what the weight sync and the next rollout change)."""
+    return copy.deepcopy(_trainer_state(trainer, step)), {k: v.clone() for k, v in _rng_state().items()}
+
+
+def snapshot(trainer, *, step: int, meta: tuple[dict, dict] | None = None) -> LoraSnapshot:
+    """Copy a single-process LoRA trainer's checkpoint state to the CPU (the next update may start right after).
+    `meta`: snapshot_meta taken earlier, when the tensors are copied later, on another thread."""
+    if not trainer.cfg.lora or trainer.world_size != 1:
+        raise ValueError(
+            "checkpoint.snapshot: only a single-process LoRA trainer is snapshotted; "
+            "use save() for full fine-tuning or several ranks"
+        )
+    pipe_cls = type(trainer.adapter.pipe)
+    if not hasattr(pipe_cls, "save_lora_weights"):
+        raise TypeError(f"{pipe_cls.__name__} has no save_lora_weights: diffusers cannot load LoRAs for it")
+    # One process, unsharded: the parameters and the optimizer state are read directly (copies: the next update
+    # changes them), not through torch.distributed's state-dict helpers, which walk every module and cost
+    # ~80 ms even for the CPU quickstart's 126 LoRA tensors. Names and layout are the ones those helpers give.
+    model = trainer.adapter.transformer
+    trainable = {
+        name: p.detach().to("cpu", copy=True)
+        for name, p in model.named_parameters()
+        if p.requires_grad or "lora_" in name
+    }
+    optim_tensors, optim_groups = _split_optimizer(_optimizer_state(model, trainer.optimizer))
+    targets = trainer.cfg.lora_targets or tuple(trainer.adapter.default_lora_targets)
+    trainer_state, rng = meta if meta is not None else snapshot_meta(trainer, step)
+    return LoraSnapshot(
+        step=step,
+        trainable=trainable,
+        optimizer={k: v.detach().clone() for k, v in optim_tensors.items()},
+        optimizer_groups=copy.deepcopy(optim_groups),
+        lora_layers=lora_state(trainer, trainable),
+        lora_metadata=lora_config(trainer.cfg, targets).to_dict(),
+        pipe_cls=pipe_cls,
+        trainer_state=trainer_state,
+        rng=rng,
+    )
+
+
+def _optimizer_state(model, optimizer) -> dict:
+    """{state: {fqn: {key: CPU tensor}}, param_groups: [{..., params: [fqn]}]} of an unsharded model's optimizer:
+    what get_optimizer_state_dict(full_state_dict) returns for it."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    state, groups = {}, []
+    for group in optimizer.param_groups:
+        fqns = [names[id(p)] for p in group["params"]]
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": fqns})
+        for p, fqn in zip(group["params"], fqns):
+            if p in optimizer.state:
+                state[fqn] = {
+                    k: (v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v)
+                    for k, v in optimizer.state[p].items()
+                }
+    return {"state": state, "param_groups": groups}
+
+
+def write(state: LoraSnapshot, path: str) -> str:
+    """Write a snapshot as the checkpoint folder `path` (the layout `save` writes; any thread)."""
+    path = path.rstrip("/")
+    with tempfile.TemporaryDirectory() as tmp:
+        state.pipe_cls.save_lora_weights(
+            tmp, transformer_lora_layers=state.lora_layers, transformer_lora_adapter_metadata=state.lora_metadata
+        )
+        for name in os.listdir(tmp):
+            _write(f"{path}/lora/{name}", open(os.path.join(tmp, name), "rb").read())
+    _write(f"{path}/trainable.safetensors", st_save(state.trainable))
+    _write(f"{path}/optimizer.safetensors", st_save(state.optimizer))
+    _write(f"{path}/optimizer.json", json.dumps(state.optimizer_groups).encode())
+    _write(f"{path}/trainer_state.json", json.dumps(state.trainer_state).encode())
+    _write(f"{path}/rng_rank0.safetensors", st_save(state.rng))
+    return path
+
+
+def save(trainer, path: str, *, step: int) -> str:
+    """Write a checkpoint folder at `path` (see the module docstring); every rank must call it."""
+    if trainer.cfg.lora and trainer.world_size == 1:
+        return write(snapshot(trainer, step=step), path)
+    path = path.rstrip("/")
+    model = trainer.adapter.transformer
+    rank = world()[0]
+    if trainer.cfg.lora:
+        trainable = trainable_state(trainer, all_lora=True)
+        # collective: every rank gathers, only rank 0 receives the full (CPU) state
+        optim_state = get_optimizer_state_dict(model, trainer.optimizer, options=_FULL)
+        export_lora(trainer, f"{path}/lora", trainable)
+        if rank == 0:
+            optim_tensors, optim_rest = _split_optimizer(optim_state)
+            _write(f"{path}/trainable.safetensors", st_save(trainable))
+            _write(f"{path}/optimizer.safetensors", st_save(optim_tensors))
+            _write(f"{path}/optimizer.json", json.dumps(optim_rest).encode())
+    else:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, trainer.optimizer)}
+        dcp.save(state, storage_writer=FsspecWriter(f"{path}/dcp"))
+    if rank == 0:
+        _write(f"{path}/trainer_state.json", json.dumps(_trainer_state(trainer, step)).encode())
+    _write(f"{path}/rng_rank{rank}.safetensors", st_save(_rng_state()))
+    barrier()
+    return path
+
+
+def load(trainer, path: str) -> int:
+    """Restore weights, optimizer, LR schedule, counters and RNG from `path`; returns the saved step."""
+    path = path.rstrip("/")
+    fs, _ = fsspec.core.url_to_fs(path)
+    if not fs.exists(f"{path}/trainer_state.json"):
+        raise ValueError(f"checkpoint path {path!r} has no trainer_state.json: not a diffrl trainer checkpoint")
+    state = json.loads(_read(f"{path}/trainer_state.json"))
+    if state["lora"] != trainer.cfg.lora:
+        raise ValueError(
+            f"checkpoint {path!r} was saved with lora={state['lora']} but TrainConfig.lora={trainer.cfg.lora}"
+        )
+    model = trainer.adapter.transformer
+    if trainer.cfg.lora:
+        load_opts = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(model, st_load(_read(f"{path}/trainable.safetensors")), options=load_opts)
+        osd = _join_optimizer(
+            st_load(_read(f"{path}/optimizer.safetensors")), json.loads(_read(f"{path}/optimizer.json"))
+        )
+        set_optimizer_state_dict(model, trainer.optimizer, osd, options=load_opts)
+    else:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        sd = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, trainer.optimizer)}
+        dcp.load(sd, storage_reader=FsspecReader(f"{path}/dcp"))
+        set_model_state_dict(model, sd["model"])
+        set_optimizer_state_dict(model, trainer.optimizer, sd["optim"])
+    trainer.scheduler.load_state_dict({**trainer.scheduler.state_dict(), **state["scheduler"]})
+    trainer.optimizer_steps, trainer.updates = state["optimizer_steps"], state["updates"]
+    trainer._version = state["policy_version"]
+    trainer._stepped_since_sync = state["stepped_since_sync"]
+    random.setstate(_as_tuple(state["python_random"]))
+    rng_file = f"{path}/rng_rank{world()[0]}.safetensors"
+    if fs.exists(rng_file):
+        _set_rng_state(st_load(_read(rng_file)))
+    else:
+        warnings.warn(
+            f"{rng_file} missing (checkpoint saved with {state['world_size']} ranks): this rank keeps its RNG state"
+        )
+    return int(state["step"])
+
+
+def _as_tuple(value):
+    """JSON turns random.getstate()'s tuples into lists; setstate needs the tuples back."""
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, list) else value

@@ -1,0 +1,159 @@
+"""Per-step pieces of the policy-gradient update: old-policy recompute, rollout correction, the loss call.
+
+Legend: B samples of the whole step (identical on every rank), b samples of one micro-batch,
+W window steps, S the per-sample latent shape. All returned log-probs are fp32 on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from diffrl.algorithms.catalog import Algorithm, loss_fn
+from diffrl.algorithms.losses import kl_loss
+from diffrl.algorithms.sde import SDEStep
+from diffrl.engines.train.config import TrainConfig
+from diffrl.engines.train.setup import world
+from diffrl.engines.trajectories import Trajectories
+
+# Losses that need the old policy's transition mean (prev_sample_mean) besides its log-prob.
+NEEDS_OLD_MEAN = ("grpo_guard_loss", "flow_dppo_loss")
+
+
+@dataclass
+class OldPolicy:
+    """The old policy's per-step quantities for all B samples (CPU fp32)."""
+
+    log_probs: torch.Tensor  # (B, W)
+    means: torch.Tensor | None = None  # (B, W, *S) when the loss needs it
+    recomputed: bool = False
+
+
+def rank_rows(rows: torch.Tensor) -> torch.Tensor:
+    """This rank's contiguous share of `rows` (every rank gets len(rows) / world rows)."""
+    rank, size = world()
+    if len(rows) % size:
+        raise ValueError(
+            f"a batch of {len(rows)} samples cannot be split evenly over {size} ranks; "
+            "make mini_batch_prompts x group_size (and the step's sample count) "
+            "a multiple of the world size"
+        )
+    share = len(rows) // size
+    return rows[rank * share : (rank + 1) * share]
+
+
+def all_gather_rows(local: torch.Tensor) -> torch.Tensor:
+    """Concatenate each rank's (n, ...) tensor in rank order (identity with one process)."""
+    _, size = world()
+    if size == 1:
+        return local
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    parts = [torch.empty_like(local, device=device) for _ in range(size)]
+    dist.all_gather(parts, local.to(device))
+    return torch.cat([p.cpu() for p in parts])
+
+
+def active_steps(trained: torch.Tensor) -> list[int]:
+    """Window steps trained by at least one of the given samples: (n, W) bool -> sorted list.
+
+    Computed from the whole mini-batch (the same on every rank), so FSDP ranks run the same
+    number of forward/backward passes even when their own samples train different steps.
+    """
+    return trained.any(dim=0).nonzero().flatten().tolist()
+
+
+def recompute_old_policy(traj: Trajectories, replay, cfg: TrainConfig, *, with_means: bool) -> OldPolicy:
+    """Old log-probs (and transition means) with the current weights, without autograd.
+
+    `replay(sub_traj, j)` -> SDEStep. Each rank recomputes its share; the result is all-gathered.
+    """
+    rows = rank_rows(torch.arange(len(traj)))
+    steps = active_steps(traj.trained)
+    log_probs = traj.log_probs.clone()[rows]
+    means = torch.zeros(len(rows), traj.window_size, *traj.latents.shape[2:]) if with_means else None
+    with torch.no_grad():
+        for start in range(0, len(rows), cfg.micro_batch_size):
+            local = torch.arange(start, min(start + cfg.micro_batch_size, len(rows)))
+            sub = traj.select(rows[local])
+            for j in steps:
+                out = replay(sub, j)
+                log_probs[local, j] = out.log_prob.float().cpu()
+                if means is not None:
+                    means[local, j] = out.prev_sample_mean.float().cpu()
+    return OldPolicy(all_gather_rows(log_probs), None if means is None else all_gather_rows(means), recomputed=True)
+
+
+def correction_weights(
+    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, cfg: TrainConfig
+) -> torch.Tensor | None:
+    """(b,) rollout-correction weights from the recomputed-old vs rollout log-prob ratio, or None when off.
+
+    "tis": min(exp(old - rollout), is_cap) (truncated importance sampling);
+    "mask": 1 where exp(old - rollout) is in [1/rs_threshold, rs_threshold], else 0.
+    """
+    if cfg.rollout_correction == "off":
+        return None
+    log_ratio = (old_log_prob - rollout_log_prob).float()
+    if cfg.rollout_correction == "tis":
+        return torch.exp(log_ratio).clamp(max=cfg.is_cap)
+    return (log_ratio.abs() <= math.log(cfg.rs_threshold)).float()
+
+
+def step_loss(
+    algorithm: Algorithm,
+    out: SDEStep,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: torch.Tensor | None,
+    old_mean: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict]:
+    """The algorithm's policy loss for one micro-batch at one window step (all tensors (b,) / (b, *S))."""
+    fn = loss_fn(algorithm)
+    kwargs: dict = {"weights": weights, "adv_clip_max": algorithm.adv_clip_max}
+    if algorithm.loss in NEEDS_OLD_MEAN:
+        kwargs.update(
+            prev_sample_mean=out.prev_sample_mean,
+            old_prev_sample_mean=old_mean,
+            std_dev_t=out.std_dev_t,
+            sqrt_dt=out.sqrt_dt,
+        )
+    if algorithm.loss == "flow_dppo_loss":
+        kwargs["kl_threshold"] = algorithm.kl_threshold
+    elif algorithm.loss in ("flow_grpo_loss", "grpo_guard_loss"):
+        kwargs["clip_ratio"] = algorithm.clip_ratio
+    else:
+        raise ValueError(
+            f"algorithm {algorithm.name!r} uses {algorithm.loss}, not a policy-gradient loss; "
+            "train it with DirectPreferenceTrainer"
+        )
+    return fn(out.log_prob, old_log_prob, advantages, **kwargs)
+
+
+def reference_kl(out: SDEStep, ref: SDEStep) -> torch.Tensor:
+    """Flow-GRPO's KL term to the reference policy for one micro-batch step."""
+    return kl_loss(out.prev_sample_mean, ref.prev_sample_mean.detach(), out.std_dev_t)
+
+
+@contextlib.contextmanager
+def lora_disabled(transformer):
+    """The LoRA reference policy: the same module with its adapters switched off."""
+    transformer.disable_adapters()
+    try:
+        yield
+    finally:
+        transformer.enable_adapters()
+
+
+@contextlib.contextmanager
+def swapped_transformer(pipe, module):
+    """Run the pipeline's denoiser as `module` (the frozen full-fine-tuning reference) for a while."""
+    trained = pipe.transformer
+    pipe.transformer = module
+    try:
+        yield
+    finally:
+        pipe.transformer = trained

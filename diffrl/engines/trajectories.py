@@ -1,0 +1,98 @@
+"""The record one rollout produces and every later stage reads (store, trainer, flows).
+
+Legend: B samples, W window steps (the stochastic steps kept for training), S per-sample latent
+shape (the adapter's layout), H/W/F image height, width, frames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Trajectories:
+    """Denoising trajectories of B samples.
+
+    latents[:, j] is x before window step j and latents[:, j + 1] the sample the rollout drew for
+    it, so step j goes latents[:, j] -> latents[:, j + 1] at sigmas[:, j] -> sigmas_prev[:, j].
+    step_indices[:, j] is that step's index in the N-step schedule (window_starts + j).
+    trained[:, j] marks the steps the trainer replays (a subset of the window, e.g. DanceGRPO).
+    """
+
+    prompts: list[str]
+    group_ids: list[str]  # prompt uid: samples of one prompt form a group
+    sample_index: torch.Tensor  # (B,) int64, index within the group
+    seeds: torch.Tensor  # (B,) int64, the per-sample generator seed
+    latents: torch.Tensor  # (B, W + 1, *S) float32 -- never bf16
+    log_probs: torch.Tensor  # (B, W) float32, rollout log-prob of each window step
+    sigmas: torch.Tensor  # (B, W) float32
+    sigmas_prev: torch.Tensor  # (B, W) float32
+    window_starts: torch.Tensor  # (B,) int64
+    trained: torch.Tensor  # (B, W) bool
+    images: torch.Tensor  # (B, H, W, 3) or (B, F, H, W, 3) uint8
+    embed_keys: list[str]  # prompt-embedding cache key of each sample's prompt
+    metadata: list[dict] = field(default_factory=list)  # per-sample ground truth etc. (JSON-able)
+    policy_version: int = 0
+
+    def __post_init__(self) -> None:
+        b = len(self.prompts)
+        assert self.latents.dtype == torch.float32, "latents must be stored in fp32"
+        assert self.latents.shape[0] == b and self.log_probs.shape[0] == b and self.images.shape[0] == b
+        assert self.latents.shape[1] == self.log_probs.shape[1] + 1
+        if not self.metadata:
+            self.metadata = [{} for _ in range(b)]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def window_size(self) -> int:
+        return self.log_probs.shape[1]
+
+    @property
+    def step_indices(self) -> torch.Tensor:
+        """(B, W) int64 index of each window step in the denoising schedule."""
+        return self.window_starts[:, None] + torch.arange(self.window_size)[None, :]
+
+    def select(self, index: torch.Tensor | list[int]) -> "Trajectories":
+        """A subset of samples (rows), e.g. one micro-batch."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        rows = idx.tolist()
+        return Trajectories(
+            prompts=[self.prompts[i] for i in rows],
+            group_ids=[self.group_ids[i] for i in rows],
+            sample_index=self.sample_index[idx],
+            seeds=self.seeds[idx],
+            latents=self.latents[idx],
+            log_probs=self.log_probs[idx],
+            sigmas=self.sigmas[idx],
+            sigmas_prev=self.sigmas_prev[idx],
+            window_starts=self.window_starts[idx],
+            trained=self.trained[idx],
+            images=self.images[idx],
+            embed_keys=[self.embed_keys[i] for i in rows],
+            metadata=[self.metadata[i] for i in rows],
+            policy_version=self.policy_version,
+        )
+
+    @staticmethod
+    def cat(parts: list["Trajectories"]) -> "Trajectories":
+        """Concatenate chunks of one step (same window size and latent shape)."""
+        return Trajectories(
+            prompts=[p for t in parts for p in t.prompts],
+            group_ids=[g for t in parts for g in t.group_ids],
+            sample_index=torch.cat([t.sample_index for t in parts]),
+            seeds=torch.cat([t.seeds for t in parts]),
+            latents=torch.cat([t.latents for t in parts]),
+            log_probs=torch.cat([t.log_probs for t in parts]),
+            sigmas=torch.cat([t.sigmas for t in parts]),
+            sigmas_prev=torch.cat([t.sigmas_prev for t in parts]),
+            window_starts=torch.cat([t.window_starts for t in parts]),
+            trained=torch.cat([t.trained for t in parts]),
+            images=torch.cat([t.images for t in parts]),
+            embed_keys=[k for t in parts for k in t.embed_keys],
+            metadata=[m for t in parts for m in t.metadata],
+            policy_version=parts[0].policy_version,
+        )

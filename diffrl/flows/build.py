@@ -1,0 +1,193 @@
+"""Build the warm engines of a run from its config (embedded default: in-process objects)."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import sys
+
+from diffrl.configs.schema import DataConfig, ExperimentConfig
+from diffrl.engines import cluster
+from diffrl.engines.reward.multi import MultiReward
+from diffrl.engines.rollout.engine import RolloutEngine
+from diffrl.engines.step.memory import StepMemory
+from diffrl.engines.store.embeddings import EmbeddingCache
+from diffrl.engines.store.prompts import PromptDataset, PromptSampler, compositional_prompts, ocr_prompts
+from diffrl.engines.store.scenes import shapes_prompts
+from diffrl.engines.store.trajectories import TrajectoryStore
+from diffrl.flows.build_preference import build_preference_cache, check_preference_config, train_prompts, trainer_class
+from diffrl.models.base import load_adapter, set_tf32
+
+log = logging.getLogger("diffrl")
+
+
+def cache_dir() -> str:
+    """Where tiny models are built once and reused (DIFFRL_CACHE, else ~/.cache/diffrl)."""
+    return os.environ.get("DIFFRL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "diffrl"))
+
+
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REFERENCE_DIR = os.path.join(PACKAGE_DIR, "models", "reference")
+
+
+def resolve_model_path(path: str, *, seed: int = 0) -> str:
+    """`tiny:<arch>` -> a tiny offline pipeline folder, built on first use (file-locked) and cached;
+    `reference:<name>` -> a model shipped in diffrl/models/reference/<name> (e.g. reference:shapes)."""
+    if path.startswith("reference:"):
+        name = path.split(":", 1)[1]
+        folder = os.path.join(REFERENCE_DIR, name)
+        if not os.path.isfile(os.path.join(folder, "model_index.json")):
+            shipped = sorted(
+                d
+                for d in os.listdir(REFERENCE_DIR)
+                if os.path.isfile(os.path.join(REFERENCE_DIR, d, "model_index.json"))
+            )
+            raise ValueError(f"model.path {path!r}: no shipped reference model {name!r}; shipped: {shipped}")
+        return folder
+    if not path.startswith("tiny:"):
+        return path
+    from diffrl.models.tiny import build_tiny, tiny_architectures
+
+    arch = path.split(":", 1)[1]
+    if arch not in tiny_architectures():
+        raise ValueError(
+            f"model.path {path!r}: unknown tiny architecture; choose one of "
+            f"{['tiny:' + a for a in tiny_architectures()]}"
+        )
+    out = os.path.join(cache_dir(), "tiny", f"{arch}-seed{seed}")
+    if os.path.exists(os.path.join(out, "model_index.json")):
+        return out
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two processes building the same tiny model wait for one
+        if not os.path.exists(os.path.join(out, "model_index.json")):
+            log.info("building tiny %s model in %s", arch, out)
+            tmp = out + ".tmp"
+            build_tiny(arch, tmp, seed=seed)
+            os.replace(tmp, out)
+    return out
+
+
+def load_prompts(source: str, data: DataConfig, *, seed: int) -> PromptDataset:
+    """A prompt dataset from a file or a `generator:<name>` source."""
+    if source.startswith("generator:"):
+        name = source.split(":", 1)[1]
+        generators = {"ocr": ocr_prompts, "compositional": compositional_prompts, "shapes": shapes_prompts}
+        if name not in generators:
+            raise ValueError(
+                f"data source {source!r}: unknown generator; choose one of {['generator:' + g for g in generators]}"
+            )
+        return generators[name](data.num_generated, seed=seed)
+    shipped = os.path.join(PACKAGE_DIR, source)
+    if "://" not in source and not os.path.isabs(source) and not os.path.exists(source) and os.path.exists(shipped):
+        source = os.path.normpath(shipped)  # shipped with diffrl: diffrl/data/shapes_heldout.jsonl
+    return PromptDataset.load(source, storage_options=data.storage_options or None)
+
+
+def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | None = None, *, durable: bool = True):
+    """Load the model once and build the engines of the run; registered under the run name.
+
+    `cluster.mode: ray` (called with actor="local" by the flow): the engines are built inside the run's
+    named Ray actors instead (each calls back here with its actor name) and a handle is registered.
+    Actors: "local"/"engine" build everything but the reward pool when it has its own actor.
+    durable=False (the engines-only benchmarks): no trajectory store and no embedding cache on disk; the
+    step core hands everything over in memory and writes nothing.
+    """
+    extras = dict(extras or {})
+    check_preference_config(cfg)  # a direct-preference setting that cannot train fails before any work
+    if actor == "local" and cfg.cluster.mode == "ray":
+        return _start_ray(cfg, extras)
+    if not durable and (cfg.cluster.mode != "local" or cfg.data.sample_source == "offline"):
+        raise ValueError(
+            "engines without a store (durable=False) run in one process on online rollouts: "
+            "cluster.mode local, data.sample_source online"
+        )
+    needs_model = actor in ("local", "engine", "rollout", "trainer")
+    offline = cfg.data.sample_source == "offline"
+    train_set = train_prompts(cfg) if offline else load_prompts(cfg.data.train, cfg.data, seed=cfg.run.seed)
+    val_source = cfg.data.val
+    val_set = load_prompts(val_source, cfg.data, seed=cfg.run.seed + 10_000) if val_source else train_set
+    sampler = PromptSampler(train_set, batch=cfg.rollout.prompts_per_step, seed=cfg.run.seed)
+    # missing reward weights fail here, before the model loads
+    reward = MultiReward(cfg.reward) if actor in ("local", "reward") else None
+    run_dir = cfg.run_dir
+    storage = cfg.run.storage_options or None
+    store = TrajectoryStore(os.path.join(run_dir, "trajectories.lance"), storage_options=storage) if durable else None
+    adapter = rollout = trainer = None
+    if needs_model:
+        device, dtype = cfg.model.device_and_dtype()
+        extras["model_path"] = resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed)
+        adapter = load_adapter(extras["model_path"], device=device, dtype=dtype)
+        adapter.attention = cfg.model.attention
+        set_tf32(cfg.model.tf32)
+        adapter.check_shape(_shape(cfg))
+        embed_cache = (
+            EmbeddingCache(os.path.join(run_dir, "embeddings.lance"), storage_options=storage) if durable else None
+        )
+        rollout = RolloutEngine(adapter, cache=embed_cache, progress=sys.stderr.isatty())
+    if actor in ("local", "engine", "trainer"):
+        trainer = trainer_class(cfg)(
+            adapter, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size, device=device
+        )
+        if offline:  # offline DPO: the pairs' VAE latents, encoded once (runs/<name>/preferences.lance)
+            extras["preferences"] = build_preference_cache(cfg, adapter)
+    if adapter is not None and cfg.model.compile:  # after LoRA and FSDP have wrapped the blocks
+        adapter.compile_blocks()
+    val_prompts = [val_set[i] for i in range(min(cfg.data.num_val_prompts, len(val_set)))]
+    # One process holding every role hands the step over in memory and writes behind it; an actor's stages
+    # may be followed by another actor's, which reads what this one wrote: its writes are inline.
+    memory = StepMemory(asynchronous=actor == "local")
+    engines = cluster.Engines(
+        config=cfg,
+        adapter=adapter,
+        rollout=rollout,
+        trainer=trainer,
+        reward=reward,
+        store=store,
+        prompts=sampler,
+        val_prompts=val_prompts,
+        extras=extras,
+        memory=memory,
+    )
+    if actor == "local":
+        cluster.put(cfg.run.name, engines)
+    return engines
+
+
+def _start_ray(cfg: ExperimentConfig, extras: dict) -> cluster.RayEngines:
+    """Ray mode: create-or-get the run's actors on the cluster (paths made absolute: actors have their own cwd)."""
+    import dataclasses
+
+    require_prefect_server()
+    MultiReward(cfg.reward)  # bad reward settings fail here, before any actor starts
+    if "://" not in cfg.run.root:
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, root=os.path.abspath(cfg.run.root)))
+    cluster.connect(cfg.cluster.address)
+    handle = cluster.start_actors(cfg, build_engines, extras)
+    handle.store = TrajectoryStore(
+        os.path.join(cfg.run_dir, "trajectories.lance"), storage_options=cfg.run.storage_options or None
+    )
+    cluster.put(cfg.run.name, handle)
+    return handle
+
+
+def _shape(cfg: ExperimentConfig):
+    from diffrl.models.base import SampleShape
+
+    return SampleShape(cfg.rollout.height, cfg.rollout.width, cfg.rollout.num_frames)
+
+
+def require_prefect_server() -> str:
+    """Ray mode reports task states from Ray workers: an ephemeral per-process Prefect server won't do."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    if not url:
+        raise ValueError(
+            "cluster.mode=ray needs a running Prefect server that the Ray workers can reach: "
+            "start one with `prefect server start --host 127.0.0.1` and set "
+            "PREFECT_API_URL=http://127.0.0.1:4200/api (or use cluster.mode=local)"
+        )
+    os.environ.setdefault("PREFECT_API_URL", url)  # forwarded to the Ray workers below
+    return url

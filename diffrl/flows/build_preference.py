@@ -1,0 +1,91 @@
+"""What building a run adds for the direct-preference family (called from diffrl/flows/build.py).
+
+- the trainer class of the algorithm's family;
+- checks that fail before any work: the rollout window must end at the last denoising step (the
+  trainer learns from the final sample), and `data.sample_source: offline` needs `algorithm: dpo`;
+- offline DPO: the pair prompts (without loading the images) and the VAE-latent cache, encoded once.
+"""
+
+from __future__ import annotations
+
+import os
+
+from diffrl.configs.schema import ExperimentConfig
+from diffrl.engines.store.preference import PreferenceCache, preference_prompts, write_toy_preferences
+from diffrl.engines.store.prompts import PromptDataset
+from diffrl.engines.train.preference import DirectPreferenceTrainer
+from diffrl.engines.train.trainer import PolicyTrainer
+from diffrl.models.base import SampleShape
+
+
+def trainer_class(cfg: ExperimentConfig) -> type[PolicyTrainer]:
+    """PolicyTrainer for policy_gradient algorithms, DirectPreferenceTrainer for direct_preference ones."""
+    return DirectPreferenceTrainer if cfg.algorithm.family == "direct_preference" else PolicyTrainer
+
+
+def check_preference_config(cfg: ExperimentConfig) -> None:
+    """ValueError (naming the setting to change) for a direct-preference config that cannot train."""
+    algo, n = cfg.algorithm, cfg.rollout.num_inference_steps
+    if cfg.data.sample_source == "offline" and cfg.cluster.trainers > 1:
+        raise ValueError(
+            "data.sample_source 'offline' reads its pairs in the trainer actor, which is one "
+            f"process: use cluster.trainers: 1 (got {cfg.cluster.trainers})"
+        )
+    if cfg.data.sample_source == "offline" and algo.loss != "dpo_loss":
+        raise ValueError(
+            f"data.sample_source 'offline' trains from (chosen, rejected) pairs and needs "
+            f"algorithm: dpo; got algorithm {algo.name!r} (use data.sample_source: online)"
+        )
+    if algo.family != "direct_preference":
+        return
+    # The trainer reads the final latents: the window must end at the last step. A longer window ending there
+    # makes the earlier steps stochastic too (e.g. SDE sampling throughout, as FlowGRPO's rollout does).
+    window = algo.window
+    lo, hi = window.start_range
+    if window.kind != "random_start" or hi != lo + 1 or lo + window.size != n:
+        raise ValueError(
+            f"algorithm {algo.name!r} trains on the final sample, so its rollout window must end at the last "
+            f"denoising step: set algorithm.window to {{kind: random_start, size: 1, start_range: [{n - 1}, {n}]}} "
+            f"(or size k with start_range [{n} - k, {n} - k + 1]; rollout.num_inference_steps is {n}); got {window}"
+        )
+
+
+TOY_SOURCE = "generator:toy_preferences"
+
+
+def preference_source(cfg: ExperimentConfig) -> str:
+    """The preference parquet of an offline run; `generator:toy_preferences` writes the toy set
+    (data.num_generated pairs at the run's resolution) to runs/<name>/toy_preferences.parquet once."""
+    source = cfg.data.train
+    if not source.startswith("generator:"):
+        return source
+    if source != TOY_SOURCE:
+        raise ValueError(f"data.train {source!r}: offline DPO reads a .parquet preference file or {TOY_SOURCE!r}")
+    path = os.path.join(cfg.run_dir, "toy_preferences.parquet")
+    if not os.path.exists(path):
+        os.makedirs(cfg.run_dir, exist_ok=True)
+        write_toy_preferences(path + ".tmp", cfg.data.num_generated, size=cfg.rollout.height, seed=cfg.run.seed)
+        os.replace(path + ".tmp", path)
+    return path
+
+
+def train_prompts(cfg: ExperimentConfig) -> PromptDataset:
+    """The pairs of an offline preference parquet as prompt records (metadata["pair"] = row)."""
+    return preference_prompts(preference_source(cfg), storage_options=cfg.data.storage_options or None)
+
+
+def build_preference_cache(cfg: ExperimentConfig, adapter) -> PreferenceCache:
+    """runs/<name>/preferences.lance with the VAE latents of every pair (encoded only where missing)."""
+    shape = SampleShape(cfg.rollout.height, cfg.rollout.width, cfg.rollout.num_frames)
+    cache = PreferenceCache(
+        os.path.join(cfg.run_dir, "preferences.lance"), storage_options=cfg.run.storage_options or None
+    )
+    fingerprint = f"{adapter.fingerprint()}-{shape.height}x{shape.width}"
+    cache.build(
+        preference_source(cfg),
+        adapter,
+        shape,
+        fingerprint=fingerprint,
+        storage_options=cfg.data.storage_options or None,
+    )
+    return cache

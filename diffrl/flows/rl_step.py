@@ -1,0 +1,25 @@
+"""One RL step as a Prefect flow: the step core's stage sequence (diffrl/engines/step/run.py) with its stages as Prefect
+tasks (diffrl/tasks/stages.py), for policy-gradient and direct-preference algorithms alike.
+
+    online:  for each chunk: generate(chunk) ; score(chunk) runs while the next chunk generates
+    offline: offline_pairs(step)
+    advantages(step) -> update_actor(step) (+ checkpoint) -> sync_weights(step) (+ the next step's rollout)
+
+Every task is keyed by (run, step, stage, chunk) with a persisted result: retrying this flow run
+(Prefect UI "Retry", or a resumed `diffrl train`) reruns only the stages that did not complete.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from diffrl.engines import cluster
+from diffrl.engines.step.run import run_step
+from diffrl.tasks.stages import PrefectStages
+
+
+@flow(name="rl_step", flow_run_name="{run_name}-step-{step}", log_prints=False)
+def rl_step(run_name: str, step: int) -> dict:
+    """Run step `step` of run `run_name` on its registered engines; returns the step's metrics."""
+    engines = cluster.get(run_name)  # cluster.mode ray: each stage runs as a Ray task calling the run's actors
+    return run_step(engines, step, PrefectStages(run_name, engines.config)).metrics

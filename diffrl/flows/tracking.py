@@ -1,0 +1,191 @@
+"""MLflow for a run: one MLflow run per diffrl run name, continued on resume (no gaps, no duplicates)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+from importlib import metadata
+
+import mlflow
+import numpy as np
+from mlflow.tracking import MlflowClient
+
+from diffrl.engines.step.background import Background
+
+log = logging.getLogger("diffrl")
+
+
+def tracking_uri() -> str:
+    """MLFLOW_TRACKING_URI when set, else sqlite:///mlflow.db in the working directory."""
+    return os.environ.get("MLFLOW_TRACKING_URI", f"sqlite:///{os.path.abspath('mlflow.db')}")
+
+
+def open_tracking_store() -> None:
+    """Open the tracking store once (creating and migrating a new sqlite database takes seconds), so the run's
+    Tracker finds it ready; `diffrl train` does this while the model loads."""
+    MlflowClient(tracking_uri=tracking_uri()).search_experiments(max_results=1)
+
+
+def _flatten(data: dict, prefix: str = "") -> dict[str, str]:
+    out = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return out
+
+
+def _git_commit() -> str:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return (
+            subprocess.run(
+                ["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+            or "unknown"
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class Tracker:
+    """Owns the MLflow run of a diffrl run; its id is kept in runs/<name>/run.json for resume.
+
+    Writes (metrics, images, tags, params, artifacts) go through one background thread in call order, so the
+    training loop never waits for the tracking database; `finish` waits for them. A crash can lose the last
+    step's metrics: a resumed run logs a committed step whose metrics are missing (diffrl/flows/train.py).
+    """
+
+    def __init__(self, *, experiment: str, run_name: str, state_path: str):
+        self._writes = Background("tracker")
+        # an explicit client, not mlflow.set_tracking_uri: that exports MLFLOW_TRACKING_URI, so a later
+        # run in the same process from another working directory would log into this run's database
+        self.uri = tracking_uri()
+        self.client = MlflowClient(tracking_uri=self.uri)
+        self.state_path = state_path
+        state = self._read_state()
+        exp = self.client.get_experiment_by_name(experiment)
+        experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        if state.get("mlflow_run_id"):
+            self.run_id = state["mlflow_run_id"]
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+            state["mlflow_run_id"] = self.run_id
+            self._write_state(state)
+        self._logged_steps = {int(m.step) for m in self.client.get_metric_history(self.run_id, "perf/time_per_step")}
+
+    def _read_state(self) -> dict:
+        if os.path.exists(self.state_path):
+            with open(self.state_path) as f:
+                return json.load(f)
+        return {}
+
+    def _write_state(self, state: dict) -> None:
+        tmp = self.state_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(state, f, indent=2)
+        os.replace(tmp, self.state_path)
+
+    def log_config(self, config: dict, config_yaml: str) -> None:
+        self._writes.submit(0, "MLflow config", self._log_config, config, config_yaml)
+
+    def _log_config(self, config: dict, config_yaml: str) -> None:
+        params = _flatten(config)
+        existing = self.client.get_run(self.run_id).data.params
+        new = {k: v[:6000] for k, v in params.items() if k not in existing}
+        if new:
+            self.client.log_batch(self.run_id, params=[mlflow.entities.Param(k, v) for k, v in new.items()])
+        self.client.log_text(self.run_id, config_yaml, "config.yaml")
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self._writes.submit(0, "MLflow tags", self._set_tags, tags)
+
+    def _set_tags(self, tags: dict[str, str]) -> None:
+        base = {"diffrl.version": _version(), "git.commit": _git_commit()}
+        entries = [mlflow.entities.RunTag(key, str(value)) for key, value in {**base, **tags}.items()]
+        self.client.log_batch(self.run_id, tags=entries)
+
+    def has_step(self, step: int) -> bool:
+        return step in self._logged_steps
+
+    def has_metric(self, key: str, step: int) -> bool:
+        return any(m.step == step for m in self.client.get_metric_history(self.run_id, key))
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Log a step's metrics once: a step already in MLflow (a resumed run) is not logged twice."""
+        if step in self._logged_steps:
+            return
+        self.log_values(metrics, step)
+        self._logged_steps.add(step)
+
+    def log_values(self, metrics: dict[str, float], step: int) -> None:
+        """Log metrics at `step` (no once-per-step bookkeeping: validation before training, startup times)."""
+        entries = [
+            mlflow.entities.Metric(k, float(v), _now_ms(), step) for k, v in sorted(metrics.items()) if v == v
+        ]  # NaN-free; non-finite values would break charts
+        for i in range(0, len(entries), 500):
+            self._writes.submit(step, "MLflow metrics", self._log_batch, entries[i : i + 500])
+
+    def _log_batch(self, entries: list) -> None:
+        self.client.log_batch(self.run_id, metrics=entries)
+
+    def log_image(self, image_HW3: np.ndarray, path: str) -> None:
+        self._writes.submit(0, f"MLflow image {path}", self.client.log_image, self.run_id, image_HW3, path)
+
+    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+        self._writes.submit(
+            0, f"MLflow artifact {local_path}", self.client.log_artifact, self.run_id, local_path, artifact_path
+        )
+
+    def flush(self) -> None:
+        """Wait for every queued write (raises the first that failed)."""
+        self._writes.flush()
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """Wait for the queued writes, then mark the run terminated (also after a failed write, which is raised
+        unless the run failed already: then the run's own error is the one to see)."""
+        try:
+            self._writes.flush()
+        except Exception as e:  # noqa: BLE001
+            if status == "FINISHED":
+                raise
+            log.error("MLflow writes failed too: %s", e)
+        finally:
+            self.client.set_terminated(self.run_id, status=status)
+            self._writes.close()
+
+    @property
+    def ui_hint(self) -> str:
+        return f"mlflow ui --backend-store-uri {self.uri}  (run id {self.run_id})"
+
+
+def image_grid(images_BHW3: np.ndarray, cols: int = 4) -> np.ndarray:
+    """Tile uint8 images (B, H, W, 3) into one grid image (first frame of videos)."""
+    if images_BHW3.ndim == 5:
+        images_BHW3 = images_BHW3[:, 0]
+    b, h, w, c = images_BHW3.shape
+    cols = min(cols, b)
+    rows = -(-b // cols)
+    grid = np.zeros((rows * h, cols * w, c), dtype=np.uint8)
+    for i in range(b):
+        r, q = divmod(i, cols)
+        grid[r * h : (r + 1) * h, q * w : (q + 1) * w] = images_BHW3[i]
+    return grid
+
+
+def _version() -> str:
+    try:
+        return metadata.version("diffrl")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)

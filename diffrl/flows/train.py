@@ -1,0 +1,280 @@
+"""The training run as a Prefect flow: build the engines once, then one `rl_step` subflow per step.
+
+Resume: the same command with the same `run.name` loads the last committed checkpoint and continues;
+the interrupted step's completed stages come back Cached (persisted results under the run folder)
+and its committed Lance rows are reused. The MLflow run continues (same run id, no gaps).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from prefect import flow
+from prefect.runtime import flow_run
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+from diffrl.configs.loader import to_dict
+from diffrl.configs.schema import ExperimentConfig, load_experiment
+from diffrl.engines import cluster
+from diffrl.engines.step.generate import rollout_images
+from diffrl.engines.step.plan import validation_due, validation_rollout
+from diffrl.engines.step.retention import describe_disk, latent_numel, retain
+from diffrl.engines.step.run import StepClock, add_perf, settle, sync_engines
+from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint
+from diffrl.flows.build import build_engines
+from diffrl.flows.rl_step import rl_step
+from diffrl.flows.tracking import Tracker, image_grid, open_tracking_store
+from diffrl.tasks.common import step_runner
+from diffrl.tasks.stages import forget_unfinished
+
+log = logging.getLogger("diffrl")
+
+
+def _say(message: str) -> None:
+    print(f"[diffrl] {message}", file=sys.stderr, flush=True)
+
+
+def _run_state(cfg: ExperimentConfig) -> dict:
+    """runs/<name>/run.json: the run's identity (uid keys its task caches) and the MLflow run id."""
+    os.makedirs(os.path.join(cfg.run_dir, "checkpoints"), exist_ok=True)
+    path = os.path.join(cfg.run_dir, "run.json")
+    state = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            state = json.load(f)
+    if "uid" not in state:
+        state["uid"] = uuid.uuid4().hex[:12]
+        with open(path + ".tmp", "w") as f:
+            json.dump(state, f, indent=2)
+        os.replace(path + ".tmp", path)
+    return state
+
+
+def validation_samples(engines: cluster.Engines, step: int):
+    """ODE samples (noise level 0) of the fixed validation prompts (runs where the rollout lives)."""
+    return validation_rollout(engines.rollout, engines.config, engines.val_prompts, step=step)
+
+
+def validation_scores(engines: cluster.Engines, traj) -> dict:
+    """val/reward and val/<component> of validation samples (runs where the reward pool lives)."""
+    out = engines.reward(traj.images, traj.prompts, traj.metadata)
+    valid = out.valid
+    metrics = {"val/reward": float(out.scores[valid].mean()) if valid.any() else float("nan")}
+    for name, values in out.info.items():
+        numbers = _per_sample_numbers(values, len(valid))
+        if numbers is not None and name != "excluded":
+            # a component's own info ("geneval_lite/accuracy") is logged under its last part (val/accuracy)
+            key = name.rsplit("/", 1)[-1] if "/" in name else name
+            kept = numbers[valid & ~torch.isnan(numbers)]
+            metrics[f"val/{key}"] = float(kept.mean()) if kept.numel() else float("nan")
+    return metrics
+
+
+def _per_sample_numbers(values, count: int) -> torch.Tensor | None:
+    """Reward info that is one number (or bool) per sample as a float tensor; None otherwise."""
+    if isinstance(values, torch.Tensor):
+        return values.float() if values.shape == (count,) else None
+    if isinstance(values, list) and len(values) == count and all(isinstance(v, (bool, int, float)) for v in values):
+        return torch.tensor([float(v) for v in values])
+    return None
+
+
+def validate(engines: cluster.Engines, tracker: Tracker, step: int) -> dict:
+    """ODE sampling (noise level 0) on the fixed validation prompts; logs val/reward and a grid."""
+    if not engines.config.data.num_val_prompts:
+        return {}
+    traj = engines.run("rollout", validation_samples, step)
+    metrics = engines.run("reward", validation_scores, traj)
+    images = traj.images.numpy() if isinstance(traj.images, torch.Tensor) else traj.images
+    tracker.log_image(image_grid(images), f"validation/step_{step:05d}.png")
+    return metrics
+
+
+def _log_rollout_images(engines: cluster.Engines, tracker: Tracker, step: int) -> None:
+    n = engines.config.run.log_images
+    if n <= 0:
+        return
+    images = engines.run("rollout", rollout_images, step, n)
+    images = images.numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
+    tracker.log_image(image_grid(images), f"rollout/step_{step:05d}.png")
+
+
+@flow(name="train", log_prints=False)
+def train(config: str | None = None, overrides: list[str] | None = None) -> dict:
+    """Train the experiment `config` (a shipped name or a YAML path; default: the quickstart)."""
+    startup = Startup()
+    cfg = load_experiment(config, overrides or [])
+    _say(
+        f"run {cfg.run.name!r}: {cfg.run.steps} steps of {cfg.algorithm.name} on {cfg.model.path} "
+        f"({cfg.rollout.samples_per_step} images/step) in {cfg.run_dir}"
+    )
+    with ThreadPoolExecutor(max_workers=1) as pool:  # MLflow's database opens (or is created) while the model loads
+        store_ready = pool.submit(open_tracking_store)
+        engines = build_engines(cfg)  # bad data, model or reward paths fail here, before any work
+        startup.mark("engines")
+        store_ready.result()
+    engines.extras["run_uid"] = _run_state(cfg)["uid"]
+    engines.share_extras()  # ray mode: the actors (and the Ray workers running tasks) key caches by it
+    if engines.store is not None and cfg.data.sample_source == "online":
+        _say(describe_disk(cfg, engines.run("rollout", latent_numel)))
+    tracker = Tracker(
+        experiment=cfg.run.experiment, run_name=cfg.run.name, state_path=os.path.join(cfg.run_dir, "run.json")
+    )
+    startup.mark("mlflow")
+    tracker.log_config(to_dict(cfg), yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    tracker.set_tags(
+        {
+            "prefect.flow_run_id": flow_run.get_id() or "",
+            "prefect.flow_run_url": flow_run.ui_url or "",
+            "diffrl.run_name": cfg.run.name,
+        }
+    )
+    last = latest_checkpoint(cfg.run_dir)
+    start = 0 if last is None else last + 1
+    step_flow = rl_step.with_options(result_storage=Path(_results_dir(cfg)), **step_runner(cfg))
+    try:
+        if last is not None:
+            engines.run("trainer", load_checkpoint, checkpoint_dir(engines.config.run_dir, last))
+            sync_engines(engines, -1, prefetch_next=False)
+            _say(f"resuming after step {last} (checkpoint {checkpoint_dir(cfg.run_dir, last)})")
+        if engines.memory is not None:
+            engines.memory.first_step = start  # steps after it cannot have rows from an earlier process
+        # MLflow step = global step (RL steps done): step k's metrics at k + 1, validation before training at 0
+        if last is not None and not tracker.has_step(last + 1):
+            # the checkpoint committed but its metrics never reached MLflow: every stage is Cached
+            pin_step_key(step_flow, last)
+            with step_flow_settings():
+                metrics = step_flow(cfg.run.name, last)
+                tracker.log_metrics(add_perf(metrics, metrics["timing_s/step"]), last + 1)
+        if start < cfg.run.steps and engines.store is not None:
+            dropped = forget_unfinished(engines, start, _results_dir(cfg))
+            if dropped:
+                _say(
+                    f"step {start} runs again from its first stage whose writes did not land ({len(dropped)} "
+                    "persisted results dropped)"
+                )
+        if start == 0 and not tracker.has_metric("val/reward", 0):
+            val = validate(engines, tracker, 0)
+            _say(f"before training: {_fmt(val)}")
+            tracker.log_values(val, 0)
+        startup.mark("validation")
+        _say(startup.line())
+        tracker.log_values(startup.metrics(), start)
+        with step_flow_settings():  # once for all steps: building Prefect settings costs ~30 ms
+            val = _train_steps(engines, tracker, step_flow, start)
+        if engines.memory is not None:
+            engines.memory.drain()  # the last step's rows and checkpoint land before the run reports done
+    except BaseException:
+        settle(engines)
+        tracker.finish("FAILED")
+        _say(f"step failed; rerun the same command to resume (run {cfg.run.name!r}, {cfg.run_dir})")
+        raise
+    finally:
+        if engines.memory is not None:
+            engines.memory.close()
+    final = latest_checkpoint(cfg.run_dir)
+    tracker.log_artifact(checkpoint_dir(cfg.run_dir, final), "final_checkpoint")
+    tracker.finish()
+    _say(f"done. MLflow: {tracker.ui_hint}")
+    _say(
+        f"trajectories: {os.path.join(cfg.run_dir, 'trajectories.lance')}; "
+        f"checkpoints: {os.path.join(cfg.run_dir, 'checkpoints')}"
+    )
+    return {"run": cfg.run.name, "mlflow_run_id": tracker.run_id, "last_step": final, **val}
+
+
+def _results_dir(cfg: ExperimentConfig) -> str:
+    """Where the step subflows persist their stage results (their file names are the stages' cache keys)."""
+    return os.path.abspath(os.path.join(cfg.run_dir, "prefect"))
+
+
+class Startup:
+    """Seconds from the `diffrl` command to the first RL step, by part: imports (before the flow), Prefect (its
+    temporary server and the flow run), engines (model load), MLflow, validation before training."""
+
+    def __init__(self):
+        self._last = time.time()
+        command = float(os.environ.get("DIFFRL_COMMAND_AT", self._last))
+        called = float(os.environ.get("DIFFRL_FLOW_CALLED_AT", command))
+        self.parts = {"imports": max(0.0, called - command), "prefect": max(0.0, self._last - called)}
+
+    def mark(self, part: str) -> None:
+        now = time.time()
+        self.parts[part] = now - self._last
+        self._last = now
+
+    def metrics(self) -> dict[str, float]:
+        return {"startup_s/total": sum(self.parts.values()), **{f"startup_s/{k}": v for k, v in self.parts.items()}}
+
+    def line(self) -> str:
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in self.parts.items())
+        return f"first step {sum(self.parts.values()):.1f} s after the command ({parts})"
+
+
+def pin_step_key(step_flow, step: int) -> None:
+    """Make the next call of `step_flow` in this flow run Prefect's subflow call number `step`.
+
+    Prefect identifies a subflow call inside a flow run by how many times that subflow has been called
+    so far in the run. A retried train flow run resumes at its first unfinished step, so
+    without this its first call (step k) would be matched to the original run's first call (step 0):
+    Prefect would hand back step 0's Completed subflow run and step k would never run. Pinned to the step
+    number, a retry finds step k's own Failed subflow run and starts it afresh, and its completed stages
+    come back Cached (their cache keys are per run, step, stage and chunk).
+    """
+    from prefect.context import FlowRunContext
+    from prefect.tasks import Task
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return
+    # the task Prefect creates in the parent run to track a subflow call is keyed by the flow's function
+    key = Task(name=step_flow.name, fn=step_flow.fn, version=step_flow.version).task_key
+    context.task_run_dynamic_keys[key] = step - 1  # Prefect adds 1 before using it
+
+
+def step_flow_settings():
+    """Settings of the per-step subflow runs: no heartbeats. Prefect's heartbeat thread sleeps in 1 s
+    slices and a finishing flow run joins it, which cost ~0.5 s of every step (benchmarks/
+    orchestration.py). The train flow run around the steps keeps its heartbeats (its thread started
+    before, with its own copy of the settings), so a crashed process is still detected there."""
+    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+
+
+def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: int) -> dict:
+    """Steps start..steps-1, each a subflow; validation, MLflow and retention after each. A step's time is the
+    time between the ends of two steps, validation left out (diffrl/engines/step/run.StepClock): with the next step's
+    rollout started right after a weight sync, that is what a step costs the run."""
+    cfg = engines.config
+    val = {}
+    clock = StepClock()
+    for step in range(start, cfg.run.steps):
+        pin_step_key(step_flow, step)
+        metrics = step_flow(cfg.run.name, step)
+        _log_rollout_images(engines, tracker, step)
+        retain(engines, step)
+        metrics = add_perf(metrics, clock.lap())
+        if validation_due(cfg, step + 1):
+            with clock.excluded():
+                val = validate(engines, tracker, step + 1)
+            metrics.update(val)
+        tracker.log_metrics(metrics, step + 1)
+        _say(
+            f"step {step + 1}/{cfg.run.steps}: reward {metrics.get('critic/rewards/mean', float('nan')):.4f} "
+            f"{metrics['perf/throughput']:.2f} images/s ({metrics['perf/time_per_step']:.2f} s)"
+            + (f" | {_fmt(val)}" if val and validation_due(cfg, step + 1) else "")
+        )
+    return val
+
+
+def _fmt(metrics: dict) -> str:
+    return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())

@@ -1,0 +1,277 @@
+"""The model-adapter contract and the architecture registry.
+
+An adapter wraps one diffusers pipeline folder and exposes exactly what the rollout engine and the
+trainer need, mirroring the upstream pipeline's numerics (prompt templates, sigma schedule, initial
+noise, guidance, decoding). Algorithms never see an adapter; adapters never name an algorithm.
+
+Legend: B batch, L text tokens, D text hidden size, N denoising steps.
+Latents are in the adapter's own layout (SD3: (B, C, H, W); Qwen-Image/FLUX: packed (B, L, C);
+Wan: (B, C, F, H, W)); the engines treat them as opaque fp32 tensors with a fixed per-sample shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import json
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+# A prompt encoding: batch-first tensors under the names the transformer takes, e.g.
+# {"prompt_embeds": (B, L, D), "pooled_prompt_embeds": (B, D)} or {"prompt_embeds", "prompt_embeds_mask"}.
+Encoding = dict[str, torch.Tensor]
+
+_ADAPTERS: dict[str, type["ModelAdapter"]] = {}
+
+
+def register_adapter(cls: type["ModelAdapter"]) -> type["ModelAdapter"]:
+    """Class decorator: make an adapter findable by its `arch` name and pipeline class names."""
+    _ADAPTERS[cls.arch] = cls
+    return cls
+
+
+# The architecture files, in the order a model_index.json is matched against them (imported on demand: each
+# pulls in its diffusers pipeline, which costs seconds of import time).
+ADAPTER_MODULES = (
+    "diffrl.models.sd3",
+    "diffrl.models.flux",
+    "diffrl.models.qwen_image",
+    "diffrl.models.z_image",
+    "diffrl.models.wan",
+)
+
+
+def _load_all_adapters() -> None:
+    for module in ADAPTER_MODULES:
+        importlib.import_module(module)
+
+
+def supported_architectures() -> dict[str, tuple[str, ...]]:
+    """arch name -> the model_index.json `_class_name` values it handles."""
+    _load_all_adapters()
+    return {name: cls.pipeline_classes for name, cls in sorted(_ADAPTERS.items())}
+
+
+def adapter_class(arch: str) -> type["ModelAdapter"]:
+    """The adapter class for an arch name (e.g. "sd3"); ValueError listing the choices otherwise."""
+    _load_all_adapters()
+    if arch not in _ADAPTERS:
+        raise ValueError(f"unknown model architecture {arch!r}; supported: {sorted(_ADAPTERS)}")
+    return _ADAPTERS[arch]
+
+
+def detect_architecture(path: str) -> str:
+    """Read `model_index.json` in a diffusers folder and return the arch name that handles it."""
+    index_path = os.path.join(path, "model_index.json")
+    if not os.path.isdir(path):
+        raise ValueError(f"model path {path!r} is not a directory (expected a diffusers pipeline folder)")
+    if not os.path.isfile(index_path):
+        raise ValueError(f"{path!r} has no model_index.json: not a diffusers pipeline folder")
+    with open(index_path) as f:
+        class_name = json.load(f).get("_class_name")
+    for module in ADAPTER_MODULES:  # import only as far as the one that handles it
+        importlib.import_module(module)
+        for arch, cls in _ADAPTERS.items():
+            if class_name in cls.pipeline_classes:
+                return arch
+    known = sorted(c for classes in supported_architectures().values() for c in classes)
+    raise ValueError(f"{index_path}: pipeline class {class_name!r} is not supported; supported: {known}")
+
+
+def load_adapter(
+    path: str, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, **kwargs
+) -> "ModelAdapter":
+    """Detect the architecture of a diffusers folder and load its adapter."""
+    return adapter_class(detect_architecture(path)).from_pretrained(path, device=device, dtype=dtype, **kwargs)
+
+
+def pad_and_cat(encodings: list[Encoding]) -> Encoding:
+    """Concatenate per-prompt encodings along the batch, right-padding the token dim (dim 1) with zeros.
+
+    Masks (keys ending in "mask") are padded with 0 too, so padded tokens stay masked out.
+    """
+    out: Encoding = {}
+    for key in encodings[0]:
+        parts = [e[key] for e in encodings]
+        if parts[0].dim() >= 2 and len({p.shape[1] for p in parts}) > 1:
+            longest = max(p.shape[1] for p in parts)
+            parts = [torch.nn.functional.pad(p, (0, 0) * (p.dim() - 2) + (0, longest - p.shape[1])) for p in parts]
+        out[key] = torch.cat(parts, dim=0)
+    return out
+
+
+def select(encoding: Encoding, index: torch.Tensor | slice | list[int]) -> Encoding:
+    """Rows of an encoding (same index applied to every tensor)."""
+    return {k: v[index] for k, v in encoding.items()}
+
+
+def images_to_uint8(images_B3HW: torch.Tensor) -> torch.Tensor:
+    """Postprocessed images in [0, 1] (B, 3, H, W) -> uint8 (B, H, W, 3) on the host, rounded exactly
+    as the pipelines' "np" output then `numpy_to_pil` round them (fp32 x 255, half-to-even). Done on
+    the images' device so only uint8 crosses to the host."""
+    return (images_B3HW.permute(0, 2, 3, 1).float() * 255).round().to(torch.uint8).cpu()
+
+
+@dataclass(frozen=True)
+class SampleShape:
+    """Resolution of one generated sample; num_frames is 1 for images."""
+
+    height: int
+    width: int
+    num_frames: int = 1
+
+
+ATTENTION_BACKENDS = ("default", "cudnn", "flash", "efficient", "math")
+
+
+def attention_context(backend: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The scaled-dot-product-attention backend for the denoiser forwards (`model.attention`).
+
+    "default" leaves PyTorch's own choice (what diffusers' pipelines get). "cudnn" / "flash" /
+    "efficient" / "math" put that backend first on CUDA (PyTorch falls back to the others when it
+    cannot take the inputs); on CPU every setting is PyTorch's own choice. Measured on an H200 for
+    SD3.5-Medium sampling, cuDNN first and the default ran at the same speed (5.115 vs 5.121 images/s,
+    benchmarks/results/sampler_vs_diffusers_nvidia_h200.json), so the default stays. The backward
+    reuses the kernel family the forward chose, so only forwards need the context.
+    """
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}; got {backend!r}")
+    if backend == "default" or device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = {
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
+    first = order.pop(backend)
+    return sdpa_kernel([first, *order.values()], set_priority=True)
+
+
+def set_tf32(enabled: bool) -> None:
+    """Let CUDA fp32 matmuls and convolutions run on TF32 tensor cores (`model.tf32`); process-wide.
+
+    Over a bf16 base the fp32 LoRA branches are such matmuls (peft computes them in the LoRA weights'
+    dtype): in full fp32 they run on the GPU's plain fp32 units, several times slower than TF32. The
+    rollout and the trainer share the process setting, so the rollout/replay log-prob gap stays that of
+    shared numerics. No effect on CPU. Uses PyTorch's `allow_tf32` flags (mixing them with the newer
+    `fp32_precision` API is an error in PyTorch >= 2.9: set TF32 in one way only).
+    """
+    torch.backends.cuda.matmul.allow_tf32 = bool(enabled)
+    torch.backends.cudnn.allow_tf32 = bool(enabled)
+
+
+class ModelAdapter(ABC):
+    """One architecture. Subclasses live in one file each (diffrl/models/sd3.py, ...), decorated with
+    @register_adapter, and must reproduce the upstream diffusers pipeline exactly at noise level 0."""
+
+    arch: ClassVar[str]  # registry name, e.g. "sd3"
+    pipeline_classes: ClassVar[tuple[str, ...]]  # model_index.json _class_name values handled
+    is_video: ClassVar[bool] = False
+    default_lora_targets: ClassVar[tuple[str, ...]]  # peft target_modules names in the transformer
+    default_guidance_scale: ClassVar[float]
+    default_max_sequence_length: ClassVar[int]
+
+    def __init__(self, pipe, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+        self.pipe = pipe
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.source = ""  # path or hub id it was loaded from (set by from_pretrained)
+        self.attention = "default"  # SDPA backend of the denoiser forwards (see attention_context)
+
+    def attention_context(self) -> contextlib.AbstractContextManager:
+        """Enter around denoiser forwards: selects the SDPA backend `self.attention` names."""
+        return attention_context(self.attention, self.device)
+
+    # ---- loading -------------------------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def from_pretrained(cls, path: str, *, device="cpu", dtype=torch.float32, **kwargs) -> "ModelAdapter":
+        """Load the pipeline components from a diffusers folder (or a Hub id when online)."""
+
+    @property
+    def transformer(self) -> nn.Module:
+        """The denoiser the trainer updates (peft wraps it in place)."""
+        return self.pipe.transformer
+
+    def denoisers(self) -> list[nn.Module]:
+        """Every denoiser module (Wan2.2 has two experts); trainers and weight sync iterate these."""
+        return [self.transformer]
+
+    def fsdp_wrap_units(self) -> list[nn.Module]:
+        """Submodules to `fully_shard` individually (the transformer blocks), before the root."""
+        blocks = getattr(self.transformer, "transformer_blocks", None)
+        return list(blocks) if blocks is not None else []
+
+    def compile_blocks(self, **options) -> int:
+        """torch.compile each transformer block in place (regional compilation: the blocks are the same
+        code, so they compile once and reuse it); `options` go to torch.compile. Returns how many blocks.
+
+        The denoiser's first forward after this compiles (19-70 s measured at real size on an H200); LoRA
+        added later or a new batch shape recompiles once. `model.compile: true` calls this after the
+        trainer is built.
+        """
+        import torch._dynamo
+
+        units = self.fsdp_wrap_units()
+        if not units:
+            raise ValueError(f"{self.arch}: {type(self.transformer).__name__} has no transformer blocks to compile")
+        # Rollout (CFG batch), training (micro-batch) and grad/no-grad modes each specialise: allow them all.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        for unit in units:
+            unit.compile(**options)
+        return len(units)
+
+    def fingerprint(self) -> str:
+        """Stable id of the text-encoding side (for the prompt-embedding cache key)."""
+        return hashlib.sha1(f"{self.arch}:{os.path.abspath(self.source)}".encode()).hexdigest()[:16]
+
+    # ---- the sampling contract -----------------------------------------------------------------
+    @abstractmethod
+    def check_shape(self, shape: SampleShape) -> None:
+        """ValueError naming height/width/num_frames when they do not fit the VAE and patch size."""
+
+    @abstractmethod
+    def encode_prompt(self, prompts: list[str], *, max_sequence_length: int | None = None) -> Encoding:
+        """Encode prompts exactly as the upstream pipeline's `encode_prompt` (templates, dropped
+        template tokens, padding); batch-first tensors, on self.device. Warns when truncating."""
+
+    def needs_negative(self, guidance_scale: float) -> bool:
+        """Whether velocity() needs a negative-prompt encoding at this guidance scale (CFG-style)."""
+        return guidance_scale > 1.0
+
+    @abstractmethod
+    def sigmas(self, num_inference_steps: int, shape: SampleShape) -> torch.Tensor:
+        """(N + 1,) fp32 sigma schedule the upstream pipeline uses (same shift / mu), ending in 0."""
+
+    @abstractmethod
+    def prepare_latents(self, shape: SampleShape, generators: list[torch.Generator]) -> torch.Tensor:
+        """Initial noise (B, ...) fp32, one generator per sample, drawn exactly as upstream draws it
+        for a batch of one with that generator."""
+
+    @abstractmethod
+    def velocity(
+        self,
+        latents: torch.Tensor,
+        sigma: torch.Tensor,
+        encoding: Encoding,
+        negative: Encoding | None,
+        *,
+        guidance_scale: float,
+        shape: SampleShape,
+    ) -> torch.Tensor:
+        """Guided velocity (B, ...) fp32 at per-sample sigmas (B,), guidance applied as upstream
+        (cond and uncond in one forward where shapes allow). Differentiable w.r.t. the transformer."""
+
+    @abstractmethod
+    def decode(self, latents: torch.Tensor, shape: SampleShape) -> torch.Tensor:
+        """Final latents -> uint8 images (B, H, W, 3) or videos (B, F, H, W, 3), as upstream's
+        postprocess would produce them (pil/np output rounded the same way)."""
