@@ -23,17 +23,16 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from diffrl import registry
+
 # A prompt encoding: batch-first tensors under the names the transformer takes, e.g.
 # {"prompt_embeds": (B, L, D), "pooled_prompt_embeds": (B, D)} or {"prompt_embeds", "prompt_embeds_mask"}.
 Encoding = dict[str, torch.Tensor]
 
-_ADAPTERS: dict[str, type["ModelAdapter"]] = {}
-
 
 def register_adapter(cls: type["ModelAdapter"]) -> type["ModelAdapter"]:
-    """Class decorator: make an adapter findable by its `arch` name and pipeline class names."""
-    _ADAPTERS[cls.arch] = cls
-    return cls
+    """Class decorator: make an adapter findable by its `arch` name and pipeline class names (diffrl.registry)."""
+    return registry.register("model", cls.arch)(cls)
 
 
 # The architecture files, in the order a model_index.json is matched against them (imported on demand: each
@@ -45,25 +44,17 @@ ADAPTER_MODULES = (
     "diffrl.models.z_image",
     "diffrl.models.wan",
 )
-
-
-def _load_all_adapters() -> None:
-    for module in ADAPTER_MODULES:
-        importlib.import_module(module)
+registry.declare("model", ADAPTER_MODULES, label="model architecture")
 
 
 def supported_architectures() -> dict[str, tuple[str, ...]]:
     """arch name -> the model_index.json `_class_name` values it handles."""
-    _load_all_adapters()
-    return {name: cls.pipeline_classes for name, cls in sorted(_ADAPTERS.items())}
+    return {name: registry.get("model", name).obj.pipeline_classes for name in registry.names("model")}
 
 
 def adapter_class(arch: str) -> type["ModelAdapter"]:
     """The adapter class for an arch name (e.g. "sd3"); ValueError listing the choices otherwise."""
-    _load_all_adapters()
-    if arch not in _ADAPTERS:
-        raise ValueError(f"unknown model architecture {arch!r}; supported: {sorted(_ADAPTERS)}")
-    return _ADAPTERS[arch]
+    return registry.get("model", arch).obj
 
 
 def detect_architecture(path: str) -> str:
@@ -77,8 +68,8 @@ def detect_architecture(path: str) -> str:
         class_name = json.load(f).get("_class_name")
     for module in ADAPTER_MODULES:  # import only as far as the one that handles it
         importlib.import_module(module)
-        for arch, cls in _ADAPTERS.items():
-            if class_name in cls.pipeline_classes:
+        for arch, entry in registry.registered("model").items():
+            if class_name in entry.obj.pipeline_classes:
                 return arch
     known = sorted(c for classes in supported_architectures().values() for c in classes)
     raise ValueError(f"{index_path}: pipeline class {class_name!r} is not supported; supported: {known}")

@@ -15,7 +15,6 @@ Conventions every reward follows:
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import typing
 from dataclasses import dataclass, field
@@ -24,6 +23,8 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+
+from diffrl import registry
 
 # Modules that register the built-in rewards; imported lazily on the first registry lookup.
 _BUILTIN_MODULES = (
@@ -36,6 +37,7 @@ _BUILTIN_MODULES = (
     "diffrl.engines.reward.http_scorer",
     "diffrl.engines.reward.geneval_lite",
 )
+registry.declare("reward", _BUILTIN_MODULES)
 
 
 class RewardError(RuntimeError):
@@ -107,15 +109,6 @@ class NoOptions:
     """Options of a reward that takes none."""
 
 
-@dataclass
-class _Entry:
-    factory: Callable[[Any], RewardFunction]
-    options: type
-
-
-_REGISTRY: dict[str, _Entry] = {}
-
-
 def register_reward(name: str, options: type = NoOptions) -> Callable:
     """Decorator registering `factory(options) -> RewardFunction` under `name`.
 
@@ -124,32 +117,17 @@ def register_reward(name: str, options: type = NoOptions) -> Callable:
     if not dataclasses.is_dataclass(options):
         raise TypeError(f"options of reward {name!r} must be a dataclass, got {options!r}")
 
-    def decorator(factory: Callable) -> Callable:
-        if name in _REGISTRY and _REGISTRY[name].factory is not factory:
-            raise ValueError(f"reward {name!r} is already registered")
-        _REGISTRY[name] = _Entry(factory=factory, options=options)
-        return factory
-
-    return decorator
-
-
-def _load_builtins() -> None:
-    for module in _BUILTIN_MODULES:
-        importlib.import_module(module)
+    return registry.register("reward", name, options=options)
 
 
 def reward_names() -> list[str]:
     """Sorted names of all registered rewards (built-ins included)."""
-    _load_builtins()
-    return sorted(_REGISTRY)
+    return registry.names("reward")
 
 
 def reward_options_type(name: str) -> type:
     """The options dataclass of reward `name` (ValueError listing the names if unknown)."""
-    _load_builtins()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown reward {name!r}; registered rewards: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name].options
+    return registry.get("reward", name).meta["options"]
 
 
 def build_reward(name: str, options: dict | None = None) -> RewardFunction:
@@ -160,7 +138,7 @@ def build_reward(name: str, options: dict | None = None) -> RewardFunction:
     """
     options_type = reward_options_type(name)
     parsed = parse_options(options_type, options or {}, owner=f"reward {name!r}")
-    return _REGISTRY[name].factory(parsed)
+    return registry.get("reward", name).obj(parsed)
 
 
 def parse_options(options_type: type, values: dict, owner: str) -> Any:

@@ -10,34 +10,27 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-_BUILDERS: dict[str, Callable[[str, int], None]] = {}
+from diffrl import registry
+
+registry.declare(
+    "tiny",
+    ("diffrl.models.tiny.flux", "diffrl.models.tiny.qwen", "diffrl.models.tiny.sd3", "diffrl.models.tiny.wan"),
+    label="tiny architecture",
+)
 
 
-def register_tiny(arch: str):
-    """Decorator: `fn(out_dir, seed)` builds and saves the tiny pipeline of `arch` into out_dir."""
-
-    def wrap(fn):
-        _BUILDERS[arch] = fn
-        return fn
-
-    return wrap
+def register_tiny(arch: str) -> Callable:
+    """Decorator: `fn(out_dir, seed)` builds and saves the tiny pipeline of `arch` into out_dir (diffrl.registry)."""
+    return registry.register("tiny", arch)
 
 
 def tiny_architectures() -> list[str]:
-    _load_builders()
-    return sorted(_BUILDERS)
+    return registry.names("tiny")
 
 
 def build_tiny(arch: str, out_dir: str, *, seed: int = 0) -> str:
     """Build the tiny `arch` pipeline with random weights (seeded) and save it to out_dir."""
-    _load_builders()
-    if arch not in _BUILDERS:
-        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {sorted(_BUILDERS)}")
+    build = registry.get("tiny", arch).obj
     os.makedirs(out_dir, exist_ok=True)
-    _BUILDERS[arch](out_dir, seed)
+    build(out_dir, seed)
     return out_dir
-
-
-def _load_builders() -> None:
-    # Each module registers its builder on import.
-    from diffrl.models.tiny import flux, qwen, sd3, wan  # noqa: F401
