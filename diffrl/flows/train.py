@@ -14,7 +14,6 @@ import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,8 +33,8 @@ from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_c
 from diffrl.flows.build import build_engines
 from diffrl.flows.rl_step import rl_step
 from diffrl.flows.tracking import Tracker, image_grid, open_tracking_store
-from diffrl.tasks.common import step_runner
-from diffrl.tasks.stages import forget_unfinished
+from diffrl.tasks.common import persist_results_in, step_runner
+from diffrl.tasks.stages import check_step_results, forget_unfinished
 
 log = logging.getLogger("diffrl")
 
@@ -141,7 +140,11 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
     )
     last = latest_checkpoint(cfg.run_dir)
     start = 0 if last is None else last + 1
-    step_flow = rl_step.with_options(result_storage=Path(_results_dir(cfg)), **step_runner(cfg))
+    # The stages' results persist as JSON under the run and are read back only through JsonResultStorage; the
+    # step's own return value is not persisted (a retried train flow runs a finished step again: all Cached).
+    step_flow = persist_results_in(
+        rl_step.with_options(persist_result=False, result_serializer="json", **step_runner(cfg)), _results_dir(cfg)
+    )
     try:
         if last is not None:
             engines.run("trainer", load_checkpoint, checkpoint_dir(engines.config.run_dir, last))
@@ -153,6 +156,7 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
         if last is not None and not tracker.has_step(last + 1):
             # the checkpoint committed but its metrics never reached MLflow: every stage is Cached
             pin_step_key(step_flow, last)
+            check_step_results(engines, last, _results_dir(cfg))
             with step_flow_settings():
                 metrics = step_flow(cfg.run.name, last)
                 tracker.log_metrics(add_perf(metrics, metrics["timing_s/step"]), last + 1)
@@ -259,6 +263,7 @@ def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: i
     clock = StepClock()
     for step in range(start, cfg.run.steps):
         pin_step_key(step_flow, step)
+        check_step_results(engines, step, _results_dir(cfg))
         metrics = step_flow(cfg.run.name, step)
         _log_rollout_images(engines, tracker, step)
         retain(engines, step)

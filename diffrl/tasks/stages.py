@@ -18,7 +18,7 @@ from diffrl.engines.step.generate import step_chunks
 from diffrl.engines.step.records import as_record, from_record
 from diffrl.engines.step.run import STAGES
 from diffrl.engines.step.update import latest_checkpoint
-from diffrl.tasks.common import STAGE, call_stage, stage_cache_key, stage_key, submit_stage
+from diffrl.tasks.common import STAGE, call_stage, check_results, stage_cache_key, stage_key, submit_stage
 
 
 def _run(stage: str, run_name: str, step: int, chunk: int = 0) -> dict:
@@ -95,6 +95,15 @@ class _Typed:
 
     def result(self) -> Any:
         return from_record(self.kind, self.future.result())
+
+
+def check_step_results(engines: Any, step: int, results_dir: str) -> None:
+    """Before `step` runs: every persisted result of its stages that a cache lookup would read is plain JSON data
+    (else UntrustedResult naming the file: Prefect's lookup would skip it without a word)."""
+    cfg, uid = engines.config, engines.extras.get("run_uid", "")
+    stages = [(stage, chunk) for chunk in range(step_chunks(cfg)) for stage in ("generate", "score")]
+    stages += [(stage, 0) for stage in ("offline_pairs", "advantages", "update_actor", "sync_weights")]
+    check_results(results_dir, [stage_key(cfg.run.name, uid, step, stage, chunk) for stage, chunk in stages])
 
 
 def forget_unfinished(engines: Any, step: int, results_dir: str) -> list[str]:
