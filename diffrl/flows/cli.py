@@ -14,7 +14,7 @@ import time
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict]:
-    from diffrl.flows.commands import cluster, random_model, sample, score, tiny_model, train
+    from diffrl.flows.commands import cluster, export, random_model, sample, score, tiny_model, train
 
     parser = argparse.ArgumentParser(
         prog="diffrl",
@@ -30,6 +30,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         ("tiny-model", tiny_model),
         ("random-model", random_model),
         ("cluster", cluster),
+        ("export", export),
     ):
         module.add_parser(sub)
         handlers[name] = module.run

@@ -1,0 +1,114 @@
+"""Export a checkpoint as something plain diffusers loads, without diffrl (`diffrl export`).
+
+    OUT/pytorch_lora_weights.safetensors   LoRA runs: `pipe.load_lora_weights(OUT)`; the LoRA config in the file's
+                                           metadata names the base model (`base_model_name_or_path`)
+    OUT/pipeline/                          with merge (and always for full fine-tuning): the whole pipeline with the
+                                           trained weights merged in, `DiffusionPipeline.from_pretrained(OUT/pipeline)`
+    OUT/diffrl_export.json                 what was exported: base model, checkpoint, step, LoRA or full
+
+A checkpoint folder is `runs/<name>/checkpoints/step_<k>/` (diffrl/engines/train/checkpoint.py): `lora/` holds a LoRA
+run's adapter in diffusers' format, `dcp/` a full fine-tuning run's weights (torch.distributed.checkpoint shards).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+LORA_FILE = "pytorch_lora_weights.safetensors"
+LORA_METADATA_KEY = "lora_adapter_metadata"  # where diffusers' save_lora_weights keeps the LoraConfig
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What `export_checkpoint` wrote (also saved as OUT/diffrl_export.json)."""
+
+    base_model: str
+    checkpoint: str
+    step: int
+    lora: bool
+    lora_file: str | None
+    pipeline_dir: str | None
+
+
+def export_checkpoint(
+    checkpoint: str, out_dir: str, *, base_model: str, merge: bool = False, say: Callable[[str], None] = print
+) -> Exported:
+    """Write the checkpoint's LoRA (with `base_model` recorded) and, with `merge` or for full fine-tuning, the merged
+    pipeline. `base_model` is what `DiffusionPipeline.from_pretrained` takes: a local folder or a Hub id."""
+    state_path = os.path.join(checkpoint, "trainer_state.json")
+    if not os.path.isfile(state_path):
+        raise ValueError(f"{checkpoint!r} is not a diffrl checkpoint (no trainer_state.json)")
+    with open(state_path) as f:
+        state = json.load(f)
+    os.makedirs(out_dir, exist_ok=True)
+    lora_file = pipeline_dir = None
+    if state["lora"]:
+        lora_file = os.path.join(out_dir, LORA_FILE)
+        write_lora_with_base(os.path.join(checkpoint, "lora", LORA_FILE), lora_file, base_model)
+        say(f"LoRA: {lora_file} (base model {base_model})")
+    if merge or not state["lora"]:
+        pipeline_dir = os.path.join(out_dir, "pipeline")
+        say(f"merging into {base_model} ...")
+        merged_pipeline(base_model, checkpoint, lora_file).save_pretrained(pipeline_dir, safe_serialization=True)
+        say(f"pipeline: {pipeline_dir}")
+    result = Exported(
+        base_model=base_model,
+        checkpoint=os.path.abspath(checkpoint),
+        step=int(state["step"]),
+        lora=bool(state["lora"]),
+        lora_file=lora_file,
+        pipeline_dir=pipeline_dir,
+    )
+    with open(os.path.join(out_dir, "diffrl_export.json"), "w") as f:
+        json.dump(asdict(result), f, indent=2)
+    return result
+
+
+def write_lora_with_base(source: str, target: str, base_model: str) -> None:
+    """Copy a diffusers LoRA file, setting `base_model_name_or_path` in every LoRA config of its metadata."""
+    if not os.path.isfile(source):
+        raise ValueError(f"{source!r} does not exist: the checkpoint has no LoRA file")
+    with safe_open(source, "pt") as f:
+        metadata = dict(f.metadata() or {})
+    if LORA_METADATA_KEY not in metadata:
+        raise ValueError(
+            f"{source!r} has no {LORA_METADATA_KEY!r} metadata: not written by diffusers' save_lora_weights"
+        )
+    config = json.loads(metadata[LORA_METADATA_KEY])
+    for key in [k for k in config if k.endswith("base_model_name_or_path")]:
+        config[key] = base_model
+    metadata[LORA_METADATA_KEY] = json.dumps(config, indent=2, sort_keys=True)
+    save_file(load_file(source), target, metadata=metadata)
+
+
+def merged_pipeline(base_model: str, checkpoint: str, lora_file: str | None):
+    """The base pipeline (fp32) with the checkpoint's trained weights merged into its transformer."""
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(base_model, dtype=torch.float32)
+    if lora_file is not None:
+        pipe.load_lora_weights(os.path.dirname(lora_file), weight_name=os.path.basename(lora_file))
+        pipe.fuse_lora()
+        pipe.unload_lora_weights()
+        return pipe
+    import torch.distributed.checkpoint as dcp  # full fine-tuning: the weights are DCP shards
+
+    target = {"model": pipe.transformer.state_dict()}  # references to the parameters: loaded in place
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(target, checkpoint_id=os.path.join(checkpoint, "dcp"))
+    except Exception as e:  # noqa: BLE001 - DCP raises several types for a missing or mismatched checkpoint
+        raise ValueError(
+            f"{checkpoint}: could not load its full fine-tuning weights into {base_model}'s transformer ({e}): "
+            "was the checkpoint trained on another base model?"
+        ) from None
+    return pipe

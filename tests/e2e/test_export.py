@@ -1,0 +1,80 @@
+"""`diffrl export`: a trained run's checkpoint loads in plain diffusers, with its base model recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from diffusers import StableDiffusion3Pipeline
+from e2e_settings import TINY
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from diffrl.flows.cli import main
+from diffrl.flows.train import train
+
+RUN = TINY + ["run.steps=1", "run.checkpoint_every=1"]
+
+
+def _transformer_out(pipe, seed: int = 0) -> torch.Tensor:
+    """The transformer's velocity on fixed random inputs (the shapes of the tiny SD3)."""
+    t = pipe.transformer
+    g = torch.Generator().manual_seed(seed)
+    latents = torch.randn(1, t.config.in_channels, 8, 8, generator=g)
+    text = torch.randn(1, 6, t.config.joint_attention_dim, generator=g)
+    pooled = torch.randn(1, t.config.pooled_projection_dim, generator=g)
+    with torch.no_grad():
+        return t(latents, encoder_hidden_states=text, pooled_projections=pooled, timestep=torch.tensor([500.0]))[0]
+
+
+def test_export_writes_a_lora_and_a_merged_pipeline_that_plain_diffusers_loads(workdir, capsys):
+    train(config=None, overrides=RUN)
+    out = str(workdir / "exported")
+    assert main(["export", *RUN, "--out", out, "--merge"]) == 0
+
+    record = json.load(open(os.path.join(out, "diffrl_export.json")))
+    base = record["base_model"]
+    assert record["step"] == 0 and record["lora"] and os.path.isfile(os.path.join(base, "model_index.json"))
+    lora_file = os.path.join(out, "pytorch_lora_weights.safetensors")
+    with safe_open(lora_file, "pt") as f:
+        config = json.loads(f.metadata()["lora_adapter_metadata"])
+    assert config["transformer.base_model_name_or_path"] == base  # null in the checkpoint itself
+    # the tensors are the checkpoint's own
+    trained = load_file(os.path.join("runs/quickstart/checkpoints/step_0/lora/pytorch_lora_weights.safetensors"))
+    exported = load_file(lora_file)
+    assert exported.keys() == trained.keys() and all(torch.equal(exported[k], trained[k]) for k in trained)
+
+    # plain diffusers, no diffrl: the base model named in the file, the LoRA loaded, and the merged pipeline agree
+    base_pipe = StableDiffusion3Pipeline.from_pretrained(config["transformer.base_model_name_or_path"])
+    before = _transformer_out(base_pipe)
+    base_pipe.load_lora_weights(out)
+    with_lora = _transformer_out(base_pipe)
+    merged = _transformer_out(StableDiffusion3Pipeline.from_pretrained(os.path.join(out, "pipeline")))
+    torch.testing.assert_close(merged, with_lora, rtol=1e-4, atol=1e-5)
+    assert (with_lora - before).abs().max() > 1e-6  # the trained LoRA changes the output
+
+
+def test_export_without_a_checkpoint_is_a_one_line_error(workdir, capsys):
+    assert main(["export", *TINY, "run.name=never-trained", "--out", str(workdir / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("diffrl export: error:") and "has no checkpoint yet" in err and "\n" not in err
+
+
+def test_export_of_full_fine_tuning_writes_the_trained_pipeline(workdir):
+    run = RUN + ["train.lora=false", "train.lr=1e-3"]
+    train(config=None, overrides=run)
+    out = str(workdir / "full")
+    assert main(["export", *run, "--out", out]) == 0  # no LoRA: the pipeline is always written
+    record = json.load(open(os.path.join(out, "diffrl_export.json")))
+    assert not record["lora"] and record["lora_file"] is None
+    base = StableDiffusion3Pipeline.from_pretrained(record["base_model"])
+    trained = StableDiffusion3Pipeline.from_pretrained(os.path.join(out, "pipeline"))
+    assert (_transformer_out(trained) - _transformer_out(base)).abs().max() > 1e-6
+    # the exported transformer is the checkpoint's: loading the run's DCP shards into the base gives the same weights
+    import torch.distributed.checkpoint as dcp
+
+    target = {"model": base.transformer.state_dict()}
+    dcp.load(target, checkpoint_id="runs/quickstart/checkpoints/step_0/dcp")
+    for name, tensor in trained.transformer.state_dict().items():
+        assert torch.equal(tensor, target["model"][name]), name
