@@ -7,6 +7,7 @@ says which in-window steps enter the loss.
 
 Kinds:
 * ``"all_but_last"`` -- Flow-GRPO (arXiv:2505.05470): window [0, N - 1), all trained.
+* ``"final"`` -- the last ``size`` steps (final-sample algorithms read the final latent).
 * ``"random_start"`` -- Flow-GRPO-Fast: a window of ``size`` steps whose start is uniform in
   [lo, hi) (``start_range``), drawn per sample from that sample's seed.
 * ``"mix_random"`` -- MixGRPO (arXiv:2507.21802) "random": one start per global step, uniform
@@ -160,3 +161,20 @@ def _dance_windows(policy: WindowPolicy, num_steps: int, seeds: torch.Tensor) ->
         perm = torch.randperm(num_steps, generator=_generator(policy.seed * _WINDOW_SALT + int(s) + _WINDOW_SALT))
         trained[i, perm[:num_trained]] = True
     return Windows(torch.zeros(batch, dtype=torch.int64), num_steps, trained)
+
+
+def ends_at_last_step(policy: WindowPolicy, num_steps: int) -> bool:
+    """Whether every sample's window ends at the last of `num_steps` denoising steps at every RL step, so that its last
+    stored latent is the final sample (what final-sample algorithms train on). ``final`` and ``dance_fraction`` always
+    do; ``random_start`` / ``mix_random`` when their only start is num_steps - size; ``mix_progressive`` when it starts
+    there; ``all_but_last`` never."""
+    if policy.kind in ("final", "dance_fraction"):
+        return True
+    if policy.kind == "all_but_last":
+        return False
+    last_start = num_steps - policy.size
+    lo, hi = policy.start_range
+    if policy.kind == "mix_progressive":  # start = min(lo + size * (step // iters_per_group), last_start)
+        return lo >= last_start
+    hi = last_start + 1 if hi is None else hi
+    return lo == last_start and hi == lo + 1

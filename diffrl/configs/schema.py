@@ -228,8 +228,8 @@ def _algorithm_from_mapping(data: dict, where: str) -> Algorithm:
     try:
         base = get_algorithm(name)
         overrides = {}
-        fields = {f.name: f for f in dataclasses.fields(Algorithm)}
-        hints = typing.get_type_hints(Algorithm)
+        fields = {f.name: f for f in dataclasses.fields(base)}  # the fields of this algorithm's class
+        hints = typing.get_type_hints(type(base))
         for key, value in data.items():
             if key not in fields:
                 get_algorithm(name, **{key: value})  # raises with the valid fields listed

@@ -16,7 +16,8 @@ from diffrl.engines.store.embeddings import EmbeddingCache
 from diffrl.engines.store.prompts import PromptDataset, PromptSampler, compositional_prompts, ocr_prompts
 from diffrl.engines.store.scenes import shapes_prompts
 from diffrl.engines.store.trajectories import TrajectoryStore
-from diffrl.flows.build_preference import build_preference_cache, check_preference_config, train_prompts, trainer_class
+from diffrl.engines.train.trainer import PolicyTrainer
+from diffrl.flows.build_preference import build_preference_cache, check_preference_config, train_prompts
 from diffrl.models.base import load_adapter, set_tf32
 
 log = logging.getLogger("diffrl")
@@ -127,7 +128,7 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | No
         )
         rollout = RolloutEngine(adapter, cache=embed_cache, progress=sys.stderr.isatty())
     if actor in ("local", "engine", "trainer"):
-        trainer = trainer_class(cfg)(
+        trainer = PolicyTrainer(  # every diffusion algorithm: the trainer asks it what to prepare
             adapter, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size, device=device
         )
         if offline:  # offline DPO: the pairs' VAE latents, encoded once (runs/<name>/preferences.lance)

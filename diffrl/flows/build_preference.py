@@ -1,8 +1,8 @@
-"""What building a run adds for the direct-preference family (called from diffrl/flows/build.py).
+"""What building a run adds for algorithms that train on final samples (called from diffrl/flows/build.py).
 
-- the trainer class of the algorithm's family;
-- checks that fail before any work: the rollout window must end at the last denoising step (the
-  trainer learns from the final sample), and `data.sample_source: offline` needs `algorithm: dpo`;
+- checks that fail before any work, from the algorithm's declared needs: a diffusion model trains on denoising steps
+  or final samples; for final samples the rollout window must end at the last denoising step (the trainer learns
+  from the final sample); `data.sample_source: offline` needs an algorithm that trains on pairs (`algorithm: dpo`);
 - offline DPO: the pair prompts (without loading the images) and the VAE-latent cache, encoded once.
 """
 
@@ -10,43 +10,45 @@ from __future__ import annotations
 
 import os
 
+from diffrl.algorithms.catalog import ALGORITHMS
+from diffrl.algorithms.windows import ends_at_last_step
 from diffrl.configs.schema import ExperimentConfig
 from diffrl.engines.store.preference import PreferenceCache, preference_prompts, write_toy_preferences
 from diffrl.engines.store.prompts import PromptDataset
-from diffrl.engines.train.preference import DirectPreferenceTrainer
-from diffrl.engines.train.trainer import PolicyTrainer
+from diffrl.engines.train.trainer import TRAINED_DATA
 from diffrl.models.base import SampleShape
 
 
-def trainer_class(cfg: ExperimentConfig) -> type[PolicyTrainer]:
-    """PolicyTrainer for policy_gradient algorithms, DirectPreferenceTrainer for direct_preference ones."""
-    return DirectPreferenceTrainer if cfg.algorithm.family == "direct_preference" else PolicyTrainer
-
-
 def check_preference_config(cfg: ExperimentConfig) -> None:
-    """ValueError (naming the setting to change) for a direct-preference config that cannot train."""
+    """ValueError (naming the setting to change) for an algorithm setting that cannot train."""
     algo, n = cfg.algorithm, cfg.rollout.num_inference_steps
+    needs = algo.needs
+    if needs.data not in TRAINED_DATA:
+        raise ValueError(
+            f"algorithm {algo.name!r} trains on {needs.data}; a diffusion model ({cfg.model.path}) trains on "
+            f"{' or '.join(TRAINED_DATA)}"
+        )
     if cfg.data.sample_source == "offline" and cfg.cluster.trainers > 1:
         raise ValueError(
             "data.sample_source 'offline' reads its pairs in the trainer actor, which is one "
             f"process: use cluster.trainers: 1 (got {cfg.cluster.trainers})"
         )
-    if cfg.data.sample_source == "offline" and algo.loss != "dpo_loss":
+    if cfg.data.sample_source == "offline" and not needs.pairs:
+        pair_algorithms = " or ".join(sorted(name for name, a in ALGORITHMS.items() if a.needs.pairs))
         raise ValueError(
             f"data.sample_source 'offline' trains from (chosen, rejected) pairs and needs "
-            f"algorithm: dpo; got algorithm {algo.name!r} (use data.sample_source: online)"
+            f"algorithm: {pair_algorithms}; got algorithm {algo.name!r} (use data.sample_source: online)"
         )
-    if algo.family != "direct_preference":
+    if needs.data != "final_samples":
         return
     # The trainer reads the final latents: the window must end at the last step. A longer window ending there
     # makes the earlier steps stochastic too (e.g. SDE sampling throughout, as FlowGRPO's rollout does).
     window = algo.window
-    lo, hi = window.start_range
-    if window.kind != "random_start" or hi != lo + 1 or lo + window.size != n:
+    if not ends_at_last_step(window, n):
         raise ValueError(
             f"algorithm {algo.name!r} trains on the final sample, so its rollout window must end at the last "
-            f"denoising step: set algorithm.window to {{kind: random_start, size: 1, start_range: [{n - 1}, {n}]}} "
-            f"(or size k with start_range [{n} - k, {n} - k + 1]; rollout.num_inference_steps is {n}); got {window}"
+            f"denoising step: set algorithm.window to {{kind: final, size: 1}} (or {{kind: random_start, size: k, "
+            f"start_range: [{n} - k, {n} - k + 1]}}; rollout.num_inference_steps is {n}); got {window}"
         )
 
 

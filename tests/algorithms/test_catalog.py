@@ -1,32 +1,54 @@
-"""diffrl.algorithms.catalog: every bundle is consistent, overrides, errors."""
+"""diffrl.algorithms.catalog: every bundle is consistent and declares its needs, its loss is the pure function's,
+overrides, errors."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+import torch
 
 from diffrl.algorithms import losses
-from diffrl.algorithms.catalog import ALGORITHMS, Algorithm, get_algorithm, loss_fn, old_policy_decay
+from diffrl.algorithms.batches import SampleBatch, StepBatch
+from diffrl.algorithms.catalog import ALGORITHMS, DiffusionAlgorithm, Needs, get_algorithm, register
 from diffrl.algorithms.windows import WindowPolicy
 
-NAMES = [
-    "flow_grpo",
-    "flow_grpo_fast",
-    "mix_grpo",
-    "grpo_guard",
-    "dance_grpo",
-    "flow_dppo",
-    "dpo",
-    "diffusion_nft",
-    "awm",
-]
+D = torch.float64
+
+# What each bundle needs from a step: (data, old_means, reference, old_adapter, pairs).
+NEEDS = {
+    "flow_grpo": ("denoising_steps", False, True, False, False),  # kl_coef 0.04
+    "flow_grpo_fast": ("denoising_steps", False, False, False, False),
+    "mix_grpo": ("denoising_steps", False, False, False, False),
+    "grpo_guard": ("denoising_steps", True, True, False, False),
+    "dance_grpo": ("denoising_steps", False, False, False, False),
+    "flow_dppo": ("denoising_steps", True, False, False, False),
+    "dpo": ("final_samples", False, True, False, True),
+    "diffusion_nft": ("final_samples", False, True, True, False),  # ref_coef 1e-4
+    "awm": ("final_samples", False, True, False, False),  # ref_coef 0.1
+}
 
 
-def test_all_named_bundles_exist_and_resolve_their_loss():
-    assert sorted(ALGORITHMS) == sorted(NAMES)
-    for name in NAMES:
+def test_all_named_bundles_exist_and_declare_their_needs():
+    assert sorted(ALGORITHMS) == sorted(NEEDS)
+    for name, (data, old_means, reference, old_adapter, pairs) in NEEDS.items():
         algo = get_algorithm(name)
-        assert algo.name == name and isinstance(algo, Algorithm)
-        assert loss_fn(algo) is getattr(losses, algo.loss)
+        assert algo.name == name and isinstance(algo, DiffusionAlgorithm)
+        needs = algo.needs
+        assert (needs.data, needs.old_means, needs.reference, needs.old_adapter, needs.pairs) == (
+            data,
+            old_means,
+            reference,
+            old_adapter,
+            pairs,
+        ), name
+        assert needs.old_log_probs == (data == "denoising_steps")
+        assert needs.samples_with_old_adapter == old_adapter
+    # the settings that switch a need
+    assert not get_algorithm("flow_grpo", kl_coef=0.0).needs.reference
+    assert not get_algorithm("awm", ref_coef=0.0).needs.reference
+    assert not get_algorithm("diffusion_nft", ref_coef=0.0).needs.reference
+    assert get_algorithm("flow_dppo", kl_coef=0.01).needs.reference
 
 
 def test_published_defaults():
@@ -34,15 +56,127 @@ def test_published_defaults():
     assert (fg.noise_level, fg.clip_ratio, fg.adv_clip_max, fg.kl_coef) == (0.7, 1e-4, 5.0, 0.04)
     assert get_algorithm("dance_grpo").window == WindowPolicy("dance_fraction", timestep_fraction=0.6)
     assert get_algorithm("mix_grpo").window.kind == "mix_progressive"
-    assert get_algorithm("diffusion_nft").family == "direct_preference"
+    for name in ("dpo", "diffusion_nft", "awm"):  # ODE rollouts whose window is the final step
+        algo = get_algorithm(name)
+        assert (algo.noise_level, algo.window) == (0.0, WindowPolicy("final", size=1)), name
+
+
+def _step_batch(seed: int = 0, b: int = 4) -> StepBatch:
+    g = torch.Generator().manual_seed(seed)
+    old = torch.randn(b, generator=g, dtype=D)
+    mean = torch.randn(b, 3, 2, generator=g, dtype=D)
+    return StepBatch(
+        log_prob=old + 0.3 * torch.randn(b, generator=g, dtype=D),
+        old_log_prob=old,
+        advantages=2 * torch.randn(b, generator=g, dtype=D),
+        prev_sample_mean=mean,
+        std_dev_t=torch.full((b, 1, 1), 0.4, dtype=D),
+        sqrt_dt=torch.full((b, 1, 1), 0.3, dtype=D),
+        weights=torch.tensor([1.0, 0.5, 1.0, 0.0], dtype=D),
+        old_prev_sample_mean=mean + 0.01 * torch.randn(b, 3, 2, generator=g, dtype=D),
+        ref_prev_sample_mean=mean + 0.1 * torch.randn(b, 3, 2, generator=g, dtype=D),
+    )
+
+
+def _sample_batch(seed: int = 0, b: int = 4) -> SampleBatch:
+    g = torch.Generator().manual_seed(seed)
+    x0, noise = torch.randn(b, 3, 2, generator=g, dtype=D), torch.randn(b, 3, 2, generator=g, dtype=D)
+    sigma = torch.rand(b, generator=g, dtype=D)
+    s = sigma.view(b, 1, 1)
+    velocity = noise - x0 + 0.2 * torch.randn(b, 3, 2, generator=g, dtype=D)
+    return SampleBatch(
+        velocity=velocity,
+        target=noise - x0,
+        x_t=(1 - s) * x0 + s * noise,
+        x0=x0,
+        sigma=sigma,
+        advantages=torch.randn(b, generator=g, dtype=D),
+        old_velocity=velocity + 0.05 * torch.randn(b, 3, 2, generator=g, dtype=D),
+        ref_velocity=velocity + 0.1 * torch.randn(b, 3, 2, generator=g, dtype=D),
+    )
+
+
+def _equal(got, expected) -> None:
+    assert torch.equal(got[0], expected[0])
+    assert sorted(got[1]) == sorted(expected[1]) and all(torch.equal(got[1][k], v) for k, v in expected[1].items())
+
+
+def test_each_bundles_loss_is_its_pure_loss_function():
+    """The objects only route the batch to the math of algorithms/losses*.py (bit-identical, fp64)."""
+    sb, fb = _step_batch(), _sample_batch()
+    fg = get_algorithm("flow_grpo", clip_ratio=0.2)
+    loss, metrics = losses.flow_grpo_loss(
+        sb.log_prob, sb.old_log_prob, sb.advantages, clip_ratio=0.2, adv_clip_max=5.0, weights=sb.weights
+    )
+    kl = losses.kl_loss(sb.prev_sample_mean, sb.ref_prev_sample_mean, sb.std_dev_t)
+    _equal(fg.loss(sb), (loss + 0.04 * kl, {**metrics, "actor/kl_loss": kl}))
+    means = dict(
+        prev_sample_mean=sb.prev_sample_mean,
+        old_prev_sample_mean=sb.old_prev_sample_mean,
+        std_dev_t=sb.std_dev_t,
+        sqrt_dt=sb.sqrt_dt,
+        weights=sb.weights,
+    )
+    guard = get_algorithm("grpo_guard", kl_coef=0.0)
+    expected = losses.grpo_guard_loss(
+        sb.log_prob, sb.old_log_prob, sb.advantages, clip_ratio=1e-4, adv_clip_max=5.0, **means
+    )
+    _equal(guard.loss(sb), expected)
+    dppo = get_algorithm("flow_dppo")
+    expected = losses.flow_dppo_loss(
+        sb.log_prob, sb.old_log_prob, sb.advantages, kl_threshold=1e-5, adv_clip_max=5.0, **means
+    )
+    _equal(dppo.loss(sb), expected)
+    err = ((fb.velocity - fb.target) ** 2).flatten(1).mean(1)
+    ref_err = ((fb.ref_velocity - fb.target) ** 2).flatten(1).mean(1)
+    _equal(
+        get_algorithm("dpo").loss(fb), losses.dpo_loss(err[0::2], err[1::2], ref_err[0::2], ref_err[1::2], beta=5000.0)
+    )
+    nft = get_algorithm("diffusion_nft", mix_beta=0.3)
+    expected = losses.diffusion_nft_loss(
+        fb.velocity,
+        fb.old_velocity,
+        fb.x_t,
+        fb.x0,
+        fb.sigma,
+        fb.advantages,
+        adv_clip_max=5.0,
+        mix_beta=0.3,
+        ref_velocity=fb.ref_velocity,
+        ref_coef=1e-4,
+    )
+    _equal(nft.loss(fb), expected)
+    awm = get_algorithm("awm", awm_weighting="t")
+    expected = losses.awm_loss(
+        fb.velocity,
+        fb.target,
+        fb.sigma,
+        fb.advantages,
+        adv_clip_max=5.0,
+        ref_velocity=fb.ref_velocity,
+        ref_coef=0.1,
+        weighting="t",
+    )
+    _equal(awm.loss(fb), expected)
+
+
+def test_a_missing_input_the_algorithm_needs_is_a_clear_error():
+    sb, fb = _step_batch(), _sample_batch()
+    with pytest.raises(ValueError, match="ref_prev_sample_mean"):
+        get_algorithm("flow_grpo").loss(dataclasses.replace(sb, ref_prev_sample_mean=None))
+    with pytest.raises(ValueError, match="ref_velocity"):
+        get_algorithm("dpo").loss(dataclasses.replace(fb, ref_velocity=None))
+    with pytest.raises(ValueError, match="old_velocity"):
+        get_algorithm("diffusion_nft").loss(dataclasses.replace(fb, old_velocity=None))
 
 
 def test_overrides():
     algo = get_algorithm("mix_grpo", noise_level=0.5, window={"size": 2})
     assert algo.noise_level == 0.5 and algo.window.size == 2 and algo.window.kind == "mix_progressive"
     assert get_algorithm("flow_grpo", window=WindowPolicy("random_start", size=3)).window.size == 3
-    assert old_policy_decay(get_algorithm("diffusion_nft"), 100) == pytest.approx(0.1)
-    assert old_policy_decay(get_algorithm("diffusion_nft"), 10_000) == 0.5
+    assert get_algorithm("diffusion_nft").old_adapter_decay(100) == pytest.approx(0.1)
+    assert get_algorithm("diffusion_nft").old_adapter_decay(10_000) == 0.5
+    assert get_algorithm("flow_grpo", kl_coef=0.0) == dataclasses.replace(get_algorithm("flow_grpo"), kl_coef=0.0)
 
 
 def test_errors():
@@ -50,7 +184,18 @@ def test_errors():
         get_algorithm("ppo")
     with pytest.raises(ValueError, match="noise_levl.*valid fields"):
         get_algorithm("flow_grpo", noise_levl=0.3)
+    # a field of another algorithm is not one of this one's: no setting is silently unread
+    with pytest.raises(ValueError, match=r"unknown Algorithm field\(s\) \['beta'\] for 'flow_grpo'; valid fields: "):
+        get_algorithm("flow_grpo", beta=100.0)
     with pytest.raises(ValueError, match="sde_type"):
         get_algorithm("flow_grpo", sde_type="ode")
     with pytest.raises(ValueError, match="WindowPolicy field"):
         get_algorithm("flow_grpo", window={"sise": 3})
+    with pytest.raises(ValueError, match="awm_weighting must be one of"):
+        get_algorithm("awm", awm_weighting="huber")
+    with pytest.raises(ValueError, match=r"Algorithm.clip_ratio must be > 0"):
+        get_algorithm("grpo_guard", clip_ratio=0.0)
+    with pytest.raises(ValueError, match="already registered"):
+        register(get_algorithm("flow_grpo"))
+    with pytest.raises(ValueError, match="Needs.data must be one of"):
+        Needs("images")

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diffrl.algorithms.windows import WindowPolicy, sample_windows
+from diffrl.algorithms.windows import WindowPolicy, ends_at_last_step, sample_windows
 
 SEEDS = torch.arange(100, 108, dtype=torch.int64)
 
@@ -93,3 +93,29 @@ def test_final_window_is_the_last_steps():
     assert w.size == 2 and w.starts.tolist() == [8, 8, 8] and bool(w.trained.all())
     with pytest.raises(ValueError, match="size 11 > num_steps 10"):
         sample_windows(WindowPolicy("final", size=11), 10, torch.tensor([1]), step=0)
+
+
+@pytest.mark.parametrize(
+    "policy, num_steps, ends",
+    [
+        (WindowPolicy("final", size=1), 4, True),
+        (WindowPolicy("final", size=3), 4, True),
+        (WindowPolicy("dance_fraction", timestep_fraction=0.5), 4, True),
+        (WindowPolicy("all_but_last"), 4, False),
+        (WindowPolicy("random_start", size=1, start_range=(3, 4)), 4, True),
+        (WindowPolicy("random_start", size=4, start_range=(0, 1)), 4, True),
+        (WindowPolicy("random_start", size=2, start_range=(2, None)), 4, True),
+        (WindowPolicy("random_start", size=2, start_range=(1, 2)), 4, False),
+        (WindowPolicy("random_start", size=1, start_range=(2, 4)), 4, False),
+        (WindowPolicy("mix_random", size=2, start_range=(2, 3)), 4, True),
+        (WindowPolicy("mix_random", size=2), 4, False),
+        (WindowPolicy("mix_progressive", size=2, start_range=(2, None), iters_per_group=1), 4, True),
+        (WindowPolicy("mix_progressive", size=2, iters_per_group=1), 4, False),  # reaches the end at step 2 only
+    ],
+)
+def test_ends_at_last_step_agrees_with_the_sampled_windows(policy, num_steps, ends):
+    """ends_at_last_step(policy, N) is True exactly when every sampled window, at every RL step, ends at step N - 1."""
+    seeds = torch.arange(64, dtype=torch.int64)
+    sampled = [sample_windows(policy, num_steps, seeds, step) for step in range(6)]
+    assert all(bool((w.starts + w.size == num_steps).all()) for w in sampled) == ends
+    assert ends_at_last_step(policy, num_steps) == ends

@@ -50,14 +50,18 @@ def test_algorithm_bundle_with_overrides():
 
 def test_algorithm_override_replaces_the_section_and_a_field_override_edits_it():
     """The quickstart sets DiffusionNFT fields (a 4-step window, an old-policy EMA, noise 0.5). `algorithm=NAME`
-    starts from NAME's bundle and keeps none of them; `algorithm.name=NAME` renames and keeps them. It used to
-    be silently ignored."""
+    starts from NAME's bundle and keeps none of them; `algorithm.name=NAME` renames and keeps them, so NAME must
+    have them (flow_grpo has no reference penalty: an error, not a setting nobody reads). It used to be silently
+    ignored."""
     quick = load_experiment(None).algorithm
     assert (quick.name, quick.window.size, quick.old_policy_decay_max) == ("diffusion_nft", 4, 0.8)
     fresh = load_experiment(None, ["algorithm=flow_grpo"]).algorithm
     assert fresh == get_algorithm("flow_grpo")
-    renamed = load_experiment(None, ["algorithm.name=flow_grpo"]).algorithm
-    assert renamed.name == "flow_grpo" and renamed.window == quick.window and renamed.old_policy_decay_max == 0.8
+    with pytest.raises(ConfigError, match=r"unknown Algorithm field\(s\) \['ref_coef'\] for 'flow_grpo'"):
+        load_experiment(None, ["algorithm.name=flow_grpo"])
+    grpo = load_experiment("shapes_flow_grpo_10step").algorithm
+    renamed = load_experiment("shapes_flow_grpo_10step", ["algorithm.name=flow_grpo_fast"]).algorithm
+    assert renamed.name == "flow_grpo_fast" and (renamed.kl_coef, renamed.clip_ratio) == (grpo.kl_coef, grpo.clip_ratio)
     mapped = load_experiment(None, ["algorithm={name: grpo_guard, kl_coef: 0.0}", "algorithm.clip_ratio=0.1"]).algorithm
     assert mapped == get_algorithm("grpo_guard", kl_coef=0.0, clip_ratio=0.1)
     for bad in ("algorithm=3", "algorithm=", "algorithm=[flow_grpo]"):
@@ -121,15 +125,15 @@ def test_bad_base_configs_are_config_errors(tmp_path):
 
 def test_scientific_notation_without_a_dot_is_a_number_everywhere():
     """YAML 1.1 (PyYAML) reads `1e-4` as a string; typed fields, the algorithm's included, take it as a float."""
-    cfg = load_experiment(None, ["algorithm.clip_ratio=1e-4", "algorithm.kl_coef=4e-2", "train.lr=3e-4"])
-    assert (cfg.algorithm.clip_ratio, cfg.algorithm.kl_coef, cfg.train.lr) == (1e-4, 0.04, 3e-4)
-    assert isinstance(cfg.algorithm.clip_ratio, float)
+    cfg = load_experiment(None, ["algorithm.ref_coef=1e-4", "algorithm.mix_beta=4e-2", "train.lr=3e-4"])
+    assert (cfg.algorithm.ref_coef, cfg.algorithm.mix_beta, cfg.train.lr) == (1e-4, 0.04, 3e-4)
+    assert isinstance(cfg.algorithm.ref_coef, float)
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["algorithm.clip_ratio=tiny"], r"algorithm.clip_ratio: expected a number, got 'tiny'"),
+        (["algorithm.mix_beta=tiny"], r"algorithm.mix_beta: expected a number, got 'tiny'"),
         (["model.attention=sage"], r"model.attention must be one of default, cudnn, flash, efficient, math"),
         (["algorithm.name=flow_grpoo"], r"unknown algorithm 'flow_grpoo'"),
         (["algorithm.clip_ratoi=0.1"], r"unknown Algorithm field"),

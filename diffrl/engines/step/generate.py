@@ -27,8 +27,8 @@ PREFERENCE_REWARD = "preference"  # the reward component of offline pairs: 1 cho
 
 
 def uses_old_policy_rollout(algorithm: Any) -> bool:
-    """DiffusionNFT samples its rollouts with the old (EMA) policy, as the published code does."""
-    return algorithm.loss == "diffusion_nft_loss"
+    """Whether the algorithm samples its rollouts with its old (EMA) adapter (DiffusionNFT, as its published code)."""
+    return algorithm.needs.samples_with_old_adapter
 
 
 def step_chunks(cfg: Any) -> int:
@@ -111,7 +111,7 @@ def _rollout_policy(engines: Any):
         return contextlib.nullcontext()
     if engines.trainer is None or engines.rollout.adapter is not engines.trainer.adapter:
         raise ValueError(
-            "diffusion_nft samples with the trainer's old LoRA adapter, so the rollout must run on "
+            f"{engines.config.algorithm.name} samples with the trainer's old LoRA adapter, so the rollout must run on "
             "the trainer's model (cluster.placement: colocated)"
         )
     return engines.trainer.old_policy()

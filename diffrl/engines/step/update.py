@@ -82,14 +82,15 @@ def training_rows(
 ) -> tuple[list[int], dict[str, float]]:
     """Which of a step's samples the algorithm trains on, and statistics of that choice.
 
-    Policy gradient, DiffusionNFT and AWM: every valid sample (weighted by its advantage in the loss). DPO: per
-    group the best and the worst valid sample, as a (chosen, rejected) pair (rows come out chosen, rejected,
-    chosen, ...; groups whose samples all tie are skipped).
+    As the algorithm's needs say: every valid sample (weighted by its advantage in the loss), or for a pair algorithm
+    (DPO) per group the best and the worst valid sample, as a (chosen, rejected) pair (rows come out chosen, rejected,
+    chosen, ...; groups whose samples all tie are skipped). dp/* statistics for final-sample algorithms.
     """
     kept = valid.nonzero().squeeze(1).tolist()
-    if algorithm.family != "direct_preference":
+    needs = algorithm.needs
+    if needs.data != "final_samples":
         return kept, {}
-    if algorithm.loss != "dpo_loss":
+    if not needs.pairs:
         return kept, {"dp/num_samples": float(len(kept))}
     pairs = [
         (kept[win], kept[lose]) for win, lose in preference_pairs(advantages_B[kept], [group_ids[i] for i in kept])

@@ -1,4 +1,4 @@
-"""Per-step pieces of the policy-gradient update: old-policy recompute, rollout correction, the loss call.
+"""Per-step pieces of the update on denoising steps: old-policy recompute, rollout correction, reference policy.
 
 Legend: B samples of the whole step (identical on every rank), b samples of one micro-batch,
 W window steps, S the per-sample latent shape. All returned log-probs are fp32 on CPU.
@@ -13,15 +13,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from diffrl.algorithms.catalog import Algorithm, loss_fn
-from diffrl.algorithms.losses import kl_loss
-from diffrl.algorithms.sde import SDEStep
 from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.setup import world
 from diffrl.engines.trajectories import Trajectories
-
-# Losses that need the old policy's transition mean (prev_sample_mean) besides its log-prob.
-NEEDS_OLD_MEAN = ("grpo_guard_loss", "flow_dppo_loss")
 
 
 @dataclass
@@ -29,7 +23,7 @@ class OldPolicy:
     """The old policy's per-step quantities for all B samples (CPU fp32)."""
 
     log_probs: torch.Tensor  # (B, W)
-    means: torch.Tensor | None = None  # (B, W, *S) when the loss needs it
+    means: torch.Tensor | None = None  # (B, W, *S) when the algorithm needs them (Needs.old_means)
     recomputed: bool = False
 
 
@@ -101,41 +95,6 @@ def correction_weights(
     if cfg.rollout_correction == "tis":
         return torch.exp(log_ratio).clamp(max=cfg.is_cap)
     return (log_ratio.abs() <= math.log(cfg.rs_threshold)).float()
-
-
-def step_loss(
-    algorithm: Algorithm,
-    out: SDEStep,
-    old_log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    weights: torch.Tensor | None,
-    old_mean: torch.Tensor | None,
-) -> tuple[torch.Tensor, dict]:
-    """The algorithm's policy loss for one micro-batch at one window step (all tensors (b,) / (b, *S))."""
-    fn = loss_fn(algorithm)
-    kwargs: dict = {"weights": weights, "adv_clip_max": algorithm.adv_clip_max}
-    if algorithm.loss in NEEDS_OLD_MEAN:
-        kwargs.update(
-            prev_sample_mean=out.prev_sample_mean,
-            old_prev_sample_mean=old_mean,
-            std_dev_t=out.std_dev_t,
-            sqrt_dt=out.sqrt_dt,
-        )
-    if algorithm.loss == "flow_dppo_loss":
-        kwargs["kl_threshold"] = algorithm.kl_threshold
-    elif algorithm.loss in ("flow_grpo_loss", "grpo_guard_loss"):
-        kwargs["clip_ratio"] = algorithm.clip_ratio
-    else:
-        raise ValueError(
-            f"algorithm {algorithm.name!r} uses {algorithm.loss}, not a policy-gradient loss; "
-            "train it with DirectPreferenceTrainer"
-        )
-    return fn(out.log_prob, old_log_prob, advantages, **kwargs)
-
-
-def reference_kl(out: SDEStep, ref: SDEStep) -> torch.Tensor:
-    """Flow-GRPO's KL term to the reference policy for one micro-batch step."""
-    return kl_loss(out.prev_sample_mean, ref.prev_sample_mean.detach(), out.std_dev_t)
 
 
 @contextlib.contextmanager

@@ -1,13 +1,18 @@
-"""The policy-gradient trainer: replays stored denoising steps and updates the policy (DESIGN §3).
+"""The trainer: updates the policy with any diffusion algorithm by asking it (DESIGN §3).
+
+`algorithm.needs` says what to prepare -- replays of the stored denoising steps or the final samples re-noised by the
+forward process, old-policy log-probs or transition means, a reference forward, an EMA "old" adapter, pairs or every
+sample -- and `algorithm.loss(batch)` computes one micro-batch's loss from a typed batch (diffrl/algorithms/batches.py).
+No algorithm is named here.
 
 Legend: B samples of one RL step (the same Trajectories on every rank), M = mini_batch_prompts x
-group_size samples per optimizer step (over all ranks), b samples per micro-batch (one rank),
-W window steps, T trained steps per sample.
+group_size samples per optimizer step (over all ranks; mini_batch_prompts pairs for pair algorithms), b samples per
+micro-batch (one rank), W window steps, T trained steps per sample.
 
 Loss scaling: each (micro-batch, step) loss is a mean over its b samples; it is multiplied by
-b / (M_local x T) before its own backward, so one optimizer step sees the mean over all of its
-samples and trained steps -- "loss / (micro-batches x steps)" when micro-batches are equal -- and
-FSDP's gradient averaging over ranks makes 1 and N processes compute the same update.
+b / (M_local x T) before its own backward (T = 1 for final samples, b and M counting pairs for pair algorithms), so one
+optimizer step sees the mean over all of its samples and trained steps -- "loss / (micro-batches x steps)" when
+micro-batches are equal -- and FSDP's gradient averaging over ranks makes 1 and N processes compute the same update.
 """
 
 from __future__ import annotations
@@ -21,36 +26,52 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from diffrl.algorithms.catalog import Algorithm
+from diffrl.algorithms.base import Algorithm
+from diffrl.algorithms.batches import SampleBatch, StepBatch
 from diffrl.engines.rollout.config import SamplingConfig
 from diffrl.engines.rollout.engine import RolloutEngine
 from diffrl.engines.train import checkpoint, sync
 from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.policy_loss import (
-    NEEDS_OLD_MEAN,
     OldPolicy,
     active_steps,
     correction_weights,
     lora_disabled,
     rank_rows,
     recompute_old_policy,
-    reference_kl,
-    step_loss,
     swapped_transformer,
 )
-from diffrl.engines.train.setup import build_optimizer, build_scheduler, check_offload, prepare_denoiser, shard, world
+from diffrl.engines.train.preference import (
+    OLD_ADAPTER,
+    activate,
+    add_old_adapter,
+    check_final_latents,
+    ema_update,
+    noised_samples,
+    training_units,
+)
+from diffrl.engines.train.setup import (
+    ADAPTER_NAME,
+    build_optimizer,
+    build_scheduler,
+    check_offload,
+    prepare_denoiser,
+    shard,
+    world,
+)
 from diffrl.engines.trajectories import Trajectories
-from diffrl.models.base import ModelAdapter
+from diffrl.models.base import ModelAdapter, SampleShape
+
+TRAINED_DATA = ("denoising_steps", "final_samples")  # the Needs.data this trainer feeds
 
 
 class PolicyTrainer:
-    """Owns the trainable denoiser (LoRA or full), its optimizer/schedule, checkpoints and weight sync.
+    """Owns the trainable denoiser (LoRA or full), its optimizer/schedule, checkpoints and weight sync, and trains
+    every diffusion algorithm (its needs.data is "denoising_steps" or "final_samples").
 
     The adapter is modified in place (LoRA injected, FSDP2-sharded when world size > 1), so a
     RolloutEngine on the same adapter samples with the trained weights without a copy.
     """
-
-    family = "policy_gradient"  # the Algorithm.family this trainer trains
 
     def __init__(
         self,
@@ -62,11 +83,10 @@ class PolicyTrainer:
         group_size: int,
         device: str | torch.device | None = None,
     ):
-        if algorithm.family != self.family:
+        if algorithm.needs.data not in TRAINED_DATA:
             raise ValueError(
-                f"algorithm {algorithm.name!r} is {algorithm.family}; {type(self).__name__} trains "
-                f"{self.family} algorithms (PolicyTrainer: policy_gradient, "
-                "DirectPreferenceTrainer: direct_preference)"
+                f"algorithm {algorithm.name!r} trains on {algorithm.needs.data}; PolicyTrainer trains a diffusion "
+                f"model on {' or '.join(TRAINED_DATA)} (token algorithms need an autoregressive trainer)"
             )
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1; got {group_size}")
@@ -77,7 +97,8 @@ class PolicyTrainer:
         adapter.device = self.device
         self.rank, self.world_size = world()
         prepare_denoiser(adapter, cfg, self.device)
-        self._extra_setup()
+        if algorithm.needs.old_adapter:
+            add_old_adapter(adapter, cfg, algorithm.name)
         self.reference = self._build_reference()
         if self.world_size > 1:
             shard(adapter, cfg, self.device)
@@ -92,12 +113,9 @@ class PolicyTrainer:
         self._stepped_since_sync = False
 
     # ---- setup helpers -------------------------------------------------------------------------
-    def _extra_setup(self) -> None:
-        """Hook after LoRA injection, before sharding and the optimizer (DirectPreferenceTrainer's old adapter)."""
-
     def _build_reference(self):
-        """Full fine-tuning with KL: a frozen copy of the initial denoiser (optionally on CPU)."""
-        if self.cfg.lora or not self._needs_reference():
+        """Full fine-tuning with a reference policy: a frozen copy of the initial denoiser (optionally on CPU)."""
+        if self.cfg.lora or not self.algorithm.needs.reference:
             return None
         ref = copy.deepcopy(self.adapter.transformer).requires_grad_(False).eval()
         if self.cfg.offload_reference:
@@ -111,17 +129,7 @@ class PolicyTrainer:
         """Number of weight syncs done; trajectories sampled at this version need no old-policy recompute."""
         return self._version
 
-    # ---- the update ----------------------------------------------------------------------------
-    def _replay_fn(self, engine: RolloutEngine):
-        def replay(sub: Trajectories, j: int, encodings=None):
-            enc, neg = encodings if encodings is not None else engine.encode(sub.prompts, self.sampling)[:2]
-            return engine.replay(sub, j, self.sampling, encoding=enc, negative=neg)
-
-        return replay
-
-    def _needs_reference(self) -> bool:
-        return self.algorithm.kl_coef > 0
-
+    # ---- the policies the update reads -----------------------------------------------------------
     @contextlib.contextmanager
     def reference_policy(self):
         """Within it, the adapter runs the reference policy (no autograd): LoRA off, or the frozen copy."""
@@ -139,20 +147,21 @@ class PolicyTrainer:
                 if self.cfg.offload_reference:
                     self.reference.to("cpu")
 
-    def _reference_step(self, replay, sub: Trajectories, j: int, encodings):
-        with self.reference_policy():
-            return replay(sub, j, encodings)
+    @contextlib.contextmanager
+    def old_policy(self):
+        """Within it, the adapter runs the "old" LoRA adapter (no autograd); only when needs.old_adapter."""
+        with torch.no_grad():
+            activate(self.adapter.transformer, OLD_ADAPTER)
+            try:
+                yield
+            finally:
+                activate(self.adapter.transformer, ADAPTER_NAME)
 
-    def _old_policy(self, traj: Trajectories, engine: RolloutEngine, same_numerics: bool) -> OldPolicy:
-        needs_mean = self.algorithm.loss in NEEDS_OLD_MEAN
-        if self.cfg.recompute_old_log_probs(same_numerics) or needs_mean:
-            return recompute_old_policy(traj, self._replay_fn(engine), self.cfg, with_means=needs_mean)
-        return OldPolicy(traj.log_probs)
-
+    # ---- the update ----------------------------------------------------------------------------
     def update(
         self, traj: Trajectories, advantages: torch.Tensor, rollout: RolloutEngine | None = None
     ) -> dict[str, float]:
-        """Policy-gradient update on one RL step's trajectories; returns DESIGN §4 metrics.
+        """One RL step's update with the algorithm's loss; returns DESIGN §4 metrics.
 
         `traj` and `advantages` (B,) are the whole step's, identical on every rank; each rank trains
         on its share of every mini-batch. `rollout` is the engine that sampled `traj`: when it runs
@@ -162,31 +171,27 @@ class PolicyTrainer:
         advantages = torch.as_tensor(advantages, dtype=torch.float32).reshape(-1).cpu()
         if advantages.shape[0] != len(traj):
             raise ValueError(f"advantages has {advantages.shape[0]} entries but traj has {len(traj)} samples")
-        # Rollout log-probs are the old policy's only if they came from these very weights.
-        same_numerics = (
-            rollout is not None
-            and rollout.adapter is self.adapter
-            and traj.policy_version == self._version
-            and not self._stepped_since_sync
-        )
         engine = rollout if rollout is not None and rollout.adapter is self.adapter else self._replayer
-        old = self._old_policy(traj, engine, same_numerics)
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
-        if old.recomputed:
-            _add_gap(sums, counts, old.log_probs, traj.log_probs, traj.trained)
-        mini = self.cfg.mini_batch_prompts * self.group_size
-        for epoch in range(self.cfg.ppo_epochs):
-            order = self._order(len(traj), epoch)
-            for start in range(0, len(traj), mini):
-                rows = order[start : start + mini]
-                measure_gap = not old.recomputed and epoch == 0 and start == 0
-                self._mini_batch(traj, rows, advantages, old, engine, sums, counts, measure_gap)
+        if self.algorithm.needs.data == "final_samples":
+            self._train_final_samples(traj, advantages, engine, sums, counts)
+        else:
+            self._train_denoising_steps(traj, advantages, rollout, engine, sums, counts)
         self.updates += 1
+        if self.algorithm.needs.old_adapter:
+            ema_update(self.adapter.transformer, self.algorithm.old_adapter_decay(self.updates))
         metrics = _reduce_metrics(sums, counts)
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
         metrics["timing_s/update_actor"] = time.perf_counter() - started
         return metrics
+
+    def _mini_batches(self, num_units: int, mini: int):
+        """(epoch, start, units of one mini-batch) in training order: each PPO epoch a new permutation."""
+        for epoch in range(self.cfg.ppo_epochs):
+            order = self._order(num_units, epoch)
+            for start in range(0, num_units, mini):
+                yield epoch, start, order[start : start + mini]
 
     def _order(self, batch: int, epoch: int) -> torch.Tensor:
         """Sample order of one PPO epoch: a permutation keyed by (seed, update, epoch), identical on all ranks."""
@@ -195,7 +200,42 @@ class PolicyTrainer:
         gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.updates * 1009 + epoch)
         return torch.randperm(batch, generator=gen)
 
-    def _mini_batch(self, traj, rows, advantages, old: OldPolicy, engine, sums, counts, measure_gap: bool) -> None:
+    # ---- denoising steps (needs.data "denoising_steps") -----------------------------------------
+    def _replay_fn(self, engine: RolloutEngine):
+        def replay(sub: Trajectories, j: int, encodings=None):
+            enc, neg = encodings if encodings is not None else engine.encode(sub.prompts, self.sampling)[:2]
+            return engine.replay(sub, j, self.sampling, encoding=enc, negative=neg)
+
+        return replay
+
+    def _reference_step(self, replay, sub: Trajectories, j: int, encodings):
+        with self.reference_policy():
+            return replay(sub, j, encodings)
+
+    def _old_policy(self, traj: Trajectories, engine: RolloutEngine, same_numerics: bool) -> OldPolicy:
+        needs = self.algorithm.needs
+        if needs.old_means or (needs.old_log_probs and self.cfg.recompute_old_log_probs(same_numerics)):
+            return recompute_old_policy(traj, self._replay_fn(engine), self.cfg, with_means=needs.old_means)
+        return OldPolicy(traj.log_probs)
+
+    def _train_denoising_steps(self, traj, advantages, rollout, engine, sums, counts) -> None:
+        """Every PPO epoch and mini-batch of the step's samples, replaying their trained window steps."""
+        # Rollout log-probs are the old policy's only if they came from these very weights.
+        same_numerics = (
+            rollout is not None
+            and rollout.adapter is self.adapter
+            and traj.policy_version == self._version
+            and not self._stepped_since_sync
+        )
+        old = self._old_policy(traj, engine, same_numerics)
+        if old.recomputed:
+            _add_gap(sums, counts, old.log_probs, traj.log_probs, traj.trained)
+        mini = self.cfg.mini_batch_prompts * self.group_size
+        for epoch, start, rows in self._mini_batches(len(traj), mini):
+            measure_gap = not old.recomputed and epoch == 0 and start == 0
+            self._steps_mini_batch(traj, rows, advantages, old, engine, sums, counts, measure_gap)
+
+    def _steps_mini_batch(self, traj, rows, advantages, old: OldPolicy, engine, sums, counts, measure_gap) -> None:
         """Forward/backward every micro-batch and trained step of one mini-batch, then one optimizer step."""
         local = rank_rows(rows)
         steps = active_steps(traj.trained[rows])
@@ -208,23 +248,8 @@ class PolicyTrainer:
             encodings = engine.encode(sub.prompts, self.sampling)[:2]
             for j in steps:
                 out = replay(sub, j, encodings)
-                mask = sub.trained[:, j].float()
-                weights = correction_weights(old.log_probs[idx, j], traj.log_probs[idx, j], self.cfg)
-                weights = mask if weights is None else weights * mask
-                old_mean = None if old.means is None else old.means[idx, j].to(self.device)
-                device = out.log_prob.device
-                loss, step_metrics = step_loss(
-                    self.algorithm,
-                    out,
-                    old.log_probs[idx, j].to(device),
-                    advantages[idx].to(device),
-                    weights.to(device),
-                    old_mean,
-                )
-                if self.algorithm.kl_coef > 0:
-                    kl = reference_kl(out, self._reference_step(replay, sub, j, encodings))
-                    loss = loss + self.algorithm.kl_coef * kl
-                    step_metrics["actor/kl_loss"] = kl.detach()
+                batch = self._step_batch(replay, sub, j, encodings, out, idx, traj, old, advantages)
+                loss, step_metrics = self.algorithm.loss(batch)
                 (loss * (len(idx) / (len(local) * num_trained))).backward()
                 for name, value in step_metrics.items():
                     sums[name] += float(value)
@@ -238,6 +263,90 @@ class PolicyTrainer:
                         sub.trained[:, j][:, None],
                     )
         self._optimizer_step(sums, counts)
+
+    def _step_batch(self, replay, sub, j: int, encodings, out, idx, traj, old: OldPolicy, advantages) -> StepBatch:
+        """Window step j of one micro-batch as the algorithm's StepBatch (reference forward when it needs one)."""
+        needs = self.algorithm.needs
+        weights = correction_weights(old.log_probs[idx, j], traj.log_probs[idx, j], self.cfg)
+        mask = sub.trained[:, j].float()
+        weights = mask if weights is None else weights * mask
+        device = out.log_prob.device
+        ref = self._reference_step(replay, sub, j, encodings) if needs.reference else None
+        return StepBatch(
+            log_prob=out.log_prob,
+            old_log_prob=old.log_probs[idx, j].to(device),
+            advantages=advantages[idx].to(device),
+            prev_sample_mean=out.prev_sample_mean,
+            std_dev_t=out.std_dev_t,
+            sqrt_dt=out.sqrt_dt,
+            weights=weights.to(device),
+            old_prev_sample_mean=None if old.means is None else old.means[idx, j].to(self.device),
+            ref_prev_sample_mean=None if ref is None else ref.prev_sample_mean,
+        )
+
+    # ---- final samples (needs.data "final_samples") ---------------------------------------------
+    def _train_final_samples(self, traj, advantages, engine, sums, counts) -> None:
+        """Every PPO epoch and mini-batch of the step's final samples (or pairs of them), re-noised per epoch."""
+        n = self.sampling.num_inference_steps
+        check_final_latents(traj, n, self.algorithm.name)
+        shape = SampleShape(self.sampling.height, self.sampling.width, self.sampling.num_frames)
+        sigmas_N = self.adapter.sigmas(n, shape).float().cpu()
+        pairs = self.algorithm.needs.pairs
+        units = training_units(advantages, traj.group_ids, pairs)
+        mini = self.cfg.mini_batch_prompts * (1 if pairs else self.group_size)
+        for epoch, _, picked in self._mini_batches(len(units), mini):
+            local = rank_rows(picked)
+            self.optimizer.zero_grad(set_to_none=True)
+            for mb in range(0, len(local), self.cfg.micro_batch_size):
+                chunk = [units[int(u)] for u in local[mb : mb + self.cfg.micro_batch_size]]
+                batch = self._sample_batch(traj, chunk, advantages, engine, sigmas_N, shape, epoch)
+                loss, metrics = self.algorithm.loss(batch)
+                (loss * (len(chunk) / len(local))).backward()
+                for k, v in metrics.items():
+                    sums[k] += float(v)
+                    counts[k] += 1
+            self._optimizer_step(sums, counts)
+
+    def _noised(self, x0: torch.Tensor, seeds: torch.Tensor, sigmas_N: torch.Tensor, epoch: int):
+        """Per sample (sigma (b,), x_t, target) on the device, keyed by (cfg.seed, update, epoch, sample seed): each
+        PPO epoch trains every sample at a new noise level, as DiffusionNFT trains several timesteps per sample."""
+        key = self.cfg.seed * 1_000_003 + self.updates * 7_919 + epoch * 104_729
+        sigma, x_t, target = noised_samples(x0, seeds, sigmas_N, key)
+        return sigma.to(self.device), x_t.to(self.device), target.to(self.device)
+
+    def _velocity(self, x_t, sigma, encoding, shape: SampleShape) -> torch.Tensor:
+        """The conditional velocity (guidance scale 1, no negative prompt), as the published code trains it."""
+        with self.adapter.attention_context():
+            return self.adapter.velocity(x_t, sigma, encoding, None, guidance_scale=1.0, shape=shape)
+
+    def _sample_batch(self, traj, chunk: list[list[int]], advantages, engine, sigmas_N, shape, epoch) -> SampleBatch:
+        """One micro-batch of units (samples, or (chosen, rejected) pairs) as the algorithm's SampleBatch."""
+        needs = self.algorithm.needs
+        rows = [i for unit in chunk for i in unit]
+        sub = traj.select(rows)
+        x0 = sub.latents[:, -1]
+        # A pair shares its noise and noise level: key both by the chosen sample's seed.
+        key_seeds = torch.tensor([traj.seeds[unit[0]] for unit in chunk for _ in unit])
+        sigma, x_t, target = self._noised(x0, key_seeds, sigmas_N, epoch)
+        encoding = engine.encode(sub.prompts, self.sampling)[0]
+        velocity = self._velocity(x_t, sigma, encoding, shape)
+        ref_velocity = old_velocity = None
+        if needs.reference:
+            with self.reference_policy():
+                ref_velocity = self._velocity(x_t, sigma, encoding, shape)
+        if needs.old_adapter:
+            with self.old_policy():
+                old_velocity = self._velocity(x_t, sigma, encoding, shape)
+        return SampleBatch(
+            velocity=velocity,
+            target=target,
+            x_t=x_t,
+            x0=x0.to(self.device),
+            sigma=sigma,
+            advantages=advantages[rows].to(self.device),
+            old_velocity=old_velocity,
+            ref_velocity=ref_velocity,
+        )
 
     def _optimizer_step(self, sums, counts) -> None:
         """Clip; skip the step (and count it) when the gradient norm is not finite."""

@@ -1,16 +1,18 @@
-"""DirectPreferenceTrainer on the tiny SD3: DPO prefers the chosen sample; DiffusionNFT's old adapter is an EMA."""
+"""The trainer on final samples (tiny SD3): DPO prefers the chosen sample; DiffusionNFT's old adapter is an EMA."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from diffrl.algorithms.catalog import get_algorithm, old_policy_decay
+from diffrl.algorithms.catalog import get_algorithm
+from diffrl.algorithms.gspo import GSPO
 from diffrl.algorithms.windows import WindowPolicy
 from diffrl.engines.rollout.config import SamplingConfig
 from diffrl.engines.rollout.engine import RolloutEngine
 from diffrl.engines.train.config import TrainConfig
-from diffrl.engines.train.preference import DirectPreferenceTrainer, lora_pairs, preference_pairs
+from diffrl.engines.train.preference import lora_pairs, preference_pairs
+from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.models.base import SampleShape, load_adapter
 
 # Direct preference trains on final samples: the window is the last step (ODE rollout, noise level 0).
@@ -28,7 +30,7 @@ ADVANTAGES = torch.tensor([1.0, -1.0, 0.5, -0.5])
 def _setup(path, algorithm):
     adapter = load_adapter(path)
     engine = RolloutEngine(adapter, progress=False)
-    trainer = DirectPreferenceTrainer(
+    trainer = PolicyTrainer(
         adapter,
         algorithm,
         TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=2, micro_batch_size=2),
@@ -59,18 +61,17 @@ def test_diffusion_nft_old_adapter_is_an_ema_of_the_policy(tiny_model):
     trainer.update(traj, ADVANTAGES, engine)  # decay(1) = 0.25
     old_before = [old.detach().clone() for _, old in lora_pairs(adapter.transformer)]
     trainer.update(traj, ADVANTAGES, engine)  # decay(2) = 0.5
-    decay = old_policy_decay(algorithm, 2)
+    decay = algorithm.old_adapter_decay(2)
     assert decay == 0.5
     for (new, old), prev in zip(lora_pairs(adapter.transformer), old_before):
         torch.testing.assert_close(old, decay * prev + (1 - decay) * new.detach())
     assert any(not torch.equal(new, old) for new, old in lora_pairs(adapter.transformer))
 
 
-def test_policy_gradient_algorithm_is_rejected(tiny_model):
-    with pytest.raises(ValueError, match="direct_preference"):
-        DirectPreferenceTrainer(
-            load_adapter(tiny_model("sd3")), get_algorithm("flow_grpo"), TrainConfig(), SAMPLING, group_size=2
-        )
+def test_token_algorithm_is_rejected(tiny_model):
+    """One trainer trains every diffusion algorithm; one that trains on tokens needs an autoregressive trainer."""
+    with pytest.raises(ValueError, match="trains on tokens; PolicyTrainer trains a diffusion model"):
+        PolicyTrainer(load_adapter(tiny_model("sd3")), GSPO("gspo"), TrainConfig(), SAMPLING, group_size=2)
 
 
 def test_each_ppo_epoch_trains_a_sample_at_new_noise(tiny_model):

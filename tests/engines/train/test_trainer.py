@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
 
-from diffrl.algorithms.catalog import get_algorithm
+from diffrl.algorithms.base import DiffusionAlgorithm, Needs
+from diffrl.algorithms.batches import StepBatch
+from diffrl.algorithms.catalog import ALGORITHMS, get_algorithm, register
 from diffrl.engines.rollout.config import SamplingConfig
 from diffrl.engines.rollout.engine import RolloutEngine
 from diffrl.engines.train.checkpoint import trainable_state
@@ -66,6 +69,40 @@ def test_update_moves_log_probs_in_the_direction_of_the_advantage(tiny_model):
         "timing_s/update_actor",
     ):
         assert math.isfinite(metrics[name]), name
+
+
+@dataclass(frozen=True)
+class Reinforce(DiffusionAlgorithm):
+    """REINFORCE on denoising steps, added as docs/algorithms.md says: its settings, its needs, its loss
+    (loss = scale * mean(-A log_prob) over the trained steps; no old policy, no reference)."""
+
+    scale: float = 1.0
+
+    @property
+    def needs(self) -> Needs:
+        return Needs("denoising_steps")
+
+    def loss(self, batch: StepBatch):
+        loss = self.scale * (-batch.advantages * batch.log_prob * batch.weights).mean()
+        return loss, {"actor/pg_loss": loss.detach()}
+
+
+@pytest.fixture
+def reinforce():
+    register(Reinforce("reinforce", noise_level=0.7))  # the one registry line (in algorithms/catalog.py)
+    yield get_algorithm("reinforce", scale=2.0)  # a config's `algorithm: {name: reinforce, scale: 2.0}`
+    del ALGORITHMS["reinforce"]
+
+
+def test_a_new_algorithm_is_one_class_and_one_registry_line(tiny_model, reinforce):
+    """The trainer trains an algorithm it has never heard of by asking it what it needs."""
+    _, engine, trainer = _setup(tiny_model("sd3"), reinforce)
+    traj = _rollout(engine, trainer, n=2)
+    before = _replayed_log_probs(engine, traj)
+    metrics = trainer.update(traj, torch.tensor([1.0, -1.0]), engine)
+    after = _replayed_log_probs(engine, traj)
+    assert (after[0] > before[0]).all() and (after[1] < before[1]).all(), (before, after)
+    assert math.isfinite(metrics["actor/pg_loss"]) and metrics["actor/skipped_steps"] == 0
 
 
 def test_nan_gradient_skips_the_step_and_training_continues(tiny_model):
