@@ -67,6 +67,12 @@ def register(kind: str, name: str, **meta: Any) -> Callable[[Any], Any]:
     return decorator
 
 
+def unregister(kind: str, name: str) -> None:
+    """Remove `name` of `kind` (a plug-in a test registered)."""
+    with _LOCK:
+        _ENTRIES.get(kind, {}).pop(name, None)
+
+
 def load_builtins(kind: str) -> None:
     """Import every built-in module of `kind` (once)."""
     if kind in _LOADED:
@@ -100,8 +106,8 @@ def registered(kind: str) -> dict[str, Entry]:
 
 
 def _same_definition(a: Any, b: Any) -> bool:
-    """The same definition loaded twice (a module reloaded): not a clash."""
-    return _where(a) == _where(b)
+    """The same class or function defined twice (a module reloaded): not a clash. Instances never are."""
+    return hasattr(a, "__qualname__") and hasattr(b, "__qualname__") and _where(a) == _where(b)
 
 
 def _where(obj: Any) -> str:

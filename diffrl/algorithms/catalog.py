@@ -10,22 +10,26 @@ from __future__ import annotations
 
 import dataclasses
 
+from diffrl import registry
 from diffrl.algorithms.base import Algorithm, DiffusionAlgorithm, Needs
 from diffrl.algorithms.direct_preference import AWM, DiffusionDPO, DiffusionNFT
 from diffrl.algorithms.policy_gradient import FlowDPPO, FlowGRPO, GRPOGuard
 from diffrl.algorithms.windows import WindowPolicy
 
-__all__ = ["ALGORITHMS", "Algorithm", "DiffusionAlgorithm", "Needs", "get_algorithm", "register"]
+__all__ = ["Algorithm", "DiffusionAlgorithm", "Needs", "algorithms", "get_algorithm", "register"]
 
-ALGORITHMS: dict[str, Algorithm] = {}
+registry.declare("algorithm", ())  # the bundles below register when this module is imported
 
 
 def register(algorithm: Algorithm) -> Algorithm:
-    """Add a named bundle (an algorithm object with its defaults) to the catalog; names are unique."""
-    if algorithm.name in ALGORITHMS:
-        raise ValueError(f"algorithm {algorithm.name!r} is already registered")
-    ALGORITHMS[algorithm.name] = algorithm
-    return algorithm
+    """Add a named bundle (an algorithm object with its defaults) to the catalog (diffrl.registry); names are
+    unique."""
+    return registry.register("algorithm", algorithm.name)(algorithm)
+
+
+def algorithms() -> dict[str, Algorithm]:
+    """Every registered bundle by name."""
+    return {name: registry.get("algorithm", name).obj for name in registry.names("algorithm")}
 
 
 register(FlowGRPO("flow_grpo", kl_coef=0.04))
@@ -63,9 +67,7 @@ def get_algorithm(name: str, **overrides) -> Algorithm:
     A ``window`` override may be a WindowPolicy or a dict of WindowPolicy fields, which
     replaces only those fields of the bundle's window.
     """
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; known: {sorted(ALGORITHMS)}")
-    algorithm = ALGORITHMS[name]
+    algorithm = registry.get("algorithm", name).obj
     valid = [f.name for f in dataclasses.fields(algorithm)]
     unknown = sorted(set(overrides) - set(valid))
     if unknown:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from diffrl.algorithms.catalog import ALGORITHMS
+from diffrl.algorithms.catalog import algorithms
 from diffrl.algorithms.windows import ends_at_last_step
 from diffrl.configs.schema import ExperimentConfig
 from diffrl.engines.store.preference import PreferenceCache, preference_prompts, write_toy_preferences
@@ -34,7 +34,7 @@ def check_preference_config(cfg: ExperimentConfig) -> None:
             f"process: use cluster.trainers: 1 (got {cfg.cluster.trainers})"
         )
     if cfg.data.sample_source == "offline" and not needs.pairs:
-        pair_algorithms = " or ".join(sorted(name for name, a in ALGORITHMS.items() if a.needs.pairs))
+        pair_algorithms = " or ".join(sorted(name for name, a in algorithms().items() if a.needs.pairs))
         raise ValueError(
             f"data.sample_source 'offline' trains from (chosen, rejected) pairs and needs "
             f"algorithm: {pair_algorithms}; got algorithm {algo.name!r} (use data.sample_source: online)"

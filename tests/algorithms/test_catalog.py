@@ -10,7 +10,7 @@ import torch
 
 from diffrl.algorithms import losses
 from diffrl.algorithms.batches import SampleBatch, StepBatch
-from diffrl.algorithms.catalog import ALGORITHMS, DiffusionAlgorithm, Needs, get_algorithm, register
+from diffrl.algorithms.catalog import DiffusionAlgorithm, Needs, algorithms, get_algorithm, register
 from diffrl.algorithms.windows import WindowPolicy
 
 D = torch.float64
@@ -30,7 +30,7 @@ NEEDS = {
 
 
 def test_all_named_bundles_exist_and_declare_their_needs():
-    assert sorted(ALGORITHMS) == sorted(NEEDS)
+    assert sorted(algorithms()) == sorted(NEEDS)
     for name, (data, old_means, reference, old_adapter, pairs) in NEEDS.items():
         algo = get_algorithm(name)
         assert algo.name == name and isinstance(algo, DiffusionAlgorithm)
@@ -180,7 +180,9 @@ def test_overrides():
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="known: .*flow_grpo"):
+    with pytest.raises(
+        ValueError, match=r"unknown algorithm .ppo. \(did you mean .dpo.\?\); choose one of .*flow_grpo"
+    ):
         get_algorithm("ppo")
     with pytest.raises(ValueError, match="noise_levl.*valid fields"):
         get_algorithm("flow_grpo", noise_levl=0.3)

@@ -57,8 +57,8 @@ def test_shapes_rl_refuses_a_non_shapes_config():
 
 @pytest.mark.slow  # ~15 s on 2 cores
 def test_shapes_rl_trains_diffusion_nft_and_records_per_step_metrics(tmp_path):
-    """The direct-preference path (the quickstart's DiffusionNFT: DirectPreferenceTrainer, rollouts with the old
-    adapter) and a tagged file."""
+    """The direct-preference path (the quickstart's DiffusionNFT: the PolicyTrainer on final samples, rollouts with
+    the old adapter) and a tagged file."""
     shapes_rl.main(
         [
             "--config",

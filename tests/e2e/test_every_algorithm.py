@@ -10,7 +10,7 @@ import math
 import pytest
 from e2e_settings import TINY_SIZES
 
-from diffrl.algorithms.catalog import ALGORITHMS
+from diffrl.algorithms.catalog import algorithms
 from diffrl.flows.train import train
 
 # 5 denoising steps: the largest shipped window (flow_grpo_fast: 2 steps starting in [0, 4)) fits; 2 prompts x 2.
@@ -25,7 +25,7 @@ ONE_STEP = TINY_SIZES + [
 ]
 
 
-@pytest.mark.parametrize("name", sorted(n for n, a in ALGORITHMS.items() if a.needs.data != "tokens"))
+@pytest.mark.parametrize("name", sorted(n for n, a in algorithms().items() if a.needs.data != "tokens"))
 def test_every_catalog_algorithm_trains_one_step_through_the_flow(workdir, name):
     result = train(config=None, overrides=ONE_STEP + [f"algorithm={name}"])
     assert result["last_step"] == 0

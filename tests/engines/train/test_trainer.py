@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from diffrl import registry
 from diffrl.algorithms.base import DiffusionAlgorithm, Needs
 from diffrl.algorithms.batches import StepBatch
-from diffrl.algorithms.catalog import ALGORITHMS, get_algorithm, register
+from diffrl.algorithms.catalog import get_algorithm, register
 from diffrl.engines.rollout.config import SamplingConfig
 from diffrl.engines.rollout.engine import RolloutEngine
 from diffrl.engines.train.checkpoint import trainable_state
@@ -91,7 +92,7 @@ class Reinforce(DiffusionAlgorithm):
 def reinforce():
     register(Reinforce("reinforce", noise_level=0.7))  # the one registry line (in algorithms/catalog.py)
     yield get_algorithm("reinforce", scale=2.0)  # a config's `algorithm: {name: reinforce, scale: 2.0}`
-    del ALGORITHMS["reinforce"]
+    registry.unregister("algorithm", "reinforce")
 
 
 def test_a_new_algorithm_is_one_class_and_one_registry_line(tiny_model, reinforce):
