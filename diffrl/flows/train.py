@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import shutil
 import sys
 import time
 import uuid
@@ -29,12 +31,13 @@ from diffrl.engines.step.generate import rollout_images
 from diffrl.engines.step.plan import validation_due, validation_rollout
 from diffrl.engines.step.retention import describe_disk, latent_numel, retain
 from diffrl.engines.step.run import StepClock, add_perf, settle, sync_engines
-from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint
+from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint, point_latest
+from diffrl.engines.train.checkpoint import CorruptCheckpoint
 from diffrl.flows.build import build_engines
 from diffrl.flows.rl_step import rl_step
 from diffrl.flows.tracking import Tracker, image_grid, open_tracking_store
 from diffrl.tasks.common import persist_results_in, step_runner
-from diffrl.tasks.stages import check_step_results, forget_unfinished
+from diffrl.tasks.stages import check_step_results, forget_unfinished, last_persisted_step
 
 log = logging.getLogger("diffrl")
 
@@ -138,20 +141,23 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
             "diffrl.run_name": cfg.run.name,
         }
     )
-    last = latest_checkpoint(cfg.run_dir)
-    start = 0 if last is None else last + 1
     # The stages' results persist as JSON under the run and are read back only through JsonResultStorage; the
     # step's own return value is not persisted (a retried train flow runs a finished step again: all Cached).
     step_flow = persist_results_in(
         rl_step.with_options(persist_result=False, result_serializer="json", **step_runner(cfg)), _results_dir(cfg)
     )
     try:
+        newest = latest_checkpoint(cfg.run_dir)
+        last = None if newest is None else load_good_checkpoint(engines, newest)
         if last is not None:
-            engines.run("trainer", load_checkpoint, checkpoint_dir(engines.config.run_dir, last))
             sync_engines(engines, -1, prefetch_next=False)
             _say(f"resuming after step {last} (checkpoint {checkpoint_dir(cfg.run_dir, last)})")
+        start = 0 if last is None else last + 1
+        # the last step an earlier process may have left rows or stage results of (beyond a damaged checkpoint, or
+        # a step that ran ahead while the checkpoint before it was being written)
+        touched = max(start, -1 if newest is None else newest, last_persisted_step(engines, _results_dir(cfg)) or 0)
         if engines.memory is not None:
-            engines.memory.first_step = start  # steps after it cannot have rows from an earlier process
+            engines.memory.first_step = touched  # steps after it cannot have rows from an earlier process
         # MLflow step = global step (RL steps done): step k's metrics at k + 1, validation before training at 0
         if last is not None and not tracker.has_step(last + 1):
             # the checkpoint committed but its metrics never reached MLflow: every stage is Cached
@@ -160,11 +166,11 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
             with step_flow_settings():
                 metrics = step_flow(cfg.run.name, last)
                 tracker.log_metrics(add_perf(metrics, metrics["timing_s/step"]), last + 1)
-        if start < cfg.run.steps and engines.store is not None:
-            dropped = forget_unfinished(engines, start, _results_dir(cfg))
+        for step in range(start, min(touched, cfg.run.steps - 1) + 1) if engines.store is not None else ():
+            dropped = forget_unfinished(engines, step, _results_dir(cfg))
             if dropped:
                 _say(
-                    f"step {start} runs again from its first stage whose writes did not land ({len(dropped)} "
+                    f"step {step} runs again from its first stage whose writes did not land ({len(dropped)} "
                     "persisted results dropped)"
                 )
         if start == 0 and not tracker.has_metric("val/reward", 0):
@@ -195,6 +201,34 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
         f"checkpoints: {os.path.join(cfg.run_dir, 'checkpoints')}"
     )
     return {"run": cfg.run.name, "mlflow_run_id": tracker.run_id, "last_step": final, **val}
+
+
+def load_good_checkpoint(engines: cluster.Engines, newest: int) -> int | None:
+    """The trainer takes the newest kept checkpoint whose files match their checksums; returns its step. A damaged
+    one (diffrl/engines/train/checkpoint.verify) is reported by path and moved aside to step_<k>.corrupt, and the one
+    before it is tried; latest.json then names the checkpoint loaded (the steps after it are trained again, on
+    their committed rows). None, and no latest.json, when none is good: the run trains from its start."""
+    run_dir = engines.config.run_dir
+    folder = os.path.join(run_dir, "checkpoints")
+    named = [re.fullmatch(r"step_(\d+)", name) for name in os.listdir(folder)]
+    kept = sorted((int(m.group(1)) for m in named if m), reverse=True)
+    for step in [newest] + [k for k in kept if k < newest]:
+        path = checkpoint_dir(run_dir, step)
+        try:
+            engines.run("trainer", load_checkpoint, path)
+        except CorruptCheckpoint as e:
+            aside = path + ".corrupt"
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(path, aside)
+            _say(f"checkpoint {path} is damaged, not loaded: {e} (moved to {aside})")
+            continue
+        if step != newest:
+            point_latest(run_dir, step)
+            _say(f"resuming from the last good checkpoint, {path}: steps {step + 1} to {newest} are trained again")
+        return step
+    os.remove(os.path.join(folder, "latest.json"))
+    _say(f"no good checkpoint left in {folder}: the run trains again from its start, on its committed rows")
+    return None
 
 
 def _results_dir(cfg: ExperimentConfig) -> str:

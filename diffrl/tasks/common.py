@@ -18,7 +18,12 @@ from diffrl.engines import cluster
 
 def stage_key(run_name: str, uid: str, step: int, stage: str, chunk: int = 0) -> str:
     """The cache key (and persisted result file name) of one stage of one step."""
-    return f"diffrl-{run_name}-{uid}-step{step}-{stage}-{chunk}"
+    return f"{run_key_prefix(run_name, uid)}{step}-{stage}-{chunk}"
+
+
+def run_key_prefix(run_name: str, uid: str) -> str:
+    """What every stage key of a run incarnation starts with (the step number follows)."""
+    return f"diffrl-{run_name}-{uid}-step"
 
 
 def stage_cache_key(stage: str) -> Callable[[Any, dict], str]:

@@ -9,6 +9,7 @@ completed stages Cached and reruns the rest.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from prefect import task
@@ -18,7 +19,15 @@ from diffrl.engines.step.generate import step_chunks
 from diffrl.engines.step.records import as_record, from_record
 from diffrl.engines.step.run import STAGES
 from diffrl.engines.step.update import latest_checkpoint
-from diffrl.tasks.common import STAGE, call_stage, check_results, stage_cache_key, stage_key, submit_stage
+from diffrl.tasks.common import (
+    STAGE,
+    call_stage,
+    check_results,
+    run_key_prefix,
+    stage_cache_key,
+    stage_key,
+    submit_stage,
+)
 
 
 def _run(stage: str, run_name: str, step: int, chunk: int = 0) -> dict:
@@ -104,6 +113,16 @@ def check_step_results(engines: Any, step: int, results_dir: str) -> None:
     stages = [(stage, chunk) for chunk in range(step_chunks(cfg)) for stage in ("generate", "score")]
     stages += [(stage, 0) for stage in ("offline_pairs", "advantages", "update_actor", "sync_weights")]
     check_results(results_dir, [stage_key(cfg.run.name, uid, step, stage, chunk) for stage, chunk in stages])
+
+
+def last_persisted_step(engines: Any, results_dir: str) -> int | None:
+    """The last step with a persisted stage result in `results_dir` (this run incarnation's keys). The step after the
+    checkpoint being written may have run its first stages meanwhile: a crash then leaves their results without
+    their rows, which forget_unfinished must see too."""
+    prefix = run_key_prefix(engines.config.run.name, engines.extras.get("run_uid", ""))
+    pattern = re.compile(re.escape(prefix) + r"(\d+)-")
+    names = os.listdir(results_dir) if os.path.isdir(results_dir) else []
+    return max((int(m.group(1)) for m in map(pattern.match, names) if m), default=None)
 
 
 def forget_unfinished(engines: Any, step: int, results_dir: str) -> list[str]:

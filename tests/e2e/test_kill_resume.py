@@ -40,8 +40,9 @@ def _diffrl(args: list[str], cwd, **env) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_with_every_step_once(workdir):
-    killed = _diffrl(TINY, workdir, DIFFRL_INJECT_FAULT="update_actor@1:exit")
+@pytest.mark.parametrize("fault", ["update_actor@1:exit", "checkpoint@1.2:stall"])  # the update; its checkpoint
+def test_killed_run_resumes_with_every_step_once(workdir, fault):
+    killed = _diffrl(TINY, workdir, DIFFRL_INJECT_FAULT=fault)
     assert killed.returncode == 137, killed.stderr[-2000:]
     done = _diffrl(TINY, workdir)
     assert done.returncode == 0, done.stderr[-2000:]

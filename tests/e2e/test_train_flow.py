@@ -64,7 +64,7 @@ def test_three_steps_write_rows_metrics_and_checkpoints(workdir):
         assert _history(workdir, key) == [1, 2, 3], key
     assert _history(workdir, "val/reward") == [0, 3]
     kept = sorted(d for d in os.listdir(f"{run_dir}/checkpoints") if d.startswith("step_"))
-    assert kept == ["step_0", "step_2"]  # every checkpoint_every-th step plus the latest
+    assert kept == ["step_0", "step_1", "step_2"]  # every checkpoint_every-th step plus the latest two
     assert result["last_step"] == 2
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import time
 from typing import Any
+
+STALL_S = 5.0  # how long a `stall` fault point hangs before it kills the process
 
 
 def sample_seed(run_seed: int, step: int, global_index: int) -> int:
@@ -70,10 +73,11 @@ def validation_due(cfg: Any, steps_done: int) -> bool:
 
 
 def inject_fault(stage: str, step: int, chunk: int = 0) -> None:
-    """Fault injection for resume/retry tests and drills: DIFFRL_INJECT_FAULT="stage@step[.chunk][:exit]".
+    """Fault injection for resume/retry tests and drills: DIFFRL_INJECT_FAULT="stage@step[.chunk][:exit|:stall]".
 
     `raise` (default) fails the stage with RuntimeError, as an out-of-memory would; `exit` kills the
-    process on the spot (os._exit(137), like SIGKILL) to test crash recovery. Unset: does nothing.
+    process on the spot (os._exit(137), like SIGKILL) to test crash recovery; `stall` kills it the same way after
+    STALL_S seconds stuck there (a hung disk), while the rest of the process goes on. Unset: does nothing.
     """
     spec = os.environ.get("DIFFRL_INJECT_FAULT", "")
     if not spec:
@@ -83,6 +87,8 @@ def inject_fault(stage: str, step: int, chunk: int = 0) -> None:
     target_step, _, target_chunk = position.partition(".")
     if target_stage != stage or int(target_step or -1) != step or int(target_chunk or 0) != chunk:
         return
-    if action == "exit":
+    if action == "stall":
+        time.sleep(STALL_S)
+    if action in ("exit", "stall"):
         os._exit(137)
     raise RuntimeError(f"injected fault in stage {stage!r} at step {step} chunk {chunk} (DIFFRL_INJECT_FAULT)")

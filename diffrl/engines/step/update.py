@@ -184,7 +184,8 @@ def commit_checkpoint(engines: Any, step: int, metrics: dict) -> None:
 
 def _write_and_commit(run_dir: str, step: int, every: int, metrics: dict, write) -> str:
     """Write (when `write` is given) into step_<k>.tmp, then make it step_<k> and point latest.json at it: the
-    checkpoint appears whole or not at all. Only every `every`-th checkpoint is kept, plus the latest."""
+    checkpoint appears whole or not at all. Only every `every`-th checkpoint is kept, plus the latest two (a damaged
+    latest one falls back to the one before: diffrl/flows/train.load_good_checkpoint)."""
     final = checkpoint_dir(run_dir, step)
     tmp = final + ".tmp"
     if write is not None:
@@ -194,14 +195,19 @@ def _write_and_commit(run_dir: str, step: int, every: int, metrics: dict, write)
         json.dump(metrics, f)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    pointer = os.path.join(run_dir, "checkpoints", "latest.json")
-    with open(pointer + ".tmp", "w") as f:
-        json.dump({"step": step, "path": final}, f)
-    os.replace(pointer + ".tmp", pointer)
-    previous = checkpoint_dir(run_dir, step - 1)
-    if step - 1 >= 0 and (step - 1) % max(every, 1) and os.path.isdir(previous):
+    point_latest(run_dir, step)
+    previous = checkpoint_dir(run_dir, step - 2)
+    if step - 2 >= 0 and (step - 2) % max(every, 1) and os.path.isdir(previous):
         shutil.rmtree(previous)
     return final
+
+
+def point_latest(run_dir: str, step: int) -> None:
+    """Make checkpoints/latest.json name step `step`'s checkpoint (atomically): the step is committed."""
+    pointer = os.path.join(run_dir, "checkpoints", "latest.json")
+    with open(pointer + ".tmp", "w") as f:
+        json.dump({"step": step, "path": checkpoint_dir(run_dir, step)}, f)
+    os.replace(pointer + ".tmp", pointer)
 
 
 def load_checkpoint(engines: Any, path: str) -> int:

@@ -7,12 +7,19 @@ Layout of one checkpoint folder:
     dcp/                                    full fine-tuning: model + optimizer, sharded (torch DCP)
     trainer_state.json                      step, counters, policy version, LR schedule, python RNG
     rng_rank<r>.safetensors                 torch CPU (and CUDA) RNG state of every rank
+    checksums.json                          size and sha256 of every file above, written last, checked by `load`
 LoRA state is gathered to full tensors (it is small); full weights stay sharded through DCP.
+
+A file that differs from its checksum (flipped bytes, a truncated copy) or is missing makes `load` raise
+CorruptCheckpoint naming it, before any state changes: a run then resumes from an earlier checkpoint
+(diffrl/flows/train.py) instead of training on damaged weights. DIFFRL_INJECT_FAULT="checkpoint@<step>.<i>[:exit]"
+fails (or kills the process) just before a LoRA checkpoint writes its i-th file (diffrl/engines/step/plan.py).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import random
@@ -32,9 +39,15 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from diffrl.engines.step.plan import inject_fault
 from diffrl.engines.train.setup import ADAPTER_NAME, barrier, lora_config, world
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+CHECKSUMS = "checksums.json"
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint file that is missing, unreadable, or not the bytes that were written (names the file)."""
 
 
 def _write(path: str, data: bytes) -> None:
@@ -45,6 +58,87 @@ def _write(path: str, data: bytes) -> None:
 def _read(path: str) -> bytes:
     with fsspec.open(path, "rb") as f:
         return f.read()
+
+
+def _digest(data: bytes) -> dict:
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _file_digest(path: str) -> dict:
+    """_digest of a file read in 16 MiB pieces (DCP shards can be large)."""
+    sha, size = hashlib.sha256(), 0
+    with fsspec.open(path, "rb") as f:
+        while piece := f.read(1 << 24):
+            sha.update(piece)
+            size += len(piece)
+    return {"bytes": size, "sha256": sha.hexdigest()}
+
+
+class _Files:
+    """Writes a checkpoint's files, remembering their checksums; `close` writes checksums.json last, so a folder
+    whose write was cut short has no (or an older) list and fails `verify`."""
+
+    def __init__(self, path: str, step: int):
+        self.path, self.step, self.sums = path, step, {}
+
+    def put(self, name: str, data: bytes) -> None:
+        inject_fault("checkpoint", self.step, len(self.sums))  # fault point before each file
+        _write(f"{self.path}/{name}", data)
+        self.sums[name] = _digest(data)
+
+    def close(self) -> None:
+        _write(f"{self.path}/{CHECKSUMS}", json.dumps(self.sums, indent=1, sort_keys=True).encode())
+
+
+def write_checksums(path: str) -> None:
+    """checksums.json of every file under the checkpoint folder `path` (read back: DCP writes its own files)."""
+    fs, root = fsspec.core.url_to_fs(path.rstrip("/"))
+    names = sorted(os.path.relpath(f, root) for f in fs.find(root))
+    sums = {name: _file_digest(f"{path.rstrip('/')}/{name}") for name in names if name != CHECKSUMS}
+    _write(f"{path.rstrip('/')}/{CHECKSUMS}", json.dumps(sums, indent=1, sort_keys=True).encode())
+
+
+def verify(path: str) -> None:
+    """CorruptCheckpoint naming the first file of checkpoint `path` that is missing or differs from checksums.json.
+    A checkpoint without the list (written before diffrl kept one) is loaded unverified, with a warning."""
+    path = path.rstrip("/")
+    fs, _ = fsspec.core.url_to_fs(path)
+    listing = f"{path}/{CHECKSUMS}"
+    if not fs.exists(listing):
+        warnings.warn(f"checkpoint {path} has no {CHECKSUMS} (written before diffrl kept checksums): not verified")
+        return
+    try:
+        sums = json.loads(_read(listing))
+    except ValueError as e:
+        raise CorruptCheckpoint(f"checkpoint file {listing} is not readable JSON ({e})") from None
+    for name, want in sorted(sums.items()):
+        file = f"{path}/{name}"
+        if not fs.exists(file):
+            raise CorruptCheckpoint(f"checkpoint file {file} is missing")
+        got = _file_digest(file)
+        if got["bytes"] != want["bytes"]:
+            raise CorruptCheckpoint(
+                f"checkpoint file {file} has {got['bytes']} bytes where {want['bytes']} were written (truncated?)"
+            )
+        if got["sha256"] != want["sha256"]:
+            raise CorruptCheckpoint(
+                f"checkpoint file {file} does not match its checksum (sha256 {got['sha256'][:16]}, written "
+                f"{want['sha256'][:16]}): its bytes changed after it was written"
+            )
+
+
+def _load_tensors(path: str) -> dict[str, torch.Tensor]:
+    try:
+        return st_load(_read(path))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
+        raise CorruptCheckpoint(f"checkpoint file {path} is not a readable safetensors file ({e})") from None
+
+
+def _load_json(path: str):
+    try:
+        return json.loads(_read(path))
+    except ValueError as e:
+        raise CorruptCheckpoint(f"checkpoint file {path} is not readable JSON ({e})") from None
 
 
 def trainable_state(trainer, *, all_lora: bool = False) -> dict[str, torch.Tensor]:
@@ -228,19 +322,20 @@ def _optimizer_state(model, optimizer) -> dict:
 
 def write(state: LoraSnapshot, path: str) -> str:
     """Write a snapshot as the checkpoint folder `path` (the layout `save` writes; any thread)."""
-    path = path.rstrip("/")
+    files = _Files(path.rstrip("/"), state.step)
     with tempfile.TemporaryDirectory() as tmp:
         state.pipe_cls.save_lora_weights(
             tmp, transformer_lora_layers=state.lora_layers, transformer_lora_adapter_metadata=state.lora_metadata
         )
         for name in os.listdir(tmp):
-            _write(f"{path}/lora/{name}", open(os.path.join(tmp, name), "rb").read())
-    _write(f"{path}/trainable.safetensors", st_save(state.trainable))
-    _write(f"{path}/optimizer.safetensors", st_save(state.optimizer))
-    _write(f"{path}/optimizer.json", json.dumps(state.optimizer_groups).encode())
-    _write(f"{path}/trainer_state.json", json.dumps(state.trainer_state).encode())
-    _write(f"{path}/rng_rank0.safetensors", st_save(state.rng))
-    return path
+            files.put(f"lora/{name}", open(os.path.join(tmp, name), "rb").read())
+    files.put("trainable.safetensors", st_save(state.trainable))
+    files.put("optimizer.safetensors", st_save(state.optimizer))
+    files.put("optimizer.json", json.dumps(state.optimizer_groups).encode())
+    files.put("trainer_state.json", json.dumps(state.trainer_state).encode())
+    files.put("rng_rank0.safetensors", st_save(state.rng))
+    files.close()
+    return files.path
 
 
 def save(trainer, path: str, *, step: int) -> str:
@@ -270,16 +365,20 @@ def save(trainer, path: str, *, step: int) -> str:
         _write(f"{path}/trainer_state.json", json.dumps(_trainer_state(trainer, step)).encode())
     _write(f"{path}/rng_rank{rank}.safetensors", st_save(_rng_state()))
     barrier()
+    if rank == 0:  # every rank's files are written: list them with their checksums (rank 0 commits after this)
+        write_checksums(path)
     return path
 
 
 def load(trainer, path: str) -> int:
-    """Restore weights, optimizer, LR schedule, counters and RNG from `path`; returns the saved step."""
+    """Restore weights, optimizer, LR schedule, counters and RNG from `path`; returns the saved step. Its files are
+    checked against checksums.json first (CorruptCheckpoint naming a damaged one; nothing is changed then)."""
     path = path.rstrip("/")
     fs, _ = fsspec.core.url_to_fs(path)
     if not fs.exists(f"{path}/trainer_state.json"):
         raise ValueError(f"checkpoint path {path!r} has no trainer_state.json: not a diffrl trainer checkpoint")
-    state = json.loads(_read(f"{path}/trainer_state.json"))
+    verify(path)
+    state = _load_json(f"{path}/trainer_state.json")
     if state["lora"] != trainer.cfg.lora:
         raise ValueError(
             f"checkpoint {path!r} was saved with lora={state['lora']} but TrainConfig.lora={trainer.cfg.lora}"
@@ -287,10 +386,9 @@ def load(trainer, path: str) -> int:
     model = trainer.adapter.transformer
     if trainer.cfg.lora:
         load_opts = StateDictOptions(full_state_dict=True, strict=False)
-        set_model_state_dict(model, st_load(_read(f"{path}/trainable.safetensors")), options=load_opts)
-        osd = _join_optimizer(
-            st_load(_read(f"{path}/optimizer.safetensors")), json.loads(_read(f"{path}/optimizer.json"))
-        )
+        trainable = _load_tensors(f"{path}/trainable.safetensors")
+        osd = _join_optimizer(_load_tensors(f"{path}/optimizer.safetensors"), _load_json(f"{path}/optimizer.json"))
+        set_model_state_dict(model, trainable, options=load_opts)
         set_optimizer_state_dict(model, trainer.optimizer, osd, options=load_opts)
     else:
         import torch.distributed.checkpoint as dcp
@@ -307,7 +405,7 @@ def load(trainer, path: str) -> int:
     random.setstate(_as_tuple(state["python_random"]))
     rng_file = f"{path}/rng_rank{world()[0]}.safetensors"
     if fs.exists(rng_file):
-        _set_rng_state(st_load(_read(rng_file)))
+        _set_rng_state(_load_tensors(rng_file))
     else:
         warnings.warn(
             f"{rng_file} missing (checkpoint saved with {state['world_size']} ranks): this rank keeps its RNG state"
