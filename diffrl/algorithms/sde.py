@@ -237,8 +237,3 @@ def transition_std(std_dev_t: torch.Tensor, sqrt_dt: torch.Tensor, sde_type: str
     if sde_type not in SDE_TYPES:
         raise ValueError(f"sde_type must be one of {SDE_TYPES}; got {sde_type!r}")
     return std_dev_t * sqrt_dt if sde_type == "sde" else std_dev_t
-
-
-def ode_step(latents: torch.Tensor, velocity: torch.Tensor, sigma, sigma_prev) -> torch.Tensor:
-    """The Euler ODE step x + v (sigma_prev - sigma), in fp32 (fp64 if an input is fp64)."""
-    return sde_step(latents, velocity, sigma, sigma_prev, noise_level=0.0, noise=torch.zeros_like(latents)).prev_sample

@@ -164,23 +164,3 @@ def _field_type(cls: type, name: str) -> Any:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         tp = next((a for a in typing.get_args(tp) if a is not type(None)), tp)
     return tp
-
-
-def load(cls: type[T], path: str | None, overrides: list[str] | None = None, *, text: str | None = None) -> T:
-    """Load a YAML file (or `text`) into `cls` after applying dotted overrides."""
-    if text is None:
-        if path is None:
-            raise ConfigError("no config file given")
-        try:
-            with open(path) as f:
-                text = f.read()
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path!r} does not exist") from None
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path or 'config'}: not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path or 'config'}: the top level must be a mapping of sections")
-    data = apply_overrides(data, overrides or [], cls)
-    return build(cls, data)

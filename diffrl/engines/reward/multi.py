@@ -31,14 +31,12 @@ from diffrl.engines.reward.base import (
     RewardFunction,
     RewardOutput,
     build_reward,
-    check_choice,
     concat_outputs,
     iter_batches,
     to_uint8_numpy,
 )
 
 logger = logging.getLogger(__name__)
-MODES = ("thread", "process")
 
 
 @dataclass
@@ -59,15 +57,10 @@ class RewardComponent:
 
 @dataclass
 class RewardConfig:
-    """components: the weighted rewards. workers: scorers in the pool (each loads its own models).
-    max_pending_chunks: submitted-but-unfinished chunks before submit blocks (back-pressure).
-    timeout_s: the longest RewardPool.results() waits. mode: thread | process (spawned, never fork)."""
+    """components: the weighted rewards, scored by one MultiReward on the run's reward role (diffrl/engines/step/
+    memory.py streams each rollout forward batch to it)."""
 
     components: list[RewardComponent]
-    workers: int = 1
-    max_pending_chunks: int = 4
-    timeout_s: float = 600.0
-    mode: str = "thread"
 
     def __post_init__(self):
         # YAML gives dicts; turn them into components here so only dataclasses travel further.
@@ -78,12 +71,6 @@ class RewardConfig:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"reward config: component names must be unique, repeated: {', '.join(duplicates)}")
-        for option in ("workers", "max_pending_chunks"):
-            if getattr(self, option) < 1:
-                raise ValueError(f"reward config: {option!r} must be >= 1, got {getattr(self, option)}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"reward config: 'timeout_s' must be > 0, got {self.timeout_s}")
-        check_choice(self.mode, "mode", "reward config", MODES)
 
 
 def score_in_batches(reward: RewardFunction, images, prompts: list[str], metadata: list[dict]) -> RewardOutput:

@@ -26,7 +26,6 @@ class TrainConfig:
     with the current weights before the first optimizer step.
     ``rollout_correction``: "tis" multiplies each sample's loss by min(exp(old - rollout), is_cap);
     "mask" drops samples whose ratio exp(old - rollout) lies outside [1/rs_threshold, rs_threshold].
-    ``ema_decay`` / ``ema_warmup_steps`` drive the "old" LoRA adapter of direct-preference training.
     """
 
     lora: bool = True
@@ -55,8 +54,6 @@ class TrainConfig:
     rollout_correction: str = "off"
     is_cap: float = 2.0
     rs_threshold: float = 2.0
-    ema_decay: float = 0.0  # direct preference: old <- decay * old + (1 - decay) * default
-    ema_warmup_steps: int = 0  # decay ramps linearly from 0 over these optimizer steps
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -83,11 +80,9 @@ class TrainConfig:
             )
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1); got {self.betas}")
-        for name in ("weight_decay", "warmup_steps", "total_steps", "ema_warmup_steps"):
+        for name in ("weight_decay", "warmup_steps", "total_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
-        if not 0.0 <= self.ema_decay < 1.0:
-            raise ValueError(f"ema_decay must be in [0, 1); got {self.ema_decay}")
         if self.lr_schedule == "warmup_cosine" and self.total_steps <= self.warmup_steps:
             raise ValueError(
                 f"lr_schedule 'warmup_cosine' needs total_steps > warmup_steps; got total_steps={self.total_steps}, "

@@ -5,6 +5,8 @@ import socket
 import numpy as np
 import pytest
 
+from diffrl.configs.loader import ConfigError
+from diffrl.configs.schema import load_experiment
 from diffrl.engines.reward.base import RewardError, build_reward
 from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig, reward_metrics
 
@@ -73,9 +75,8 @@ def test_config_checks():
         RewardConfig(components=[])
     with pytest.raises(ValueError, match="unique.*jpeg_compressibility"):
         RewardConfig(components=[RewardComponent("jpeg_compressibility")] * 2)
-    with pytest.raises(ValueError, match="'mode' must be one of thread, process"):
-        RewardConfig(components=[RewardComponent("jpeg_compressibility")], mode="fork")
-    with pytest.raises(ValueError, match="'workers' must be >= 1"):
-        RewardConfig(components=[RewardComponent("jpeg_compressibility")], workers=0)
+    # the settings of the removed reward pool were never read by the flow: now they are unknown keys, not ignored
+    with pytest.raises(ConfigError, match=r"unknown config key 'reward.workers'"):
+        load_experiment("quickstart", ["reward.workers=2"])
     with pytest.raises(ValueError, match="unknown option"):  # options are validated when built
         MultiReward(RewardConfig(components=[RewardComponent("ocr", options={"lang": "en"})]))
