@@ -6,6 +6,7 @@ the algorithm is a named bundle from algorithms.catalog with explicit overrides.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -199,6 +200,10 @@ class ExperimentConfig:
 
         from diffrl.algorithms.windows import sample_windows
 
+        for name, value in _numbers(self, ""):  # inf or NaN anywhere (train.lr=inf made every weight NaN)
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
+
         try:  # the algorithm's window must fit the number of denoising steps: fail now, not mid-run
             sample_windows(self.algorithm.window, self.rollout.num_inference_steps, torch.zeros(1, dtype=torch.long), 0)
         except ValueError as e:
@@ -219,6 +224,21 @@ class ExperimentConfig:
     @property
     def run_dir(self) -> str:
         return os.path.join(self.run.root, self.run.name)
+
+
+def _numbers(node, path: str):
+    """(dotted name, value) of every float in a config tree: dataclass fields, mappings (reward options), lists."""
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        for f in dataclasses.fields(node):
+            yield from _numbers(getattr(node, f.name), f"{path}.{f.name}" if path else f.name)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from _numbers(value, f"{path}.{key}")
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _numbers(value, f"{path}[{i}]")
+    elif isinstance(node, float):
+        yield path, node
 
 
 def _algorithm_from_mapping(data: dict, where: str) -> Algorithm:

@@ -124,10 +124,9 @@ class Tracker:
         self._logged_steps.add(step)
 
     def log_values(self, metrics: dict[str, float], step: int) -> None:
-        """Log metrics at `step` (no once-per-step bookkeeping: validation before training, startup times)."""
-        entries = [
-            mlflow.entities.Metric(k, float(v), _now_ms(), step) for k, v in sorted(metrics.items()) if v == v
-        ]  # NaN-free; non-finite values would break charts
+        """Log metrics at `step` (no once-per-step bookkeeping: validation before training, startup times). NaN and
+        infinite values are logged as such (MLflow stores them): a loss that went NaN must show, not vanish."""
+        entries = [mlflow.entities.Metric(k, float(v), _now_ms(), step) for k, v in sorted(metrics.items())]
         for i in range(0, len(entries), 500):
             self._writes.submit(step, "MLflow metrics", self._log_batch, entries[i : i + 500])
 

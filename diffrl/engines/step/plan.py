@@ -72,21 +72,24 @@ def validation_due(cfg: Any, steps_done: int) -> bool:
     return bool(every and steps_done % every == 0) or steps_done == cfg.run.steps
 
 
-def inject_fault(stage: str, step: int, chunk: int = 0) -> None:
-    """Fault injection for resume/retry tests and drills: DIFFRL_INJECT_FAULT="stage@step[.chunk][:exit|:stall]".
+def inject_fault(stage: str, step: int, chunk: int = 0) -> bool:
+    """Fault injection for resume/retry tests and drills: DIFFRL_INJECT_FAULT="stage@step[.chunk][:action]".
 
     `raise` (default) fails the stage with RuntimeError, as an out-of-memory would; `exit` kills the
     process on the spot (os._exit(137), like SIGKILL) to test crash recovery; `stall` kills it the same way after
-    STALL_S seconds stuck there (a hung disk), while the rest of the process goes on. Unset: does nothing.
+    STALL_S seconds stuck there (a hung disk), while the rest of the process goes on; `nan` returns True, and the
+    fault point makes its value NaN (`loss@<step>:nan`: the update's loss). Unset, or another point: False.
     """
     spec = os.environ.get("DIFFRL_INJECT_FAULT", "")
     if not spec:
-        return
+        return False
     where, _, action = spec.partition(":")
     target_stage, _, position = where.partition("@")
     target_step, _, target_chunk = position.partition(".")
     if target_stage != stage or int(target_step or -1) != step or int(target_chunk or 0) != chunk:
-        return
+        return False
+    if action == "nan":
+        return True
     if action == "stall":
         time.sleep(STALL_S)
     if action in ("exit", "stall"):

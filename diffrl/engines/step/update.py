@@ -121,7 +121,10 @@ def update(engines: Any, step: int, chunk: int = 0) -> Updated:
     advantages_B = step_advantages(engines, step)
     rewards, _, valid = step_rewards(engines, step)
     rows, stats = training_rows(engines.config.algorithm, rewards, advantages_B, traj.group_ids, valid)
+    if inject_fault("loss", step):  # DIFFRL_INJECT_FAULT=loss@<step>:nan -> NaN advantages: a NaN loss and gradient
+        advantages_B = advantages_B * float("nan")
     metrics = engines.trainer.update(traj.select(rows), advantages_B[rows], engines.rollout)
+    checkpoint.check_finite_weights(engines.trainer, step)  # never trained on, or checkpointed, past this point
     metrics = {**{k: float(v) for k, v in metrics.items()}, **stats}
     metrics["timing_s/update_actor"] = time.perf_counter() - started
     if durable:

@@ -141,6 +141,29 @@ def _load_json(path: str):
         raise CorruptCheckpoint(f"checkpoint file {path} is not readable JSON ({e})") from None
 
 
+class NonFiniteWeights(RuntimeError):
+    """The policy's trainable weights hold inf or NaN: training on (or checkpointing) them would waste the run."""
+
+
+def check_finite_weights(trainer, step: int) -> None:
+    """NonFiniteWeights naming the trainable parameters (this rank's shards) that are not finite after step `step`'s
+    update. A non-finite gradient norm already skips its optimizer step; this catches what gets past it (a
+    learning rate or loss scale that overflows the weights themselves)."""
+    named = [(n, p) for n, p in trainer.adapter.transformer.named_parameters() if p.requires_grad]
+    if not named:
+        return
+    local = [p.to_local() if hasattr(p, "to_local") else p for _, p in named]
+    finite = torch.stack([torch.isfinite(p.detach()).all() for p in local]).cpu()
+    if bool(finite.all()):
+        return
+    bad = [name for (name, _), ok in zip(named, finite.tolist()) if not ok]
+    raise NonFiniteWeights(
+        f"step {step}: after the update {len(bad)} of the policy's {len(named)} trainable tensors hold inf or NaN "
+        f"(first: {bad[0]}); the run stops before this step's checkpoint, so a rerun resumes from the last finite "
+        f"weights. Look at actor/grad_norm, actor/pg_loss and train.lr (actor/lr) in MLflow"
+    )
+
+
 def trainable_state(trainer, *, all_lora: bool = False) -> dict[str, torch.Tensor]:
     """Full (gathered, CPU) tensors of every trainable parameter, keyed by module parameter name.
 
