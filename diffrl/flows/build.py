@@ -119,6 +119,10 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | No
     if needs_model:
         device, dtype = cfg.model.device_and_dtype()
         extras["model_path"] = resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed)
+        if os.environ.get("DIFFRL_VERBOSE") != "1":  # `diffrl -v` shows diffusers' "Loading pipeline components" bar
+            from diffusers.utils import logging as diffusers_logging
+
+            diffusers_logging.disable_progress_bar()
         adapter = load_adapter(extras["model_path"], device=device, dtype=dtype)
         adapter.attention = cfg.model.attention
         set_tf32(cfg.model.tf32)

@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict]:
@@ -20,6 +21,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         prog="diffrl",
         description="RL post-training for diffusion and flow-matching models (FlowGRPO, MixGRPO, GRPO-Guard, "
         "DanceGRPO, DPO, DiffusionNFT) as Prefect flows over Lance tables, tracked in MLflow.",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also show the libraries' own output (Prefect task states, MLflow, diffusers/transformers loading bars)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train.add_parser(sub)  # train and config set their own handlers
@@ -41,17 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     # when the command started (a caller may set it earlier): `diffrl train` reports its startup from here
     os.environ.setdefault("DIFFRL_COMMAND_AT", str(time.time()))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Prefect logs every task state and HTTP call at INFO; keep the console to diffrl's own progress
-    # lines unless the user asks for Prefect's (PREFECT_LOGGING_LEVEL=INFO).
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    # transformers warns on import that torchvision is missing (CPU installs): not actionable here
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     # the temporary Prefect server would try to send telemetry: this machine may have no network
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
-    logging.getLogger("diffrl").setLevel(logging.INFO)
     parser, handlers = _parser()
     args = parser.parse_args(argv)
+    quiet_libraries(verbose=args.verbose)
+    if not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_Prefixed())
+        logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    logging.getLogger("diffrl").setLevel(logging.INFO)
     from diffrl.configs.loader import ConfigError
 
     handler = getattr(args, "run", None) or handlers[args.command]
@@ -65,6 +71,30 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+class _Prefixed(logging.Formatter):
+    """diffrl's log lines read like its progress lines ("[diffrl] ..."); other libraries' keep their own text."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return f"[diffrl] {text}" if record.name.split(".")[0] == "diffrl" else text
+
+
+def quiet_libraries(*, verbose: bool) -> None:
+    """diffrl's own progress lines only, unless -v: Prefect's task states and HTTP calls, MLflow's database INFO
+    lines, the loading bars of diffusers and transformers and peft's warning about a second adapter (DiffusionNFT's
+    "old" adapter is one by design) stay out of the console. Settings the user exported win."""
+    level = "INFO" if verbose else "WARNING"
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", level)
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", level)
+    # transformers warns on import that torchvision is missing (CPU installs): not actionable here
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "info" if verbose else "error")
+    if verbose:
+        os.environ["DIFFRL_VERBOSE"] = "1"
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' "Loading weights" bars read it
+    warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute in the model")
 
 
 if __name__ == "__main__":
