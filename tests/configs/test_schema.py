@@ -159,3 +159,15 @@ def test_keep_latents_steps_takes_a_count_or_minus_one():
     assert load_experiment(None, ["run.keep_latents_steps=-1"]).run.keep_latents_steps == -1
     with pytest.raises(ConfigError, match=r"run.keep_latents_steps must be >= 0 .* or -1 .*got -2"):
         load_experiment(None, ["run.keep_latents_steps=-2"])
+
+
+def test_config_list_prints_each_shipped_config_with_its_one_line_summary(capsys):
+    from diffrl.flows.cli import main
+
+    assert main(["config", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    shipped = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
+    assert [line.split()[0] for line in lines] == shipped
+    for line, name in zip(lines, shipped):
+        summary = line[len(name) :].strip()
+        assert 10 <= len(summary) <= 100, f"{name}.yaml needs a one-line summary as its first line: {summary!r}"

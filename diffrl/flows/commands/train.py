@@ -69,9 +69,18 @@ def run_list(args: argparse.Namespace) -> int:
 
     from diffrl.configs.schema import CONFIG_DIR
 
-    for name in sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml")):
-        print(name)
+    names = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
+    width = max(map(len, names))
+    for name in names:
+        print(f"{name:<{width}}  {config_description(os.path.join(CONFIG_DIR, name + '.yaml'))}")
     return 0
+
+
+def config_description(path: str) -> str:
+    """A config file's first line, its one-line summary (`# ...`; every shipped config has one)."""
+    with open(path) as f:
+        first = f.readline()
+    return first[1:].strip() if first.startswith("#") else ""
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
