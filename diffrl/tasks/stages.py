@@ -135,7 +135,7 @@ def forget_unfinished(engines: Any, step: int, results_dir: str) -> list[str]:
     chunks = step_chunks(cfg)
     committed = store.committed_chunks(step)
     rows_ok = committed == set(range(chunks))
-    rewards_ok = rows_ok and bool(store.read_rewards(step, allow_missing=True)[2].all())
+    rewards_ok = rows_ok and _rewards_stored(store, step)
     advantages_ok = rewards_ok and _readable(store.read_advantages, step)
     checkpoint_ok = latest_checkpoint(cfg.run_dir) == step
     stale = [("offline_pairs", 0)] if not rows_ok else []
@@ -155,6 +155,15 @@ def forget_unfinished(engines: Any, step: int, results_dir: str) -> list[str]:
             os.remove(path)
             dropped.append(os.path.basename(path))
     return dropped
+
+
+def _rewards_stored(store: Any, step: int) -> bool:
+    """Every sample of `step` has its stored reward (an excluded one is stored as such: scored, not lost) and some
+    are valid (a step stored with none valid, before a chunk with nothing scored failed its stage, scores again)."""
+    try:
+        return bool(store.read_rewards(step)[2].any())
+    except ValueError:
+        return False
 
 
 def _readable(read, step: int) -> bool:

@@ -78,15 +78,15 @@ class RewardOutput:
 
 
 def concat_outputs(outputs: list[RewardOutput]) -> RewardOutput:
-    """Concatenates batch outputs in order; info keys must agree between batches."""
+    """Concatenates batch outputs in order; an info key a batch lacks (a component that was down for that batch
+    reports only its error) is None for its samples."""
     if not outputs:
         return RewardOutput(torch.zeros(0), torch.zeros(0, dtype=torch.bool), {})
-    keys = list(outputs[0].info)
+    keys = list(dict.fromkeys(key for out in outputs for key in out.info))
     info: dict[str, list] = {k: [] for k in keys}
     for out in outputs:
-        assert list(out.info) == keys, "batches of one reward must report the same info keys"
         for k in keys:
-            info[k].extend(out.info[k])
+            info[k].extend(out.info.get(k, [None] * len(out.scores)))
     return RewardOutput(
         scores=torch.cat([o.scores for o in outputs]),
         valid=torch.cat([o.valid for o in outputs]),

@@ -162,6 +162,8 @@ def score(engines: Any, step: int, chunk: int) -> Scored:
         started = time.perf_counter()
         out = engines.reward(traj.images, traj.prompts, traj.metadata)
         seconds = time.perf_counter() - started
+    if not bool(out.valid.any()):  # nothing to learn from: the stage fails, nothing is kept, a rerun scores again
+        raise engines.reward.nothing_scored(out, f"step {step} chunk {chunk}")
     components = {name: torch.tensor(out.info[name], dtype=torch.float32) for name in engines.reward.names}
     memory.put_rewards(step, chunk, ChunkRewards(out.scores, out.valid, components, out.info, seconds))
     store_submit(

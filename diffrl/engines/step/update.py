@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from diffrl.algorithms.advantages import advantage_stats, group_advantages, reward_stats
+from diffrl.engines.reward.multi import drop_partial_components
 from diffrl.engines.step.generate import (
     prefetch,
     step_reward_info,
@@ -43,6 +44,8 @@ def advantages(engines: Any, step: int, chunk: int = 0) -> Advantaged:
     inject_fault("advantages", step)
     algo = engines.config.algorithm
     rewards, components, valid = step_rewards(engines, step)
+    weights = {c.name: c.weight for c in engines.config.reward.components}
+    rewards, left_out = drop_partial_components(rewards, components, valid, weights)  # an optional one was down
     keys = step_trajectories(engines, step, with_latents=False)
     advantages_B = torch.zeros_like(rewards)
     kept = valid.nonzero().squeeze(1)
@@ -58,8 +61,9 @@ def advantages(engines: Any, step: int, chunk: int = 0) -> Advantaged:
     engines.memory.put_advantages(step, advantages_B)
     store_submit(engines, step, f"advantages of step {step}", _write_advantages, engines, step, keys, advantages_B)
     stats = {**reward_stats(rewards[kept], kept_groups), **advantage_stats(advantages_B[kept])}
-    for name, scores in components.items():  # reward/<name>: each component over the kept samples
-        stats[f"reward/{name}"] = scores[kept].float().mean()
+    for name, scores in components.items():  # reward/<name>: each component over the kept samples it scored
+        stats[f"reward/{name}"] = scores[kept].float().nanmean()
+    stats.update({f"reward/left_out/{name}": 1.0 for name in left_out})
     stats.update(step_reward_info(engines, step, kept))
     engines.memory.release_before(step)  # where the reward has its own process, nothing else releases it
     return Advantaged(step, {k: float(v) for k, v in stats.items()})
