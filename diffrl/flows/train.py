@@ -35,6 +35,7 @@ from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_c
 from diffrl.engines.train.checkpoint import CorruptCheckpoint
 from diffrl.flows.build import build_engines
 from diffrl.flows.rl_step import rl_step
+from diffrl.flows.run_lock import run_lock
 from diffrl.flows.tracking import Tracker, image_grid, open_tracking_store
 from diffrl.tasks.common import persist_results_in, step_runner
 from diffrl.tasks.stages import check_step_results, forget_unfinished, last_persisted_step
@@ -116,6 +117,11 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
     """Train the experiment `config` (a shipped name or a YAML path; default: the quickstart)."""
     startup = Startup()
     cfg = load_experiment(config, overrides or [])
+    with run_lock(cfg.run_dir, cfg.run.name):  # one writer per run: a second process is refused here, by pid and host
+        return _train(cfg, startup)
+
+
+def _train(cfg: ExperimentConfig, startup: Startup) -> dict:
     _say(
         f"run {cfg.run.name!r}: {cfg.run.steps} steps of {cfg.algorithm.name} on {cfg.model.path} "
         f"({cfg.rollout.samples_per_step} images/step) in {cfg.run_dir}"

@@ -99,17 +99,19 @@ def run_train(args: argparse.Namespace) -> int:
     import time
 
     from diffrl.configs.schema import load_experiment
+    from diffrl.flows.run_lock import run_lock
 
     config, overrides = _split(args)
     cfg = load_experiment(config, overrides)  # fail on bad input before Prefect or any model starts
-    server = _start_prefect_server()  # boots in its own process while this one imports torch, diffusers, MLflow
-    from diffrl.flows.train import train
+    with run_lock(cfg.run_dir, cfg.run.name):  # a second writer of the run is refused now, not after Prefect starts
+        server = _start_prefect_server()  # boots in its own process while this one imports torch, diffusers, MLflow
+        from diffrl.flows.train import train
 
-    _import_model_code(cfg)
-    if server is not None:
-        server.join()
-    os.environ["DIFFRL_FLOW_CALLED_AT"] = str(time.time())  # the startup report's "imports" end here
-    train(config=config, overrides=overrides)
+        _import_model_code(cfg)
+        if server is not None:
+            server.join()
+        os.environ["DIFFRL_FLOW_CALLED_AT"] = str(time.time())  # the startup report's "imports" end here
+        train(config=config, overrides=overrides)
     return 0
 
 

@@ -1,0 +1,53 @@
+"""One writer per run (issue 27, item 5): a second `diffrl train` of a run that a live process trains is refused
+with the holder's pid and host; the lock of a process that died is taken over."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+from e2e_settings import TINY
+
+from diffrl.flows.run_lock import RunLocked
+from diffrl.flows.train import train
+
+# A process that holds the run's lock until it is killed (as a `diffrl train` does while it trains).
+HOLD = """
+import sys, time
+from diffrl.flows.run_lock import run_lock
+with run_lock(sys.argv[1], "quickstart"):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.fixture
+def holder(workdir):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, "runs/quickstart"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_second_writer_is_refused_with_the_holders_pid_and_host(holder, capsys):
+    refusal = rf"run 'quickstart' \(.*\) is being trained by pid {holder.pid} on host {re.escape(socket.gethostname())}"
+    with pytest.raises(RunLocked, match=refusal):
+        train(config=None, overrides=TINY + ["run.steps=1"])
+    assert sorted(os.listdir("runs/quickstart")) == ["run.lock"] and not os.path.exists("mlflow.db")  # nothing ran
+    cli = subprocess.run(
+        [sys.executable, "-m", "diffrl.flows.cli", "train", *TINY, "run.steps=1"], capture_output=True, text=True
+    )
+    assert cli.returncode == 2 and re.search(refusal, cli.stderr) and "Traceback" not in cli.stderr
+    holder.kill()  # killed: the kernel drops its lock; the file still names it
+    holder.wait()
+    capsys.readouterr()
+    assert train(config=None, overrides=TINY + ["run.steps=1"])["last_step"] == 0
+    assert f"taking over the lock runs/quickstart/run.lock left by pid {holder.pid}" in capsys.readouterr().err
+    with open("runs/quickstart/run.lock") as f:
+        assert json.load(f)["pid"] == os.getpid()
