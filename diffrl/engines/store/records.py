@@ -20,6 +20,7 @@ import pyarrow as pa
 import torch
 from PIL import Image
 
+from diffrl.engines.store.png import encode_batch
 from diffrl.engines.trajectories import Trajectories
 
 SCHEMA_VERSION = "1"
@@ -94,12 +95,6 @@ def _fixed_list(x: torch.Tensor, arrow_type: pa.DataType) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(pa.array(flat, type=arrow_type), width)
 
 
-def _encode_png(image_HWC: np.ndarray, compress_level: int) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(image_HWC).save(buf, format="PNG", compress_level=compress_level)
-    return buf.getvalue()
-
-
 def encode_images(images: torch.Tensor, compress_level: int = 1) -> tuple[list[bytes], int]:
     """(B, H, W, 3) or (B, F, H, W, 3) uint8 -> PNG bytes per sample and F (0 for images).
 
@@ -115,9 +110,7 @@ def encode_images(images: torch.Tensor, compress_level: int = 1) -> tuple[list[b
     if arr.ndim == 5:  # video: stack frames vertically into one filmstrip image
         num_frames = arr.shape[1]
         arr = arr.reshape(arr.shape[0], arr.shape[1] * arr.shape[2], arr.shape[3], 3)
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        blobs = list(pool.map(lambda a: _encode_png(a, compress_level), arr))
-    return blobs, num_frames
+    return encode_batch(arr, compress_level), num_frames
 
 
 def decode_image(blob: bytes) -> Image.Image:
