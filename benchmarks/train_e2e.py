@@ -84,8 +84,9 @@ def run_flow(config: str, overrides: list[str], workdir: str, timeout_s: float) 
     return {"wall_seconds": wall, "per_step": per_step, "startup_s": startup, "log_tail": tail[-1500:]}
 
 
-def run_engines(config: str, overrides: list[str], steps: int) -> dict:
-    """The engines-only loop: the flow's engines without a store, stepped through the same step core."""
+def run_engines(config: str, overrides: list[str], steps: int, *, durable: bool = False) -> dict:
+    """The engines-only loop: the flow's engines without a store (with `durable`: with the run's Lance store, its
+    background writer and checkpoints, still without Prefect and MLflow), stepped through the same step core."""
     import torch
 
     from diffrl.configs.schema import load_experiment
@@ -95,7 +96,7 @@ def run_engines(config: str, overrides: list[str], steps: int) -> dict:
     cfg = load_experiment(config, overrides)
     torch.manual_seed(cfg.run.seed)
     started = time.perf_counter()
-    engines = build_engines(cfg, durable=False)
+    engines = build_engines(cfg, durable=durable)
     build_s = time.perf_counter() - started
     stages, clock, per_step = DirectStages(engines), StepClock(), []
     for step in range(steps):
@@ -103,6 +104,7 @@ def run_engines(config: str, overrides: list[str], steps: int) -> dict:
         per_step.append({k: metrics.get(k) for k in STAGE_KEYS})
         print(f"engines step {step + 1}/{steps}: {metrics['perf/time_per_step']:.3f} s", file=sys.stderr, flush=True)
     engines.memory.drain()
+    engines.memory.close()
     return {"build_seconds": build_s, "per_step": per_step}
 
 
@@ -128,6 +130,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds the `diffrl train` run may take")
     parser.add_argument("--keep", default=None, help="keep the flow's working directory here (default: a temp dir)")
     parser.add_argument("--out", default=None, help="write the JSON result here")
+    parser.add_argument(
+        "--durable",
+        action="store_true",
+        help="also run the engines with the Lance store and checkpoints (no Prefect, no MLflow): what the writes cost",
+    )
     args = parser.parse_args(argv)
     if args.steps <= args.warmup:
         raise SystemExit(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
@@ -138,6 +145,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     flow = run_flow(config, [*overrides, f"run.root={workdir}/runs"], workdir, args.timeout)
     engines = run_engines(config, [*overrides, f"run.root={workdir}/engines-runs"], args.steps)
+    durable = (
+        run_engines(config, [*overrides, f"run.root={workdir}/durable-runs"], args.steps, durable=True)
+        if args.durable
+        else None
+    )
 
     import torch
 
@@ -171,6 +183,17 @@ def main(argv: list[str] | None = None) -> dict:
         "flow_seconds_per_step": flow_s,
         "engine_seconds_per_step": engine_s,
         "flow_over_engine": flow_s / engine_s,
+        "durable_engine_seconds_per_step": (
+            statistics.median(durable["per_step"][s - 1]["perf/time_per_step"] for s in timed) if durable else None
+        ),
+        "durable_engine_stage_medians_s": (
+            {
+                k: medians({i + 1: e[k] for i, e in enumerate(durable["per_step"]) if e.get(k) is not None})
+                for k in STAGE_KEYS
+            }
+            if durable
+            else None
+        ),
         "flow_images_per_gpu_s": images / flow_s,
         "engine_images_per_gpu_s": images / engine_s,
         "flow_stage_medians_s": {k: medians(v) for k, v in flow["per_step"].items()},
