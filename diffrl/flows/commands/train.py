@@ -130,7 +130,8 @@ def _import_model_code(cfg) -> None:
 def _start_prefect_server():
     """Without PREFECT_API_URL the flow runs on Prefect's temporary local server, which takes seconds to boot in its
     own process. Start it now on a thread (the flow then finds it running) and return the thread to join; None
-    when a server is configured."""
+    when a server is configured. The server stops when this process ends, a kill -9 included
+    (diffrl/flows/prefect_server.py)."""
     import os
     import threading
 
@@ -139,9 +140,10 @@ def _start_prefect_server():
 
     def start() -> None:
         try:
-            from prefect.server.api.server import SubprocessASGIServer
+            from diffrl.flows.prefect_server import server_class
 
-            SubprocessASGIServer().start()  # the instance Prefect's client uses (one per port; None: its default)
+            # the instance Prefect's client uses (one per port; None: its default), ending with this process
+            server_class()().start()
         except Exception:  # noqa: BLE001 - the flow starts (and reports on) its own server as usual
             pass
 
