@@ -22,7 +22,18 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # annotations only: this module stays importable without the model stack
+    from diffrl.configs.schema import ExperimentConfig
+    from diffrl.engines.reward.multi import MultiReward
+    from diffrl.engines.rollout.engine import RolloutEngine
+    from diffrl.engines.step.memory import StepMemory
+    from diffrl.engines.store.preference import PreferenceCache
+    from diffrl.engines.store.prompts import PromptRecord, PromptSampler
+    from diffrl.engines.store.trajectories import TrajectoryStore
+    from diffrl.engines.train.trainer import PolicyTrainer
+    from diffrl.models.base import ModelAdapter
 
 _LOCK = threading.Lock()
 _ENGINES: dict[str, Any] = {}
@@ -48,33 +59,43 @@ _BUILDS = 0  # engine builds in this process (an actor process: 1 while it stays
 
 @dataclass
 class Engines:
-    """The warm state of one run: model, rollout, trainer, reward, store, prompt sampling, config."""
+    """The warm state of one run (or of one actor's role): each stage function reads the fields it uses.
 
-    config: Any  # configs.schema.ExperimentConfig
-    adapter: Any  # models.base.ModelAdapter
-    rollout: Any  # engines.rollout.engine.RolloutEngine
-    trainer: Any  # engines.train.trainer.PolicyTrainer
-    reward: Any  # engines.reward.multi.MultiReward
-    store: Any  # engines.store.trajectories.TrajectoryStore
-    prompts: Any  # engines.store.prompts.PromptSampler
-    val_prompts: list = field(default_factory=list)  # fixed PromptRecords for validation
-    extras: dict = field(default_factory=dict)
-    memory: Any = None  # engines.step.memory.StepMemory: the step in flight, the background writer
+    A field is None where this process does not play the role (the reward actor has no model; engines built
+    without a store for the benchmarks have no store). `run_uid` keys the run's Prefect task caches (set by the
+    train flow); `model_path` is the resolved model folder; `preferences` is offline DPO's pair cache;
+    `rollout_version` is the policy version a split rollout actor (which has no trainer) last received.
+    """
+
+    config: ExperimentConfig
+    adapter: ModelAdapter | None
+    rollout: RolloutEngine | None
+    trainer: PolicyTrainer | None
+    reward: MultiReward | None
+    store: TrajectoryStore | None
+    prompts: PromptSampler | None
+    val_prompts: list[PromptRecord] = field(default_factory=list)
+    memory: StepMemory | None = None  # the step in flight and the background writer (one process only)
+    model_path: str = ""
+    run_uid: str = ""
+    preferences: PreferenceCache | None = None
+    rollout_version: int = 0
     split = False  # one process: the rollout always samples with the trainer's adapter
 
     def run(self, role: str, fn: Callable, *args: Any) -> Any:
         """Run `fn(engines, *args)` here (every role lives in this process)."""
         return fn(self, *args)
 
-    def share_extras(self) -> None:
-        """Nothing to share: the tasks run in this process."""
+    def set_run_uid(self, uid: str) -> None:
+        """Key this run's task caches by `uid` (the tasks run in this process)."""
+        self.run_uid = uid
 
     @property
     def policy_version(self) -> int:
         """The policy version the rollout samples with (split rollout actors have no trainer)."""
         if self.trainer is not None:
             return self.trainer.policy_version
-        return int(self.extras.get("policy_version", 0))
+        return self.rollout_version
 
 
 def put(run_name: str, engines: Any) -> None:
@@ -160,9 +181,9 @@ class EngineHost:
     free of model code; Ray ships functions of importable modules by name, never their bytecode.
     """
 
-    def __init__(self, build: Callable, config: Any, actor: str, extras: dict, rank: int = 0, world: int = 1):
+    def __init__(self, build: Callable, config: Any, actor: str, run_uid: str = "", rank: int = 0, world: int = 1):
         self.actor, self.rank, self.world = actor, rank, world
-        self._pending = (build, config, extras)
+        self._pending = (build, config, run_uid)
         self.engines: Engines | None = None
         self.created = time.time()
         if world == 1:
@@ -171,9 +192,9 @@ class EngineHost:
 
     def _build(self) -> None:
         global _BUILDS
-        build, config, extras = self._pending
+        build, config, run_uid = self._pending
         self.engines = build(config, _role(self.actor))
-        self.engines.extras.update(extras)
+        self.engines.run_uid = run_uid
         _BUILDS += 1
 
     def rendezvous(self) -> tuple[str, int]:
@@ -210,7 +231,7 @@ class EngineHost:
         )
         self._build()
 
-    def attach(self, config: Any, extras: dict) -> dict:
+    def attach(self, config: Any, run_uid: str) -> dict:
         """A later flow run of the same run name: same model and training setup, fresh run settings."""
         ours = _comparable(self.engines.config)
         if ours != _comparable(config):
@@ -220,7 +241,7 @@ class EngineHost:
                 f"`diffrl cluster stop {config.run.name}` or use another run.name"
             )
         self.engines.config = config
-        self.engines.extras.update(extras)
+        self.engines.run_uid = run_uid
         return self.describe()
 
     def run(self, fn: Callable, *args: Any) -> Any:
@@ -249,12 +270,12 @@ class EngineHost:
             "gpus": [str(g) for g in ray.get_gpu_ids()],
             "device": str(getattr(e.adapter, "device", "cpu")),
             "holds": holds,
-            "model": e.extras.get("model_path", "") if e.adapter is not None else "",
+            "model": e.model_path if e.adapter is not None else "",
             "builds": _BUILDS,
             "policy_version": e.policy_version if e.adapter is not None else None,
             "created": self.created,
             "config": e.config,
-            "extras": dict(e.extras),
+            "run_uid": e.run_uid,
         }
 
 
@@ -298,7 +319,7 @@ def _placement_group(run_name: str, gpus: dict[str, float], timeout_s: float):
 class RayEngines:
     """A run's engines living in named detached Ray actors: the handle flows and Ray-run tasks hold.
 
-    `config`, `val_prompts` and `extras` are copies; `store` is this process's own view of the run's
+    `config`, `val_prompts` and `run_uid` are copies; `store` is this process's own view of the run's
     trajectory table (reads for logging and retention); models never leave their actors.
     """
 
@@ -309,11 +330,11 @@ class RayEngines:
         run_name: str,
         config: Any,
         actors: dict[str, Any],
-        extras: dict,
+        run_uid: str = "",
         store: Any = None,
         val_prompts: list | None = None,
     ):
-        self.run_name, self.config, self.actors, self.extras = run_name, config, actors, extras
+        self.run_name, self.config, self.actors, self.run_uid = run_name, config, actors, run_uid
         self.store, self.val_prompts = store, val_prompts or []
         self.split = config.cluster.placement == "split"
 
@@ -339,12 +360,13 @@ class RayEngines:
                 actors[actor] = ray.get_actor(actor_name(run_name, actor), namespace=NAMESPACE)
             except ValueError:
                 continue
-        return cls(run_name, info["config"], actors, info["extras"])
+        return cls(run_name, info["config"], actors, info["run_uid"])
 
-    def share_extras(self) -> None:
-        """Push `extras` (the run uid keying the task caches) to every actor of the run."""
+    def set_run_uid(self, uid: str) -> None:
+        """Key the run's task caches by `uid` here and in every actor (the Ray workers running tasks ask them)."""
+        self.run_uid = uid
         for name, actor in self.actors.items():
-            self.wait(actor.attach.remote(self.config, self.extras), f"{name}.attach")
+            self.wait(actor.attach.remote(self.config, uid), f"{name}.attach")
 
     def actor_for(self, role: str) -> Any:
         actor = ROLES[self.config.cluster.placement][role]
@@ -409,7 +431,7 @@ class RayEngines:
         )
 
 
-def start_actors(config: Any, build: Callable, extras: dict) -> RayEngines:
+def start_actors(config: Any, build: Callable, run_uid: str = "") -> RayEngines:
     """Create-or-get the run's named detached actors on the connected cluster (model built once per actor)."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -437,15 +459,15 @@ def start_actors(config: Any, build: Callable, extras: dict) -> RayEngines:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle)
             bundle += 1
         rank, world = (dp_ranks.index(actor), len(dp_ranks)) if actor in dp_ranks else (0, 1)
-        actors[actor] = host.options(**options).remote(build, config, actor, extras, rank, world)
-    handle = RayEngines(run_name, config, actors, dict(extras))
+        actors[actor] = host.options(**options).remote(build, config, actor, run_uid, rank, world)
+    handle = RayEngines(run_name, config, actors, run_uid)
     if config.cluster.trainers > 1:  # data-parallel trainers: one process group, rank 0's address
         ranks = handle.ranks("trainer")
         address, port = handle.wait(ranks[0].rendezvous.remote(), "trainer rendezvous")
         handle.wait([r.join.remote(address, port) for r in ranks], "trainers (process group and build)")
     # a warm actor from an earlier flow run answers `attach`; a new one answers once its build is done
-    infos = [handle.wait(a.attach.remote(config, extras), f"{name} (build/attach)") for name, a in actors.items()]
-    handle.extras.update(infos[0]["extras"])
+    for name, actor in actors.items():
+        handle.wait(actor.attach.remote(config, run_uid), f"{name} (build/attach)")
     return handle
 
 

@@ -86,7 +86,9 @@ def load_prompts(source: str, data: DataConfig, *, seed: int) -> PromptDataset:
     return PromptDataset.load(source, storage_options=data.storage_options or None)
 
 
-def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | None = None, *, durable: bool = True):
+def build_engines(
+    cfg: ExperimentConfig, actor: str = "local", *, durable: bool = True
+) -> cluster.Engines | cluster.RayEngines:
     """Load the model once and build the engines of the run; registered under the run name.
 
     `cluster.mode: ray` (called with actor="local" by the flow): the engines are built inside the run's
@@ -95,10 +97,9 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | No
     durable=False (the engines-only benchmarks): no trajectory store and no embedding cache on disk; the
     step core hands everything over in memory and writes nothing.
     """
-    extras = dict(extras or {})
     check_preference_config(cfg)  # a direct-preference setting that cannot train fails before any work
     if actor == "local" and cfg.cluster.mode == "ray":
-        return _start_ray(cfg, extras)
+        return _start_ray(cfg)
     if not durable and (cfg.cluster.mode != "local" or cfg.data.sample_source == "offline"):
         raise ValueError(
             "engines without a store (durable=False) run in one process on online rollouts: "
@@ -115,15 +116,16 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | No
     run_dir = cfg.run_dir
     storage = cfg.run.storage_options or None
     store = TrajectoryStore(os.path.join(run_dir, "trajectories.lance"), storage_options=storage) if durable else None
-    adapter = rollout = trainer = None
+    adapter = rollout = trainer = preferences = None
+    model_path = ""
     if needs_model:
         device, dtype = cfg.model.device_and_dtype()
-        extras["model_path"] = resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed)
+        model_path = resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed)
         if os.environ.get("DIFFRL_VERBOSE") != "1":  # `diffrl -v` shows diffusers' "Loading pipeline components" bar
             from diffusers.utils import logging as diffusers_logging
 
             diffusers_logging.disable_progress_bar()
-        adapter = load_adapter(extras["model_path"], device=device, dtype=dtype)
+        adapter = load_adapter(model_path, device=device, dtype=dtype)
         adapter.attention = cfg.model.attention
         set_tf32(cfg.model.tf32)
         adapter.check_shape(_shape(cfg))
@@ -136,7 +138,7 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | No
             adapter, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size, device=device
         )
         if offline:  # offline DPO: the pairs' VAE latents, encoded once (runs/<name>/preferences.lance)
-            extras["preferences"] = build_preference_cache(cfg, adapter)
+            preferences = build_preference_cache(cfg, adapter)
     if adapter is not None and cfg.model.compile:  # after LoRA and FSDP have wrapped the blocks
         adapter.compile_blocks()
     val_prompts = [val_set[i] for i in range(min(cfg.data.num_val_prompts, len(val_set)))]
@@ -152,15 +154,16 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", extras: dict | No
         store=store,
         prompts=sampler,
         val_prompts=val_prompts,
-        extras=extras,
         memory=memory,
+        model_path=model_path,
+        preferences=preferences,
     )
     if actor == "local":
         cluster.put(cfg.run.name, engines)
     return engines
 
 
-def _start_ray(cfg: ExperimentConfig, extras: dict) -> cluster.RayEngines:
+def _start_ray(cfg: ExperimentConfig) -> cluster.RayEngines:
     """Ray mode: create-or-get the run's actors on the cluster (paths made absolute: actors have their own cwd)."""
     import dataclasses
 
@@ -169,7 +172,7 @@ def _start_ray(cfg: ExperimentConfig, extras: dict) -> cluster.RayEngines:
     if "://" not in cfg.run.root:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, root=os.path.abspath(cfg.run.root)))
     cluster.connect(cfg.cluster.address)
-    handle = cluster.start_actors(cfg, build_engines, extras)
+    handle = cluster.start_actors(cfg, build_engines)
     handle.store = TrajectoryStore(
         os.path.join(cfg.run_dir, "trajectories.lance"), storage_options=cfg.run.storage_options or None
     )

@@ -131,8 +131,7 @@ def _train(cfg: ExperimentConfig, startup: Startup) -> dict:
         engines = build_engines(cfg)  # bad data, model or reward paths fail here, before any work
         startup.mark("engines")
         store_ready.result()
-    engines.extras["run_uid"] = _run_state(cfg)["uid"]
-    engines.share_extras()  # ray mode: the actors (and the Ray workers running tasks) key caches by it
+    engines.set_run_uid(_run_state(cfg)["uid"])  # ray mode: also the actors (the Ray workers running tasks ask them)
     if engines.store is not None and cfg.data.sample_source == "online":
         _say(describe_disk(cfg, engines.run("rollout", latent_numel)))
     tracker = Tracker(

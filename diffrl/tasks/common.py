@@ -31,7 +31,7 @@ def stage_cache_key(stage: str) -> Callable[[Any, dict], str]:
 
     def key(_context: Any, params: dict) -> str:
         run_name = params["run_name"]
-        uid = cluster.get(run_name).extras.get("run_uid", "")
+        uid = cluster.get(run_name).run_uid
         return stage_key(run_name, uid, params["step"], stage, params.get("chunk", 0))
 
     return key

@@ -109,7 +109,7 @@ class _Typed:
 def check_step_results(engines: Any, step: int, results_dir: str) -> None:
     """Before `step` runs: every persisted result of its stages that a cache lookup would read is plain JSON data
     (else UntrustedResult naming the file: Prefect's lookup would skip it without a word)."""
-    cfg, uid = engines.config, engines.extras.get("run_uid", "")
+    cfg, uid = engines.config, engines.run_uid
     stages = [(stage, chunk) for chunk in range(step_chunks(cfg)) for stage in ("generate", "score")]
     stages += [(stage, 0) for stage in ("offline_pairs", "advantages", "update_actor", "sync_weights")]
     check_results(results_dir, [stage_key(cfg.run.name, uid, step, stage, chunk) for stage, chunk in stages])
@@ -119,7 +119,7 @@ def last_persisted_step(engines: Any, results_dir: str) -> int | None:
     """The last step with a persisted stage result in `results_dir` (this run incarnation's keys). The step after the
     checkpoint being written may have run its first stages meanwhile: a crash then leaves their results without
     their rows, which forget_unfinished must see too."""
-    prefix = run_key_prefix(engines.config.run.name, engines.extras.get("run_uid", ""))
+    prefix = run_key_prefix(engines.config.run.name, engines.run_uid)
     pattern = re.compile(re.escape(prefix) + r"(\d+)-")
     names = os.listdir(results_dir) if os.path.isdir(results_dir) else []
     return max((int(m.group(1)) for m in map(pattern.match, names) if m), default=None)
@@ -131,7 +131,7 @@ def forget_unfinished(engines: Any, step: int, results_dir: str) -> list[str]:
     and the checkpoint behind the stages that made them, in that order; a crash can leave a stage Completed in
     Prefect whose writes never landed. Returns the stage keys dropped."""
     cfg, store = engines.config, engines.store
-    uid = engines.extras.get("run_uid", "")
+    uid = engines.run_uid
     chunks = step_chunks(cfg)
     committed = store.committed_chunks(step)
     rows_ok = committed == set(range(chunks))

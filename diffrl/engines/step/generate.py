@@ -221,13 +221,13 @@ def _pair_trajectories(engines: Any, step: int) -> Trajectories:
     sampling = cfg.sampling
     n = sampling.num_inference_steps
     records = engines.prompts.sample(step)
-    latents_P2S, images_P2HWC = engines.extras["preferences"].read([r.metadata["pair"] for r in records])
+    latents_P2S, images_P2HWC = engines.preferences.read([r.metadata["pair"] for r in records])
     x0 = latents_P2S.flatten(0, 1)
     b = x0.shape[0]
     shape = SampleShape(sampling.height, sampling.width, sampling.num_frames)
     last_sigma = float(engines.adapter.sigmas(n, shape)[n - 1])
     prompts = [r.prompt for r in records for _ in range(2)]
-    encoder = engines.rollout if engines.rollout is not None else engines.trainer._replayer  # split trainer actor
+    encoder = engines.rollout if engines.rollout is not None else engines.trainer.replayer  # split trainer actor
     return Trajectories(
         prompts=prompts,
         group_ids=[r.uid for r in records for _ in range(2)],

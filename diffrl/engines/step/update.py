@@ -238,8 +238,7 @@ def export_for_rollout(engines: Any, step: int) -> dict:
     trainer = engines.trainer
     started = time.perf_counter()
     buckets = list(export_weights(trainer, version=trainer.policy_version + 1))
-    trainer._version += 1  # the same bookkeeping as engines.train.sync.sync_weights
-    trainer._stepped_since_sync = False
+    trainer.mark_synced()  # the same bookkeeping as engines.train.sync.sync_weights
     return {
         "step": step,
         "buckets": buckets,
@@ -255,7 +254,7 @@ def load_from_trainer(engines: Any, export: dict) -> Synced:
     started = time.perf_counter()
     for bucket in export["buckets"]:
         load_weights(engines.adapter, bucket, lora_cfg=export["lora_cfg"], targets=export["targets"])
-    engines.extras["policy_version"] = export["version"]
+    engines.rollout_version = export["version"]
     tensors = [t for b in export["buckets"] for t in b.tensors.values()]
     return Synced(
         export["step"],

@@ -241,7 +241,7 @@ def _trainer_state(trainer, step: int) -> dict:
         "python_random": random.getstate(),
         "lora": trainer.cfg.lora,
         "world_size": trainer.world_size,
-        "stepped_since_sync": trainer._stepped_since_sync,
+        "stepped_since_sync": trainer.stepped_since_sync,
     }
 
 
@@ -423,8 +423,7 @@ def load(trainer, path: str) -> int:
         set_optimizer_state_dict(model, trainer.optimizer, sd["optim"])
     trainer.scheduler.load_state_dict({**trainer.scheduler.state_dict(), **state["scheduler"]})
     trainer.optimizer_steps, trainer.updates = state["optimizer_steps"], state["updates"]
-    trainer._version = state["policy_version"]
-    trainer._stepped_since_sync = state["stepped_since_sync"]
+    trainer.restore_sync_state(state["policy_version"], state["stepped_since_sync"])
     random.setstate(_as_tuple(state["python_random"]))
     rng_file = f"{path}/rng_rank{world()[0]}.safetensors"
     if fs.exists(rng_file):

@@ -38,10 +38,10 @@ def export_weights(
     changed = {
         k: v
         for k, v in state.items()
-        if not only_changed or k not in trainer._exported or not torch.equal(trainer._exported[k], v)
+        if not only_changed or k not in trainer.last_exported or not torch.equal(trainer.last_exported[k], v)
     }
     if trainer.cfg.lora:  # small: remember what the receiver has, to send only changes next time
-        trainer._exported = {k: v.clone() for k, v in state.items()}
+        trainer.last_exported = {k: v.clone() for k, v in state.items()}
     bucket: dict[str, torch.Tensor] = {}
     size = 0
     names = list(changed)
@@ -88,8 +88,7 @@ def sync_weights(trainer, rollout) -> dict[str, float]:
                 )
             num_tensors += len(bucket.tensors)
             num_bytes += sum(t.numel() * t.element_size() for t in bucket.tensors.values())
-    trainer._version += 1
-    trainer._stepped_since_sync = False
+    trainer.mark_synced()
     return {
         "timing_s/sync_weights": time.perf_counter() - started,
         "sync/num_tensors": float(num_tensors),

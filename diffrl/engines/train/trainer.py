@@ -108,8 +108,9 @@ class PolicyTrainer:
         self.optimizer_steps = 0  # optimizer steps taken (skipped ones excluded)
         self.updates = 0  # update() calls, i.e. RL steps trained
         self._version = 0
-        self._replayer = RolloutEngine(adapter, progress=False)
-        self._exported: dict[str, torch.Tensor] = {}
+        # the trainer's own replays (and, in a split trainer actor, the prompt encoder of offline pairs)
+        self.replayer = RolloutEngine(adapter, progress=False)
+        self.last_exported: dict[str, torch.Tensor] = {}  # what the last weight export sent (sync.export_weights)
         self._stepped_since_sync = False
 
     # ---- setup helpers -------------------------------------------------------------------------
@@ -128,6 +129,20 @@ class PolicyTrainer:
     def policy_version(self) -> int:
         """Number of weight syncs done; trajectories sampled at this version need no old-policy recompute."""
         return self._version
+
+    @property
+    def stepped_since_sync(self) -> bool:
+        """Whether the weights changed since the rollout last received them."""
+        return self._stepped_since_sync
+
+    def mark_synced(self) -> None:
+        """The rollout now samples with the current weights: one policy version more."""
+        self._version += 1
+        self._stepped_since_sync = False
+
+    def restore_sync_state(self, policy_version: int, stepped_since_sync: bool) -> None:
+        """The counters a checkpoint saved (engines.train.checkpoint.load)."""
+        self._version, self._stepped_since_sync = policy_version, stepped_since_sync
 
     # ---- the policies the update reads -----------------------------------------------------------
     @contextlib.contextmanager
@@ -171,7 +186,7 @@ class PolicyTrainer:
         advantages = torch.as_tensor(advantages, dtype=torch.float32).reshape(-1).cpu()
         if advantages.shape[0] != len(traj):
             raise ValueError(f"advantages has {advantages.shape[0]} entries but traj has {len(traj)} samples")
-        engine = rollout if rollout is not None and rollout.adapter is self.adapter else self._replayer
+        engine = rollout if rollout is not None and rollout.adapter is self.adapter else self.replayer
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
         if self.algorithm.needs.data == "final_samples":
