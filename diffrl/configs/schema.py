@@ -211,6 +211,16 @@ class ExperimentConfig:
                 f"algorithm.window {self.algorithm.window.kind!r} does not fit "
                 f"rollout.num_inference_steps={self.rollout.num_inference_steps}: {e}"
             ) from None
+        if self.rollout.group_size < 2 and self.data.sample_source == "online":
+            # every bundle's advantages are group-relative (r - the mean of its prompt's group): with one sample a
+            # prompt, each is exactly 0 and the rewards teach nothing; pair algorithms have no pair to form
+            why = (
+                "trains on (chosen, rejected) pairs of one prompt's samples, and one sample makes no pair"
+                if self.algorithm.needs.pairs
+                else "normalises each reward within its prompt's group, so with one sample every advantage is 0 "
+                "and the run would learn nothing from its rewards"
+            )
+            raise ValueError(f"rollout.group_size=1: algorithm {self.algorithm.name!r} {why}; use 2 or more")
         if self.train.mini_batch_prompts > self.rollout.prompts_per_step:
             raise ValueError(
                 f"train.mini_batch_prompts ({self.train.mini_batch_prompts}) exceeds "

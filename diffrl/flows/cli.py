@@ -1,7 +1,7 @@
 """`diffrl`: the command line. Each command lives in diffrl/flows/commands/<name>.py with add_parser/run.
 
-Exit codes: 0 success, 1 the work failed (traceback printed), 2 bad input (one-line error),
-130 interrupted.
+Exit codes: 0 success, 1 the work failed (traceback printed; one line for a failure whose message says it all,
+diffrl/flows/errors.py), 2 bad input (one-line error), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -59,15 +59,16 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.WARNING, handlers=[handler])
     logging.getLogger("diffrl").setLevel(logging.INFO)
     from diffrl.configs.loader import ConfigError
+    from diffrl.flows.errors import RunFailure
 
     handler = getattr(args, "run", None) or handlers[args.command]
     try:
         return int(handler(args) or 0)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
+    except (ConfigError, ValueError, FileNotFoundError, RunFailure) as e:
         if os.environ.get("DIFFRL_DEBUG"):
             raise
         print(f"diffrl {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(e, RunFailure) else 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -88,6 +89,9 @@ def quiet_libraries(*, verbose: bool) -> None:
     level = "INFO" if verbose else "WARNING"
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", level)
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", level)
+    if not verbose:  # a failed flow or task logs its traceback; diffrl reports the error itself, as one line
+        os.environ.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL", "CRITICAL")
+        os.environ.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL", "CRITICAL")
     # transformers warns on import that torchvision is missing (CPU installs): not actionable here
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "info" if verbose else "error")
     if verbose:

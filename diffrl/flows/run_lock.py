@@ -78,5 +78,6 @@ def run_lock(run_dir: str, run_name: str) -> Iterator[None]:
             yield
         finally:
             _HELD.discard(key)
+            os.ftruncate(fd, 0)  # released cleanly: the next run has nothing to take over
     finally:
         os.close(fd)  # releases the flock

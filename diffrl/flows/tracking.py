@@ -28,6 +28,22 @@ def open_tracking_store() -> None:
     MlflowClient(tracking_uri=tracking_uri()).search_experiments(max_results=1)
 
 
+def mark_failed(state_path: str) -> None:
+    """Mark the MLflow run named in a run's run.json (if it has one yet) FAILED: a failure before the Tracker was
+    built, or around it. A failure to reach MLflow is logged, not raised over the run's own error."""
+    try:
+        with open(state_path) as f:
+            run_id = json.load(f).get("mlflow_run_id")
+    except (OSError, ValueError):
+        return
+    if not run_id:
+        return
+    try:
+        MlflowClient(tracking_uri=tracking_uri()).set_terminated(run_id, status="FAILED")
+    except Exception as e:  # noqa: BLE001 - the run's own error is the one to see
+        log.error("could not mark MLflow run %s FAILED: %s", run_id, e)
+
+
 def _flatten(data: dict, prefix: str = "") -> dict[str, str]:
     out = {}
     for key, value in data.items():

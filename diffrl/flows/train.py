@@ -34,9 +34,10 @@ from diffrl.engines.step.run import StepClock, add_perf, settle, sync_engines
 from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint, point_latest
 from diffrl.engines.train.checkpoint import CorruptCheckpoint
 from diffrl.flows.build import build_engines
+from diffrl.flows.errors import DamagedRun
 from diffrl.flows.rl_step import rl_step
 from diffrl.flows.run_lock import run_lock
-from diffrl.flows.tracking import Tracker, image_grid, open_tracking_store
+from diffrl.flows.tracking import Tracker, image_grid, mark_failed, open_tracking_store
 from diffrl.tasks.common import persist_results_in, step_runner
 from diffrl.tasks.stages import check_step_results, forget_unfinished, last_persisted_step
 
@@ -118,7 +119,13 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
     startup = Startup()
     cfg = load_experiment(config, overrides or [])
     with run_lock(cfg.run_dir, cfg.run.name):  # one writer per run: a second process is refused here, by pid and host
-        return _train(cfg, startup)
+        try:
+            return _train(cfg, startup)
+        except BaseException:
+            # whatever failed, before training too (a bad data path on a rerun of a killed run that MLflow still
+            # shows RUNNING), the run's MLflow run says FAILED
+            mark_failed(os.path.join(cfg.run_dir, "run.json"))
+            raise
 
 
 def _train(cfg: ExperimentConfig, startup: Startup) -> dict:
@@ -154,8 +161,13 @@ def _train(cfg: ExperimentConfig, startup: Startup) -> dict:
     try:
         newest = latest_checkpoint(cfg.run_dir)
         last = None if newest is None else load_good_checkpoint(engines, newest)
-        if last is not None:
+        # the checkpoint committed but its metrics never reached MLflow: step `last` runs again below, every stage
+        # Cached but a weight sync whose result was not persisted, which must then be the resume's only sync (a
+        # second one gave the next step's rows policy version 3 instead of 2)
+        relog = last is not None and not tracker.has_step(last + 1)
+        if last is not None and not relog:
             sync_engines(engines, -1, prefetch_next=False)
+        if last is not None:
             _say(f"resuming after step {last} (checkpoint {checkpoint_dir(cfg.run_dir, last)})")
         start = 0 if last is None else last + 1
         # the last step an earlier process may have left rows or stage results of (beyond a damaged checkpoint, or
@@ -164,13 +176,15 @@ def _train(cfg: ExperimentConfig, startup: Startup) -> dict:
         if engines.memory is not None:
             engines.memory.first_step = touched  # steps after it cannot have rows from an earlier process
         # MLflow step = global step (RL steps done): step k's metrics at k + 1, validation before training at 0
-        if last is not None and not tracker.has_step(last + 1):
-            # the checkpoint committed but its metrics never reached MLflow: every stage is Cached
+        if relog:
             pin_step_key(step_flow, last)
             check_step_results(engines, last, _results_dir(cfg))
+            version = engines.run("trainer", _policy_version)
             with step_flow_settings():
                 metrics = step_flow(cfg.run.name, last)
                 tracker.log_metrics(add_perf(metrics, metrics["timing_s/step"]), last + 1)
+            if engines.run("trainer", _policy_version) == version:  # its weight sync came back Cached
+                sync_engines(engines, -1, prefetch_next=False)
         for step in range(start, min(touched, cfg.run.steps - 1) + 1) if engines.store is not None else ():
             dropped = forget_unfinished(engines, step, _results_dir(cfg))
             if dropped:
@@ -189,9 +203,12 @@ def _train(cfg: ExperimentConfig, startup: Startup) -> dict:
             val = _train_steps(engines, tracker, step_flow, start)
         if engines.memory is not None:
             engines.memory.drain()  # the last step's rows and checkpoint land before the run reports done
-    except BaseException:
+    except BaseException as e:
         settle(engines)
         tracker.finish("FAILED")
+        damaged = damaged_store(e, cfg)
+        if damaged is not None:  # a rerun would fail the same way: say what is broken instead
+            raise damaged from e
         _say(f"step failed; rerun the same command to resume (run {cfg.run.name!r}, {cfg.run_dir})")
         raise
     finally:
@@ -206,6 +223,26 @@ def _train(cfg: ExperimentConfig, startup: Startup) -> dict:
         f"checkpoints: {os.path.join(cfg.run_dir, 'checkpoints')}"
     )
     return {"run": cfg.run.name, "mlflow_run_id": tracker.run_id, "last_step": final, **val}
+
+
+def _policy_version(engines: cluster.Engines) -> int:
+    return engines.policy_version
+
+
+def damaged_store(error: BaseException, cfg: ExperimentConfig) -> DamagedRun | None:
+    """DamagedRun when `error` (or what caused it) is Lance not finding a file of one of the run's tables: a
+    deleted or lost data file, which no rerun brings back (it used to exit 2, "bad input", advising a rerun)."""
+    seen = error
+    while seen is not None:
+        text = str(seen)
+        if "Not found" in text and ".lance" in text:
+            detail = text.strip().splitlines()[0][:500]
+            return DamagedRun(
+                f"run {cfg.run.name!r}: a file of its stored data is missing ({detail}). Rerunning cannot bring it "
+                f"back: restore {cfg.run_dir} from a backup, or train under a new run.name"
+            )
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def load_good_checkpoint(engines: cluster.Engines, newest: int) -> int | None:

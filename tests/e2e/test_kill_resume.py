@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -72,6 +73,27 @@ def test_a_crash_before_queued_rows_land_resumes_with_every_step_once(workdir):
     pairs = list(zip(rows.column("step").to_pylist(), rows.column("chunk").to_pylist()))
     chunks = [(s, c) for s in range(3) for c in range(2)]
     assert {k: pairs.count(k) for k in chunks} == {k: 4 for k in chunks}  # every chunk once, none twice
+    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    run = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])[0]
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "critic/rewards/mean")) == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_a_crash_right_after_a_checkpoint_keeps_the_policy_versions(workdir):
+    """The process hangs in step 1's weight sync (sync_weights@1:stall) while the writer commits step 1's
+    checkpoint, then dies: step 1 is done but its metrics never reached MLflow and its weight sync never ran. The
+    rerun logs step 1's metrics with one weight sync, not two: step 2's rows carry policy version 2, as in an
+    uninterrupted run (they carried 3)."""
+    killed = _diffrl(TINY, workdir, DIFFRL_INJECT_FAULT="sync_weights@1:stall")
+    assert killed.returncode == 137, killed.stderr[-2000:]
+    with open(f"{workdir}/runs/quickstart/checkpoints/latest.json") as f:
+        assert json.load(f)["step"] == 1  # committed while the step hung
+    done = _diffrl(TINY, workdir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resuming after step 1" in done.stderr
+    rows = lance.dataset(f"{workdir}/runs/quickstart/trajectories.lance").to_table(columns=["step", "policy_version"])
+    pairs = set(zip(rows.column("step").to_pylist(), rows.column("policy_version").to_pylist()))
+    assert pairs == {(0, 0), (1, 1), (2, 2)}
     client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     run = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])[0]
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "critic/rewards/mean")) == [1, 2, 3]

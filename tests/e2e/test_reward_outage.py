@@ -20,8 +20,8 @@ FAST = "retries: 0, backoff_s: 0.01, timeout_s: 5"
 
 
 class Scorer:
-    """A user's scorer service on loopback: answers `self.answer` (bytes) to every POST and counts them; after
-    `fail_after` requests it answers 503."""
+    """A user's scorer service on loopback: answers `self.answer` (bytes, or a function of the request's number) to
+    every POST and counts them; after `fail_after` requests it answers 503."""
 
     def __init__(self):
         self.answer, self.requests, self.fail_after = b'{"score": 0.5}', 0, None
@@ -32,10 +32,11 @@ class Scorer:
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 owner.requests += 1
                 failing = owner.fail_after is not None and owner.requests > owner.fail_after
+                answer = owner.answer(owner.requests) if callable(owner.answer) else owner.answer
                 self.send_response(503 if failing else 200)
-                self.send_header("Content-Length", str(len(owner.answer)))
+                self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
-                self.wfile.write(owner.answer)
+                self.wfile.write(answer)
 
             def log_message(self, *args):
                 pass
@@ -114,6 +115,18 @@ def test_a_judge_down_for_part_of_a_step_is_left_out_of_all_of_it(workdir, score
     metrics = _metrics(workdir)
     assert metrics["reward/left_out/http_scorer"] == 1.0 and metrics["reward/http_scorer"] == 0.5
     assert metrics["critic/rewards/mean"] == pytest.approx(metrics["reward/jpeg_compressibility"])
+
+
+def test_excluded_samples_are_stored_as_nan_advantages_not_0(workdir, scorer):
+    """Every other answer is garbage: those samples are excluded. advantages.lance used to hold 0.0 for them, the
+    same as a sample exactly at its group's mean; they are NaN now (not trained on), the others finite."""
+    scorer.answer = lambda n: b'{"score": "garbage"}' if n % 2 else b'{"score": %d}' % n
+    assert train(config=None, overrides=_run(scorer.url))["last_step"] == 0
+    store = TrajectoryStore("runs/quickstart/trajectories.lance")
+    _, _, valid = store.read_rewards(0)
+    advantages = store.read_advantages(0)
+    assert int(valid.sum()) == 4
+    assert advantages[~valid].isnan().all() and advantages[valid].isfinite().all()
 
 
 def _metrics(workdir) -> dict[str, float]:

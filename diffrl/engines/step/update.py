@@ -39,15 +39,15 @@ WRITER_LAG_STEPS = 2
 
 # ---- advantages ---------------------------------------------------------------------------------------
 def advantages(engines: Any, step: int, chunk: int = 0) -> Advantaged:
-    """Group-normalised advantages of the step's valid samples (an excluded sample gets 0 and is not trained on);
-    critic/* and reward/<component> metrics over the kept samples."""
+    """Group-normalised advantages of the step's valid samples (an excluded sample gets NaN, stored as such: it is
+    not trained on); critic/* and reward/<component> metrics over the kept samples."""
     inject_fault("advantages", step)
     algo = engines.config.algorithm
     rewards, components, valid = step_rewards(engines, step)
     weights = {c.name: c.weight for c in engines.config.reward.components}
     rewards, left_out = drop_partial_components(rewards, components, valid, weights)  # an optional one was down
     keys = step_trajectories(engines, step, with_latents=False)
-    advantages_B = torch.zeros_like(rewards)
+    advantages_B = torch.full_like(rewards, float("nan"))  # excluded samples: marked, never a silent 0
     kept = valid.nonzero().squeeze(1)
     kept_groups = [keys.group_ids[i] for i in kept.tolist()]
     advantages_B[kept] = group_advantages(

@@ -68,7 +68,7 @@ class PromptDataset:
         with fs.open(path, "rb", storage_options) as f:
             raw = f.read()
         if suffix == ".txt":
-            prompts = [line.strip() for line in raw.decode("utf-8").splitlines()]
+            prompts = [line.strip() for line in _text(raw, path).splitlines()]
             rows = [{prompt_column: p} for p in prompts if p]
         elif suffix == ".parquet":
             rows = pq.read_table(io.BytesIO(raw)).to_pylist()
@@ -79,9 +79,21 @@ class PromptDataset:
         return cls([_record(row, i, path, prompt_column) for i, row in enumerate(rows)], source=path)
 
 
+def _text(raw: bytes, path: str) -> str:
+    """A prompt file's text: UTF-8, else a ValueError naming the file and where its bytes stop being UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ValueError(
+            f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} on line {line}, offset {e.start}: {e.reason}); "
+            "save the prompt file as UTF-8"
+        ) from None
+
+
 def _json_lines(raw: bytes, path: str) -> list[dict]:
     rows = []
-    for n, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
+    for n, line in enumerate(_text(raw, path).splitlines(), start=1):
         if not line.strip():
             continue
         try:

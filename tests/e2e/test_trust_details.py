@@ -1,0 +1,87 @@
+"""The smaller trust items of issue 27 (item 7): settings that cannot learn are refused, errors name what they are
+about and exit with the code that fits, and MLflow never shows a failed run as RUNNING."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+from e2e_settings import TINY
+from mlflow.tracking import MlflowClient
+
+from diffrl.configs.loader import ConfigError
+from diffrl.flows.train import train
+
+
+def _cli(args: list[str], cwd) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "diffrl.flows.cli", "train", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.parametrize(
+    "algorithm, why",
+    [
+        ("{name: flow_grpo}", "normalises each reward within its prompt's group, so with one sample every advantage"),
+        ("{name: dpo}", r"trains on \(chosen, rejected\) pairs of one prompt's samples, and one sample makes no pair"),
+    ],
+)
+def test_group_size_1_is_refused_with_the_algorithms_reason(workdir, algorithm, why):
+    """It used to train with every advantage 0 and no warning."""
+    overrides = TINY + [f"algorithm={algorithm}", "rollout.group_size=1", "train.mini_batch_prompts=1"]
+    with pytest.raises(ConfigError, match=rf"rollout.group_size=1: algorithm '\w+' {why}"):
+        train(config=None, overrides=overrides)
+    assert not os.path.exists("runs")
+
+
+def test_a_prompt_file_that_is_not_utf8_is_named(workdir):
+    path = workdir / "prompts.txt"
+    path.write_bytes(b'a sign that says "open"\na caf\xe9 sign\n')
+    with pytest.raises(ValueError, match=rf"{path}: not UTF-8 text \(byte 0xe9 on line 2"):
+        train(config=None, overrides=TINY + [f"data.train={path}"])
+
+
+def test_an_engine_build_error_is_one_line(workdir):
+    """A bad model path fails while the engines are built, inside the flow: Prefect used to print its 24-line
+    traceback before diffrl's own one-line error."""
+    bad = _cli(TINY + ["model.path=/nonexistent/model"], workdir)
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    assert "Traceback" not in bad.stderr and "Encountered exception" not in bad.stderr, bad.stderr
+    assert bad.stderr.rstrip().splitlines()[-1] == (
+        "diffrl train: error: model path '/nonexistent/model' is not a directory (expected a diffusers pipeline folder)"
+    )
+
+
+@pytest.mark.slow
+def test_a_lost_lance_data_file_exits_1_and_says_a_rerun_cannot_help(workdir):
+    """Exit 2 means bad input, and "rerun the same command" cannot bring a deleted data file back."""
+    train(config=None, overrides=TINY + ["run.steps=1"])
+    for path in glob.glob("runs/quickstart/trajectories.lance/data/*.lance"):
+        os.remove(path)
+    rerun = _cli(TINY + ["run.steps=2"], workdir)
+    assert rerun.returncode == 1, rerun.stderr[-2000:]
+    last = rerun.stderr.rstrip().splitlines()[-1]
+    assert last.startswith("diffrl train: error: run 'quickstart': a file of its stored data is missing (")
+    assert "Rerunning cannot bring it back" in last and "rerun the same command" not in rerun.stderr
+    assert "Traceback" not in rerun.stderr
+
+
+def test_a_failure_before_training_leaves_mlflow_failed_not_running(workdir):
+    """A run killed mid-step leaves its MLflow run RUNNING; a rerun that then fails before training (a data path
+    that no longer exists) used to leave it so. Every failed attempt ends FAILED."""
+    train(config=None, overrides=TINY + ["run.steps=1"])
+    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    [run] = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])
+    client.update_run(run.info.run_id, status="RUNNING")  # what a kill -9 mid-step leaves
+    with pytest.raises(ValueError, match="/nonexistent/prompts.parquet"):
+        train(config=None, overrides=TINY + ["run.steps=2", "data.train=/nonexistent/prompts.parquet"])
+    assert client.get_run(run.info.run_id).info.status == "FAILED"
