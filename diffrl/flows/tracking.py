@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import subprocess
 from importlib import metadata
@@ -11,6 +12,7 @@ from importlib import metadata
 import mlflow
 import numpy as np
 from mlflow.tracking import MlflowClient
+from PIL import Image, ImageDraw
 
 from diffrl.engines.step.background import Background
 
@@ -68,6 +70,9 @@ def _git_commit() -> str:
         return "unknown"
 
 
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+
+
 class Tracker:
     """Owns the MLflow run of a diffrl run; its id is kept in runs/<name>/run.json for resume.
 
@@ -86,6 +91,9 @@ class Tracker:
         state = self._read_state()
         exp = self.client.get_experiment_by_name(experiment)
         experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        if (exp.tags if exp else {}).get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING:
+            # MLflow 3 opens an experiment without a kind on its GenAI (traces) pages; ours is model training
+            self.client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
         if state.get("mlflow_run_id"):
             self.run_id = state["mlflow_run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
@@ -149,8 +157,12 @@ class Tracker:
     def _log_batch(self, entries: list) -> None:
         self.client.log_batch(self.run_id, metrics=entries)
 
-    def log_image(self, image_HW3: np.ndarray, path: str) -> None:
-        self._writes.submit(0, f"MLflow image {path}", self.client.log_image, self.run_id, image_HW3, path)
+    def log_image(self, image_HW3: np.ndarray, key: str, step: int) -> None:
+        """An image under `key` at `step` (MLflow's stepped images: the UI's image panel has a step slider)."""
+        self._writes.submit(step, f"MLflow image {key} step {step}", self._log_image, image_HW3, key, step)
+
+    def _log_image(self, image_HW3: np.ndarray, key: str, step: int) -> None:
+        self.client.log_image(self.run_id, image_HW3, key=key, step=step)
 
     def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
         self._writes.submit(
@@ -179,18 +191,45 @@ class Tracker:
         return f"mlflow ui --backend-store-uri {self.uri}  (run id {self.run_id})"
 
 
-def image_grid(images_BHW3: np.ndarray, cols: int = 4) -> np.ndarray:
-    """Tile uint8 images (B, H, W, 3) into one grid image (first frame of videos)."""
+def image_grid(
+    images_BHW3: np.ndarray, captions: list[str] | None = None, *, cols: int = 4, min_tile: int = 256
+) -> np.ndarray:
+    """Tile uint8 images (B, H, W, 3) into one grid (first frame of videos), each enlarged (nearest, an integer
+    factor) to at least `min_tile` pixels wide so a 64x64 sample is visible, with its caption under it."""
     if images_BHW3.ndim == 5:
         images_BHW3 = images_BHW3[:, 0]
     b, h, w, c = images_BHW3.shape
+    scale = max(1, -(-min_tile // w))
+    th, tw = h * scale, w * scale
+    band = 30 if captions else 0
     cols = min(cols, b)
     rows = -(-b // cols)
-    grid = np.zeros((rows * h, cols * w, c), dtype=np.uint8)
+    grid = Image.new("RGB", (cols * tw, rows * (th + band)), "white")
+    draw = ImageDraw.Draw(grid)
     for i in range(b):
         r, q = divmod(i, cols)
-        grid[r * h : (r + 1) * h, q * w : (q + 1) * w] = images_BHW3[i]
-    return grid
+        tile = Image.fromarray(images_BHW3[i]).resize((tw, th), Image.NEAREST)
+        grid.paste(tile, (q * tw, r * (th + band)))
+        if captions:
+            for k, line in enumerate(_wrap(captions[i], chars=max(8, tw // 7))[:2]):
+                draw.text((q * tw + 3, r * (th + band) + th + 2 + 13 * k), line, fill="black")
+    return np.asarray(grid)
+
+
+def _wrap(text: str, chars: int) -> list[str]:
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > chars:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    return [*lines, line] if line else lines
+
+
+def caption(prompt: str, reward: float) -> str:
+    """A grid caption: the reward, then the prompt."""
+    return f"{'excluded' if math.isnan(reward) else f'{reward:.2f}'}: {prompt}"
 
 
 def _version() -> str:

@@ -27,7 +27,7 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 from diffrl.configs.loader import to_dict
 from diffrl.configs.schema import ExperimentConfig, load_experiment
 from diffrl.engines import cluster
-from diffrl.engines.step.generate import rollout_images
+from diffrl.engines.step.generate import rollout_examples
 from diffrl.engines.step.plan import validation_due, validation_rollout
 from diffrl.engines.step.retention import describe_disk, latent_numel, retain
 from diffrl.engines.step.run import StepClock, add_perf, settle, sync_engines
@@ -37,7 +37,7 @@ from diffrl.flows.build import build_engines
 from diffrl.flows.errors import DamagedRun
 from diffrl.flows.rl_step import rl_step
 from diffrl.flows.run_lock import run_lock
-from diffrl.flows.tracking import Tracker, image_grid, mark_failed, open_tracking_store
+from diffrl.flows.tracking import Tracker, caption, image_grid, mark_failed, open_tracking_store
 from diffrl.tasks.common import persist_results_in, step_runner
 from diffrl.tasks.stages import check_step_results, forget_unfinished, last_persisted_step
 
@@ -69,8 +69,9 @@ def validation_samples(engines: cluster.Engines, step: int):
     return validation_rollout(engines.rollout, engines.config, engines.val_prompts, step=step)
 
 
-def validation_scores(engines: cluster.Engines, traj) -> dict:
-    """val/reward and val/<component> of validation samples (runs where the reward pool lives)."""
+def validation_scores(engines: cluster.Engines, traj) -> tuple[dict, list[float]]:
+    """val/reward and val/<component> of validation samples, and each sample's reward (NaN where excluded) (runs
+    where the reward pool lives)."""
     out = engines.reward(traj.images, traj.prompts, traj.metadata)
     valid = out.valid
     metrics = {"val/reward": float(out.scores[valid].mean()) if valid.any() else float("nan")}
@@ -81,7 +82,7 @@ def validation_scores(engines: cluster.Engines, traj) -> dict:
             key = name.rsplit("/", 1)[-1] if "/" in name else name
             kept = numbers[valid & ~torch.isnan(numbers)]
             metrics[f"val/{key}"] = float(kept.mean()) if kept.numel() else float("nan")
-    return metrics
+    return metrics, [float(x) if v else float("nan") for x, v in zip(out.scores.tolist(), valid.tolist())]
 
 
 def _per_sample_numbers(values, count: int) -> torch.Tensor | None:
@@ -98,9 +99,11 @@ def validate(engines: cluster.Engines, tracker: Tracker, step: int) -> dict:
     if not engines.config.data.num_val_prompts:
         return {}
     traj = engines.run("rollout", validation_samples, step)
-    metrics = engines.run("reward", validation_scores, traj)
+    metrics, scores = engines.run("reward", validation_scores, traj)
     images = traj.images.numpy() if isinstance(traj.images, torch.Tensor) else traj.images
-    tracker.log_image(image_grid(images), f"validation/step_{step:05d}.png")
+    shown = min(len(images), 16)
+    captions = [caption(p, r) for p, r in zip(traj.prompts[:shown], scores[:shown])]
+    tracker.log_image(image_grid(images[:shown], captions), "validation", step)
     return metrics
 
 
@@ -108,9 +111,9 @@ def _log_rollout_images(engines: cluster.Engines, tracker: Tracker, step: int) -
     n = engines.config.run.log_images
     if n <= 0:
         return
-    images = engines.run("rollout", rollout_images, step, n)
+    images, prompts, rewards = engines.run("rollout", rollout_examples, step, n)
     images = images.numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
-    tracker.log_image(image_grid(images), f"rollout/step_{step:05d}.png")
+    tracker.log_image(image_grid(images, [caption(p, float(r)) for p, r in zip(prompts, rewards)]), "rollout", step + 1)
 
 
 @flow(name="train", log_prints=False)

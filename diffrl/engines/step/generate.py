@@ -299,10 +299,15 @@ def step_reward_info(engines: Any, step: int, kept: torch.Tensor) -> dict[str, f
     return out
 
 
-def rollout_images(engines: Any, step: int, count: int) -> torch.Tensor:
-    """The first `count` images of a step's first chunk (what the flow logs to MLflow)."""
-    held = engines.memory.chunk(step, 0)
+def rollout_examples(engines: Any, step: int, count: int) -> tuple[torch.Tensor, list[str], torch.Tensor]:
+    """The first `count` samples of a step's first chunk as (images, prompts, rewards) (what the flow logs to
+    MLflow): from memory while the step is held there, else from the store. A reward is NaN where excluded."""
+    held = engines.memory.chunk(step, 0) if engines.memory is not None else None
     if held is not None:
-        return held[0].images[:count]
-    traj = store_call(engines, step, "read images", engines.store.read_chunk, step, 0, with_latents=False)
-    return traj.images[:count]
+        traj = held[0]
+    else:
+        traj = store_call(engines, step, "read images", engines.store.read_chunk, step, 0, with_latents=False)
+    count = min(count, len(traj))
+    rewards, _, valid = step_rewards(engines, step)  # chunk 0's rows come first
+    rewards = torch.where(valid[:count], rewards[:count], torch.full_like(rewards[:count], float("nan")))
+    return traj.images[:count], list(traj.prompts[:count]), rewards
