@@ -34,37 +34,56 @@ def _run(stage: str, run_name: str, step: int, chunk: int = 0) -> dict:
     return as_record(STAGES[stage][0](cluster.get(run_name), step, chunk))
 
 
-@task(name="generate", cache_key_fn=stage_cache_key("generate"), **STAGE)
+@task(
+    name="generate",
+    task_run_name="generate-step{step}-chunk{chunk}",
+    cache_key_fn=stage_cache_key("generate"),
+    **STAGE,
+)
 def generate_chunk(run_name: str, step: int, chunk: int) -> dict:
     """One chunk's rollout (or the rollout that ran ahead of it), where the run's rollout lives."""
     return _run("generate", run_name, step, chunk)
 
 
-@task(name="score", cache_key_fn=stage_cache_key("score"), **STAGE)
+@task(
+    name="score",
+    task_run_name="score-step{step}-chunk{chunk}",
+    cache_key_fn=stage_cache_key("score"),
+    **STAGE,
+)
 def score_chunk(run_name: str, step: int, chunk: int) -> dict:
     """One chunk's rewards, on the reward pool, while the next chunk generates."""
     return _run("score", run_name, step, chunk)
 
 
-@task(name="offline_pairs", cache_key_fn=stage_cache_key("offline_pairs"), **STAGE)
+@task(
+    name="offline_pairs",
+    task_run_name="offline_pairs-step{step}",
+    cache_key_fn=stage_cache_key("offline_pairs"),
+    **STAGE,
+)
 def offline_pairs(run_name: str, step: int) -> dict:
     """Offline DPO: the step's pairs from the VAE-latent cache, where the trainer lives."""
     return _run("offline_pairs", run_name, step)
 
 
-@task(name="advantages", cache_key_fn=stage_cache_key("advantages"), **STAGE)
+@task(name="advantages", task_run_name="advantages-step{step}", cache_key_fn=stage_cache_key("advantages"), **STAGE)
 def compute_advantages(run_name: str, step: int) -> dict:
     """Group advantages, beside the reward pool."""
     return _run("advantages", run_name, step)
 
 
-@task(name="update_actor", cache_key_fn=stage_cache_key("update_actor"), **STAGE)
+@task(
+    name="update_actor", task_run_name="update_actor-step{step}", cache_key_fn=stage_cache_key("update_actor"), **STAGE
+)
 def update_actor(run_name: str, step: int) -> dict:
     """The policy update and its checkpoint, where the trainer lives."""
     return _run("update_actor", run_name, step)
 
 
-@task(name="sync_weights", cache_key_fn=stage_cache_key("sync_weights"), **STAGE)
+@task(
+    name="sync_weights", task_run_name="sync_weights-step{step}", cache_key_fn=stage_cache_key("sync_weights"), **STAGE
+)
 def sync_weights(run_name: str, step: int) -> dict:
     """The rollout takes the updated weights (and starts the next step's rollout)."""
     return _run("sync_weights", run_name, step)

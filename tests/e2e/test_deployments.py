@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -49,8 +50,10 @@ async def _task_states(url: str, flow_run_id: str) -> dict:
             tasks = await client.read_task_runs(
                 task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[sub.id]))
             )
+            # task runs are named after their stage, step and chunk: generate-step3-chunk1, update_actor-step3
+            assert all(re.fullmatch(r"[a-z_]+-step\d+(-chunk\d+)?", t.name) for t in tasks), [t.name for t in tasks]
             out.setdefault(sub.name, []).append(
-                {t.name.rsplit("-", 1)[0]: t.state.name for t in tasks} | {"_state": sub.state.name}
+                {t.name.split("-step")[0]: t.state.name for t in tasks} | {"_state": sub.state.name}
             )
         return out
 
