@@ -69,6 +69,8 @@ def test_a_killed_diffrl_train_takes_its_prefect_server_with_it(workdir):
             [sys.executable, "-m", "diffrl.flows.cli", "train", *TINY, "run.steps=100"],
             stdout=subprocess.DEVNULL,
             stderr=err,
+            # the temporary server, even where the test session has a Prefect server (tests/cluster's fixture)
+            env={k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
             start_new_session=True,  # so the test can clean up the whole group whatever happens
         )
     try:

@@ -13,7 +13,7 @@ import sys
 import pytest
 from e2e_settings import TINY
 
-from diffrl.flows.run_lock import RunLocked
+from diffrl.flows.run_lock import RunLocked, run_lock
 from diffrl.flows.train import train
 
 # A process that holds the run's lock until it is killed (as a `diffrl train` does while it trains).
@@ -50,4 +50,14 @@ def test_a_second_writer_is_refused_with_the_holders_pid_and_host(holder, capsys
     assert train(config=None, overrides=TINY + ["run.steps=1"])["last_step"] == 0
     assert f"taking over the lock runs/quickstart/run.lock left by pid {holder.pid}" in capsys.readouterr().err
     with open("runs/quickstart/run.lock") as f:
-        assert json.load(f)["pid"] == os.getpid()
+        assert f.read() == ""  # released cleanly: the next run has no holder to report
+
+
+def test_the_lock_names_its_holder_while_it_is_held(workdir):
+    with run_lock("runs/quickstart", "quickstart"):
+        with open("runs/quickstart/run.lock") as f:
+            assert json.load(f)["pid"] == os.getpid()
+        with run_lock("runs/quickstart", "quickstart"):  # the same process again (the CLI, then its flow)
+            pass
+    with open("runs/quickstart/run.lock") as f:
+        assert f.read() == ""
