@@ -116,7 +116,22 @@ def _log_rollout_images(engines: cluster.Engines, tracker: Tracker, step: int) -
     tracker.log_image(image_grid(images, [caption(p, float(r)) for p, r in zip(prompts, rewards)]), "rollout", step + 1)
 
 
-@flow(name="train", log_prints=False)
+def _ui_url(url: str | None) -> str:
+    """The flow run's page in the Prefect UI; "" for the temporary server, which has no UI (Prefect then builds
+    "None/runs/...")."""
+    return url if url and url.startswith(("http://", "https://")) else ""
+
+
+def train_run_name() -> str:
+    """The train flow run is named after the diffrl run it trains (its run.name), not a random Prefect name."""
+    parameters = flow_run.parameters or {}
+    try:
+        return load_experiment(parameters.get("config"), list(parameters.get("overrides") or [])).run.name
+    except Exception:  # noqa: BLE001 - a bad config is reported by the flow itself, with its own message
+        return "train"
+
+
+@flow(name="train", flow_run_name=train_run_name, log_prints=False)
 def train(config: str | None = None, overrides: list[str] | None = None) -> dict:
     """Train the experiment `config` (a shipped name or a YAML path; default: the quickstart)."""
     startup = Startup()
@@ -152,7 +167,7 @@ def _train(cfg: ExperimentConfig, startup: Startup) -> dict:
     tracker.set_tags(
         {
             "prefect.flow_run_id": flow_run.get_id() or "",
-            "prefect.flow_run_url": flow_run.ui_url or "",
+            "prefect.flow_run_url": _ui_url(flow_run.ui_url),
             "diffrl.run_name": cfg.run.name,
         }
     )

@@ -66,6 +66,15 @@ def test_three_steps_write_rows_metrics_and_checkpoints(workdir):
     kept = sorted(d for d in os.listdir(f"{run_dir}/checkpoints") if d.startswith("step_"))
     assert kept == ["step_0", "step_1", "step_2"]  # every checkpoint_every-th step plus the latest two
     assert result["last_step"] == 2
+    # Prefect names: the train flow run after the run (not a random name); no "None/..." UI link in local mode
+    from prefect.client.orchestration import get_client
+
+    mlflow_client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    tags = mlflow_client.search_runs([mlflow_client.get_experiment_by_name("diffrl-quickstart").experiment_id])[0]
+    tags = tags.data.tags
+    assert tags["prefect.flow_run_url"] == ""
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(tags["prefect.flow_run_id"]).name == "quickstart"
 
 
 @pytest.mark.parametrize("fault", ["generate@1.1", "score@1.0", "advantages@1", "update_actor@1", "sync_weights@1"])
