@@ -138,7 +138,12 @@ class Tracker:
         return step in self._logged_steps
 
     def has_metric(self, key: str, step: int) -> bool:
-        return any(m.step == step for m in self.client.get_metric_history(self.run_id, key))
+        return self.metric_at(key, step) is not None
+
+    def metric_at(self, key: str, step: int) -> float | None:
+        """The value logged for `key` at `step` (the last one, if logged twice), or None."""
+        values = [m.value for m in self.client.get_metric_history(self.run_id, key) if m.step == step]
+        return values[-1] if values else None
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Log a step's metrics once: a step already in MLflow (a resumed run) is not logged twice."""

@@ -234,6 +234,8 @@ def _train(cfg: ExperimentConfig, startup: Startup) -> dict:
             engines.memory.close()
     final = latest_checkpoint(cfg.run_dir)
     tracker.log_artifact(checkpoint_dir(cfg.run_dir, final), "final_checkpoint")
+    if val:  # the run's validation before training and now, in one line
+        _say(f"validation, before -> after training: {summary(tracker, val)}")
     tracker.finish()
     _say(f"done. MLflow: {tracker.ui_hint}")
     _say(
@@ -354,7 +356,7 @@ def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: i
     rollout started right after a weight sync, that is what a step costs the run."""
     cfg = engines.config
     val = {}
-    clock = StepClock()
+    clock, times = StepClock(), []
     for step in range(start, cfg.run.steps):
         pin_step_key(step_flow, step)
         check_step_results(engines, step, _results_dir(cfg))
@@ -362,6 +364,7 @@ def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: i
         _log_rollout_images(engines, tracker, step)
         retain(engines, step)
         metrics = add_perf(metrics, clock.lap())
+        times.append(metrics["perf/time_per_step"])
         if validation_due(cfg, step + 1):
             with clock.excluded():
                 val = validate(engines, tracker, step + 1)
@@ -370,9 +373,30 @@ def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: i
         _say(
             f"step {step + 1}/{cfg.run.steps}: reward {metrics.get('critic/rewards/mean', float('nan')):.4f} "
             f"{metrics['perf/throughput']:.2f} images/s ({metrics['perf/time_per_step']:.2f} s)"
+            + _eta(times, cfg.run.steps - step - 1)
             + (f" | {_fmt(val)}" if val and validation_due(cfg, step + 1) else "")
         )
     return val
+
+
+def _eta(step_seconds: list[float], steps_left: int) -> str:
+    """The time left at the median of the last 10 steps' times (validation not counted): ", eta 4m10s"."""
+    if not steps_left or not step_seconds:
+        return ""
+    recent = sorted(step_seconds[-10:])
+    minutes, seconds = divmod(round(recent[len(recent) // 2] * steps_left), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f", eta {f'{hours}h{minutes:02d}m' if hours else f'{minutes}m{seconds:02d}s'}"
+
+
+def summary(tracker: Tracker, last: dict) -> str:
+    """Each validation metric before training and at the last validation: "val/accuracy 0.2132 -> 0.3211, ..."."""
+    tracker.flush()  # the values before training may still be queued
+    parts = []
+    for key, after in last.items():
+        before = tracker.metric_at(key, 0)
+        parts.append(f"{key} {before:.4f} -> {after:.4f}" if before is not None else f"{key} {after:.4f}")
+    return ", ".join(parts)
 
 
 def _fmt(metrics: dict) -> str:

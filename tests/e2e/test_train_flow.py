@@ -170,7 +170,7 @@ def test_bad_input_fails_before_any_work(workdir, overrides, message):
 
 
 @pytest.mark.slow
-def test_quickstart_config_runs_on_the_shipped_reference_model(workdir):
+def test_quickstart_config_runs_on_the_shipped_reference_model(workdir, capsys):
     """The embedded default as `make quickstart` runs it, cut to 2 steps: the shipped shapes model,
     geneval_lite, held-out validation with val/reward and val/accuracy in MLflow."""
     result = train(config=None, overrides=["run.steps=2", "data.num_val_prompts=8"])
@@ -178,3 +178,14 @@ def test_quickstart_config_runs_on_the_shipped_reference_model(workdir):
     assert _history(workdir, "val/reward") == [0, 2]
     assert _history(workdir, "val/accuracy") == [0, 2]
     assert _history(workdir, "reward/geneval_lite") == [1, 2]
+    err = capsys.readouterr().err  # the progress lines: an ETA while steps are left, a before -> after summary
+    assert "step 1/2: reward" in err and ", eta 0m" in err.split("step 1/2")[1].splitlines()[0]
+    assert "validation, before -> after training: val/reward " in err and " -> " in err.split("before -> after")[1]
+
+
+def test_eta_is_the_median_of_the_last_ten_steps_times_the_steps_left():
+    from diffrl.flows.train import _eta
+
+    assert _eta([1.0, 100.0, 2.0], 30) == ", eta 1m00s"  # median 2.0 s x 30
+    assert _eta([5.0] * 20 + [1.0] * 10, 10) == ", eta 0m10s"  # only the last 10 count
+    assert _eta([4000.0], 2) == ", eta 2h13m" and _eta([1.0], 0) == "" and _eta([], 5) == ""
