@@ -78,3 +78,17 @@ def test_export_of_full_fine_tuning_writes_the_trained_pipeline(workdir):
     dcp.load(target, checkpoint_id="runs/quickstart/checkpoints/step_0/dcp")
     for name, tensor in trained.transformer.state_dict().items():
         assert torch.equal(tensor, target["model"][name]), name
+
+
+def test_a_damaged_checkpoint_is_named_and_not_exported(workdir, capsys):
+    """The export checks the checkpoint against its checksums.json, as resuming does (issue 27, item 2)."""
+    train(config=None, overrides=RUN)
+    lora = "runs/quickstart/checkpoints/step_0/lora/pytorch_lora_weights.safetensors"
+    with open(lora, "r+b") as f:  # same size, other bytes
+        f.seek(os.path.getsize(lora) - 64)
+        f.write(b"\xff" * 64)
+    out = workdir / "damaged"
+    assert main(["export", *RUN, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "pytorch_lora_weights.safetensors does not match its checksum" in err
+    assert not (out / "pytorch_lora_weights.safetensors").exists()

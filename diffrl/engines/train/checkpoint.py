@@ -393,15 +393,23 @@ def save(trainer, path: str, *, step: int) -> str:
     return path
 
 
-def load(trainer, path: str) -> int:
-    """Restore weights, optimizer, LR schedule, counters and RNG from `path`; returns the saved step. Its files are
-    checked against checksums.json first (CorruptCheckpoint naming a damaged one; nothing is changed then)."""
+def checked_state(path: str) -> dict:
+    """The trainer_state.json of checkpoint `path`, after its files were checked against checksums.json
+    (ValueError for a folder that is no diffrl checkpoint, CorruptCheckpoint naming a damaged file)."""
     path = path.rstrip("/")
     fs, _ = fsspec.core.url_to_fs(path)
     if not fs.exists(f"{path}/trainer_state.json"):
         raise ValueError(f"checkpoint path {path!r} has no trainer_state.json: not a diffrl trainer checkpoint")
     verify(path)
-    state = _load_json(f"{path}/trainer_state.json")
+    return _load_json(f"{path}/trainer_state.json")
+
+
+def load(trainer, path: str) -> int:
+    """Restore weights, optimizer, LR schedule, counters and RNG from `path`; returns the saved step. Its files are
+    checked against checksums.json first (CorruptCheckpoint naming a damaged one; nothing is changed then)."""
+    path = path.rstrip("/")
+    fs, _ = fsspec.core.url_to_fs(path)
+    state = checked_state(path)
     if state["lora"] != trainer.cfg.lora:
         raise ValueError(
             f"checkpoint {path!r} was saved with lora={state['lora']} but TrainConfig.lora={trainer.cfg.lora}"

@@ -22,6 +22,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from diffrl.engines.train.checkpoint import checked_state
+
 LORA_FILE = "pytorch_lora_weights.safetensors"
 LORA_METADATA_KEY = "lora_adapter_metadata"  # where diffusers' save_lora_weights keeps the LoraConfig
 
@@ -43,11 +45,7 @@ def export_checkpoint(
 ) -> Exported:
     """Write the checkpoint's LoRA (with `base_model` recorded) and, with `merge` or for full fine-tuning, the merged
     pipeline. `base_model` is what `DiffusionPipeline.from_pretrained` takes: a local folder or a Hub id."""
-    state_path = os.path.join(checkpoint, "trainer_state.json")
-    if not os.path.isfile(state_path):
-        raise ValueError(f"{checkpoint!r} is not a diffrl checkpoint (no trainer_state.json)")
-    with open(state_path) as f:
-        state = json.load(f)
+    state = checked_state(checkpoint)  # a damaged checkpoint is named, never exported
     os.makedirs(out_dir, exist_ok=True)
     lora_file = pipeline_dir = None
     if state["lora"]:

@@ -40,10 +40,9 @@ def run(args: argparse.Namespace) -> int:
     from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint
     from diffrl.engines.train.export import export_checkpoint
     from diffrl.flows.build import resolve_model_path
+    from diffrl.flows.commands.train import split_config_args
 
-    config, overrides = args.config, list(args.overrides)
-    if config is not None and "=" in config:  # `diffrl export run.name=x --out y`: no CONFIG given
-        config, overrides = None, [config, *overrides]
+    config, overrides = split_config_args(args)  # `diffrl export run.name=x --out y`: no CONFIG given
     try:
         cfg = load_experiment(config, overrides)
         step = args.step if args.step is not None else latest_checkpoint(cfg.run_dir)

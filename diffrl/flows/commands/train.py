@@ -48,7 +48,7 @@ def add_parser(subparsers) -> None:
     lst.set_defaults(run=run_list)
 
 
-def _split(args) -> tuple[str | None, list[str]]:
+def split_config_args(args) -> tuple[str | None, list[str]]:
     # `diffrl train run.steps=3` (no CONFIG): the first positional is an override, not a config
     if args.config is not None and "=" in args.config:
         return None, [args.config, *args.overrides]
@@ -58,7 +58,7 @@ def _split(args) -> tuple[str | None, list[str]]:
 def run_show(args: argparse.Namespace) -> int:
     from diffrl.configs.schema import load_experiment
 
-    config, overrides = _split(args)
+    config, overrides = split_config_args(args)
     cfg = load_experiment(config, overrides)
     sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     return 0
@@ -87,7 +87,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from diffrl.configs.schema import load_experiment
     from diffrl.flows.evaluate import evaluate, resolve_checkpoint
 
-    config, overrides = _split(args)
+    config, overrides = split_config_args(args)
     # bad input (config, no checkpoint) fails before Prefect or any model starts
     resolve_checkpoint(load_experiment(config, overrides), args.checkpoint)
     evaluate(config=config, overrides=overrides, checkpoint=args.checkpoint)
@@ -101,7 +101,7 @@ def run_train(args: argparse.Namespace) -> int:
     from diffrl.configs.schema import load_experiment
     from diffrl.flows.run_lock import run_lock
 
-    config, overrides = _split(args)
+    config, overrides = split_config_args(args)
     cfg = load_experiment(config, overrides)  # fail on bad input before Prefect or any model starts
     with run_lock(cfg.run_dir, cfg.run.name):  # a second writer of the run is refused now, not after Prefect starts
         server = _start_prefect_server()  # boots in its own process while this one imports torch, diffusers, MLflow
