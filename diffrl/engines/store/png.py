@@ -20,6 +20,7 @@ import numpy as np
 from PIL import Image
 
 POOL_MIN_BYTES = 4 << 20  # batches below this are encoded in the calling thread
+ZLIB_DEFAULT = -1  # PIL's own default compress_level (zlib level 6)
 _POOL: ProcessPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 

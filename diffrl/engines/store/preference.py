@@ -27,6 +27,7 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from diffrl.engines.store import fs
+from diffrl.engines.store.png import ZLIB_DEFAULT, encode_png
 from diffrl.engines.store.prompts import PromptDataset, PromptRecord, ocr_prompts, prompt_uid
 from diffrl.engines.store.tables import LanceTable, first_rows, new_write_id, sql_in
 
@@ -121,8 +122,8 @@ def write_toy_preferences(path: str, num_pairs: int, *, size: int = 32, seed: in
         colour = rng.integers(40, 216, size=3)
         flat = np.broadcast_to(colour, (size, size, 3)).astype(np.int64)
         noisy = np.clip(flat + rng.normal(0.0, 60.0, size=(size, size, 3)), 0, 255)
-        chosen.append(_png(flat.astype(np.uint8)))
-        rejected.append(_png(noisy.astype(np.uint8)))
+        chosen.append(encode_png(flat.astype(np.uint8), ZLIB_DEFAULT))
+        rejected.append(encode_png(noisy.astype(np.uint8), ZLIB_DEFAULT))
     table = pa.table(
         {
             "prompt": [r.prompt for r in prompts.records],
@@ -133,12 +134,6 @@ def write_toy_preferences(path: str, num_pairs: int, *, size: int = 32, seed: in
     )
     pq.write_table(table, path)
     return path
-
-
-def _png(image_HWC: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(image_HWC).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 # --------------------------------------------------------------------------------- VAE encoding
@@ -230,8 +225,8 @@ class PreferenceCache:
                     "prompt": [r.prompt for r in records],
                     "fingerprint": [fingerprint] * len(batch),
                     "latents": [save_tensors({"latents": latents[k].contiguous()}) for k in range(len(batch))],
-                    "chosen_image": [_png(images[k, 0].numpy()) for k in range(len(batch))],
-                    "rejected_image": [_png(images[k, 1].numpy()) for k in range(len(batch))],
+                    "chosen_image": [encode_png(images[k, 0].numpy(), ZLIB_DEFAULT) for k in range(len(batch))],
+                    "rejected_image": [encode_png(images[k, 1].numpy(), ZLIB_DEFAULT) for k in range(len(batch))],
                     "write_id": [write_id] * len(batch),
                 },
                 schema=_SCHEMA,
