@@ -162,12 +162,13 @@ class Tracker:
     def _log_batch(self, entries: list) -> None:
         self.client.log_batch(self.run_id, metrics=entries)
 
-    def log_image(self, image_HW3: np.ndarray, key: str, step: int) -> None:
-        """An image under `key` at `step` (MLflow's stepped images: the UI's image panel has a step slider)."""
-        self._writes.submit(step, f"MLflow image {key} step {step}", self._log_image, image_HW3, key, step)
+    def log_images(self, images_BHW3: np.ndarray, captions: list[str], key: str, step: int) -> None:
+        """A captioned grid of `images_BHW3` under `key` at `step` (MLflow's stepped images: the UI's image panel
+        has a step slider). The grid is drawn on the writer thread, off the training loop (~16 ms for 16 images)."""
+        self._writes.submit(step, f"MLflow image {key} step {step}", self._log_images, images_BHW3, captions, key, step)
 
-    def _log_image(self, image_HW3: np.ndarray, key: str, step: int) -> None:
-        self.client.log_image(self.run_id, image_HW3, key=key, step=step)
+    def _log_images(self, images_BHW3: np.ndarray, captions: list[str], key: str, step: int) -> None:
+        self.client.log_image(self.run_id, image_grid(images_BHW3, captions), key=key, step=step)
 
     def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
         self._writes.submit(

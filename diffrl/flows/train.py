@@ -37,7 +37,7 @@ from diffrl.flows.build import build_engines
 from diffrl.flows.errors import DamagedRun
 from diffrl.flows.rl_step import rl_step
 from diffrl.flows.run_lock import run_lock
-from diffrl.flows.tracking import Tracker, caption, image_grid, mark_failed, open_tracking_store
+from diffrl.flows.tracking import Tracker, caption, mark_failed, open_tracking_store
 from diffrl.tasks.common import persist_results_in, step_runner
 from diffrl.tasks.stages import check_step_results, forget_unfinished, last_persisted_step
 
@@ -103,7 +103,7 @@ def validate(engines: cluster.Engines, tracker: Tracker, step: int) -> dict:
     images = traj.images.numpy() if isinstance(traj.images, torch.Tensor) else traj.images
     shown = min(len(images), 16)
     captions = [caption(p, r) for p, r in zip(traj.prompts[:shown], scores[:shown])]
-    tracker.log_image(image_grid(images[:shown], captions), "validation", step)
+    tracker.log_images(images[:shown], captions, "validation", step)
     return metrics
 
 
@@ -113,7 +113,7 @@ def _log_rollout_images(engines: cluster.Engines, tracker: Tracker, step: int) -
         return
     images, prompts, rewards = engines.run("rollout", rollout_examples, step, n)
     images = images.numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
-    tracker.log_image(image_grid(images, [caption(p, float(r)) for p, r in zip(prompts, rewards)]), "rollout", step + 1)
+    tracker.log_images(images, [caption(p, float(r)) for p, r in zip(prompts, rewards)], "rollout", step + 1)
 
 
 def _ui_url(url: str | None) -> str:

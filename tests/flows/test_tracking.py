@@ -43,7 +43,7 @@ def test_the_experiment_is_a_model_training_one_and_images_are_stepped_and_capti
     assert (grid[256:, :256] < 128).any() and not (grid[256:, 3 * 256 :] < 128).all()  # text was drawn
     assert caption("a cat", float("nan")) == "excluded: a cat"
     for step in (1, 2):
-        tracker.log_image(grid, "rollout", step)
+        tracker.log_images(images, ["a", "b", "c", "d"], "rollout", step)
     tracker.finish()
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     assert client.get_experiment_by_name("kind").tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING
