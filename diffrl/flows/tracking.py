@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -91,6 +92,7 @@ class Tracker:
         state = self._read_state()
         exp = self.client.get_experiment_by_name(experiment)
         experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        self.experiment_id = experiment_id
         if (exp.tags if exp else {}).get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING:
             # MLflow 3 opens an experiment without a kind on its GenAI (traces) pages; ours is model training
             self.client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
@@ -169,6 +171,17 @@ class Tracker:
 
     def _log_images(self, images_BHW3: np.ndarray, captions: list[str], key: str, step: int) -> None:
         self.client.log_image(self.run_id, image_grid(images_BHW3, captions), key=key, step=step)
+
+    def log_inputs(self, datasets: list) -> None:
+        """The run's input datasets (mlflow.entities.DatasetInput; MLflow keeps one of each per run)."""
+        self._writes.submit(0, "MLflow inputs", self.client.log_inputs, self.run_id, datasets)
+
+    def log_lora(self, checkpoint: str, *, base_model: str, step: int) -> None:
+        """The checkpoint's LoRA as the run's logged model "lora" (diffrl/flows/provenance.log_lora_model)."""
+        from diffrl.flows.provenance import log_lora_model
+
+        log = functools.partial(log_lora_model, base_model=base_model, step=step)
+        self._writes.submit(step, "MLflow LoRA model", log, self.client, self.run_id, self.experiment_id, checkpoint)
 
     def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
         self._writes.submit(

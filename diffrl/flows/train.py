@@ -35,6 +35,7 @@ from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_c
 from diffrl.engines.train.checkpoint import CorruptCheckpoint
 from diffrl.flows.build import build_engines
 from diffrl.flows.errors import DamagedRun
+from diffrl.flows.provenance import deployment_name, log_final_weights, prompt_inputs, source_tags
 from diffrl.flows.rl_step import rl_step
 from diffrl.flows.run_lock import run_lock
 from diffrl.flows.tracking import Tracker, caption, mark_failed, open_tracking_store
@@ -138,7 +139,7 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
     cfg = load_experiment(config, overrides or [])
     with run_lock(cfg.run_dir, cfg.run.name):  # one writer per run: a second process is refused here, by pid and host
         try:
-            return _train(cfg, startup)
+            return _train(cfg, startup, config)
         except BaseException:
             # whatever failed, before training too (a bad data path on a rerun of a killed run that MLflow still
             # shows RUNNING), the run's MLflow run says FAILED
@@ -146,7 +147,7 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
             raise
 
 
-def _train(cfg: ExperimentConfig, startup: Startup) -> dict:
+def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -> dict:
     _say(
         f"run {cfg.run.name!r}: {cfg.run.steps} steps of {cfg.algorithm.name} on {cfg.model.path} "
         f"({cfg.rollout.samples_per_step} images/step) in {cfg.run_dir}"
@@ -169,8 +170,10 @@ def _train(cfg: ExperimentConfig, startup: Startup) -> dict:
             "prefect.flow_run_id": flow_run.get_id() or "",
             "prefect.flow_run_url": _ui_url(flow_run.ui_url),
             "diffrl.run_name": cfg.run.name,
+            **source_tags(config, deployment=deployment_name()),
         }
     )
+    tracker.log_inputs(prompt_inputs(engines))
     # The stages' results persist as JSON under the run and are read back only through JsonResultStorage; the
     # step's own return value is not persisted (a retried train flow runs a finished step again: all Cached).
     step_flow = persist_results_in(
@@ -227,13 +230,13 @@ def _train(cfg: ExperimentConfig, startup: Startup) -> dict:
         damaged = damaged_store(e, cfg)
         if damaged is not None:  # a rerun would fail the same way: say what is broken instead
             raise damaged from e
-        _say(f"step failed; rerun the same command to resume (run {cfg.run.name!r}, {cfg.run_dir})")
+        _say(resume_advice(cfg))
         raise
     finally:
         if engines.memory is not None:
             engines.memory.close()
     final = latest_checkpoint(cfg.run_dir)
-    tracker.log_artifact(checkpoint_dir(cfg.run_dir, final), "final_checkpoint")
+    log_final_weights(engines, tracker, final)
     if val:  # the run's validation before training and now, in one line
         _say(f"validation, before -> after training: {summary(tracker, val)}")
     tracker.finish()
@@ -243,6 +246,18 @@ def _train(cfg: ExperimentConfig, startup: Startup) -> dict:
         f"checkpoints: {os.path.join(cfg.run_dir, 'checkpoints')}"
     )
     return {"run": cfg.run.name, "mlflow_run_id": tracker.run_id, "last_step": final, **val}
+
+
+def resume_advice(cfg: ExperimentConfig) -> str:
+    """What to do after a failed step: rerun the same command, or, for a deployment's flow run (whose command the
+    worker ran), retry that flow run, which resumes the same way."""
+    where = f"run {cfg.run.name!r}, {cfg.run_dir}"
+    if deployment_name() is None:
+        return f"step failed; rerun the same command to resume ({where})"
+    url = _ui_url(flow_run.ui_url)
+    return f"step failed; retry this flow run to resume ({where}): `prefect flow-run retry {flow_run.get_id()}`" + (
+        f" or Retry on {url}" if url else " or Retry on its page in the Prefect UI"
+    )
 
 
 def _policy_version(engines: cluster.Engines) -> int:

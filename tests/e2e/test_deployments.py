@@ -79,13 +79,18 @@ def test_train_deployment_fails_in_update_actor_and_a_retry_reruns_only_what_fol
         run = _prefect(env, "deployment", "run", "train/train", "--params", json.dumps(params))
         flow_run_id = next(w for w in run.split() if len(w) == 36 and w.count("-") == 4)
         # the first attempt dies in update_actor of step 1, as an out-of-memory would
-        subprocess.run(
+        failed = subprocess.run(
             [os.path.join(VENV_BIN, "prefect"), "worker", "start", "--pool", "diffrl", "--run-once"],
             cwd=REPO,
             env={**env, "DIFFRL_INJECT_FAULT": "update_actor@1"},
             timeout=300,
             capture_output=True,
+            text=True,
         )
+        # the advice is the Prefect retry of this flow run, not the local "rerun the same command" (issue 28, item 4)
+        console = failed.stdout + failed.stderr
+        assert "retry this flow run to resume (run 'nightly'" in console, console[-3000:]
+        assert f"prefect flow-run retry {flow_run_id}" in console and "rerun the same command" not in console
         table = f"{tmp_path}/runs/nightly/trajectories.lance"
         before = lance.dataset(table).to_table(filter="step = 1", columns=["write_id"]).column("write_id").to_pylist()
         assert len(before) == 8 and lance.dataset(table).count_rows("step = 2") == 0
@@ -115,6 +120,11 @@ def test_train_deployment_fails_in_update_actor_and_a_retry_reruns_only_what_fol
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+        [trained] = client.search_runs(
+            [e.experiment_id for e in client.search_experiments()], filter_string="tags.`diffrl.run_name` = 'nightly'"
+        )
+        assert trained.data.tags["mlflow.source.type"] == "JOB"  # a deployment's flow run, as MLflow names jobs
+        assert trained.data.tags["mlflow.source.name"] == "train/train"
         runs = client.search_runs(
             [e.experiment_id for e in client.search_experiments()],
             filter_string="tags.`diffrl.run_name` = 'nightly-eval'",

@@ -81,6 +81,37 @@ def test_three_steps_write_rows_metrics_and_checkpoints(workdir):
         assert tags["prefect.flow_run_url"] == ""
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(tags["prefect.flow_run_id"]).name == "quickstart"
+    _check_mlflow_record(mlflow_client, workdir)
+
+
+def _check_mlflow_record(client: MlflowClient, workdir) -> None:
+    """What MLflow's own pages show of the run (issue 28, item 1): its source, the prompt sets as dataset inputs,
+    the final LoRA as a logged model that registers into the model registry, with its base model recorded."""
+    import json
+
+    from safetensors import safe_open
+
+    experiment = client.get_experiment_by_name("diffrl-quickstart")
+    run = client.search_runs([experiment.experiment_id])[0]
+    tags = run.data.tags
+    assert tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.source.name"] == "diffrl train quickstart"
+    assert "mlflow.source.git.commit" not in tags  # the working directory is no git checkout
+    inputs = {d.tags[0].value: d.dataset for d in run.inputs.dataset_inputs}
+    assert sorted(inputs) == ["train", "validation"]
+    assert inputs["train"].name == "generator:ocr" and json.loads(inputs["train"].profile)["num_rows"] == 16
+    assert json.loads(inputs["validation"].profile)["num_rows"] == 2  # data.num_val_prompts
+    [output] = run.outputs.model_outputs
+    assert output.step == 3  # the MLflow step of the last RL step
+    model = client.get_logged_model(output.model_id)
+    assert (model.name, model.model_type, model.source_run_id) == ("lora", "diffusers-lora", run.info.run_id)
+    base = model.params["base_model"]
+    assert os.path.isfile(os.path.join(base, "model_index.json"))  # a folder DiffusionPipeline.from_pretrained takes
+    folder = mlflow.artifacts.download_artifacts(f"models:/{model.model_id}", dst_path=str(workdir / "lora"))
+    with safe_open(os.path.join(folder, "pytorch_lora_weights.safetensors"), "pt") as f:
+        assert base in f.metadata()["lora_adapter_metadata"]  # base_model_name_or_path, as diffrl export writes it
+    mlflow.set_tracking_uri(f"sqlite:///{workdir}/mlflow.db")
+    version = mlflow.register_model(f"models:/{model.model_id}", "quickstart-lora")
+    assert str(version.version) == "1" and version.source == f"models:/{model.model_id}"
 
 
 @pytest.mark.parametrize("fault", ["generate@1.1", "score@1.0", "advantages@1", "update_actor@1", "sync_weights@1"])

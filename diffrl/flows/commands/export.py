@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from diffrl.configs.schema import load_experiment
     from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint
     from diffrl.engines.train.export import export_checkpoint
-    from diffrl.flows.build import resolve_model_path
     from diffrl.flows.commands.train import split_config_args
+    from diffrl.flows.provenance import base_model
 
     config, overrides = split_config_args(args)  # `diffrl export run.name=x --out y`: no CONFIG given
     try:
@@ -52,9 +52,7 @@ def run(args: argparse.Namespace) -> int:
         if not os.path.isdir(checkpoint):
             kept = sorted(os.listdir(os.path.join(cfg.run_dir, "checkpoints")))
             raise ValueError(f"no checkpoint {checkpoint!r}; the run keeps: {kept}")
-        base = resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed)
-        base = os.path.abspath(base) if os.path.isdir(base) else base
-        done = export_checkpoint(checkpoint, args.out, base_model=base, merge=args.merge, say=_say)
+        done = export_checkpoint(checkpoint, args.out, base_model=base_model(cfg), merge=args.merge, say=_say)
     except (ValueError, FileNotFoundError) as e:
         print(f"diffrl export: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
