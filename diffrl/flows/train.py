@@ -12,7 +12,6 @@ import logging
 import os
 import re
 import shutil
-import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +34,7 @@ from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_c
 from diffrl.engines.train.checkpoint import CorruptCheckpoint
 from diffrl.flows.build import build_engines
 from diffrl.flows.errors import DamagedRun
+from diffrl.flows.progress import console
 from diffrl.flows.provenance import deployment_name, log_final_weights, prompt_inputs, source_tags
 from diffrl.flows.rl_step import rl_step
 from diffrl.flows.run_lock import run_lock
@@ -46,7 +46,7 @@ log = logging.getLogger("diffrl")
 
 
 def _say(message: str) -> None:
-    print(f"[diffrl] {message}", file=sys.stderr, flush=True)
+    console.say(message)  # above the live step line, on a terminal
 
 
 def _run_state(cfg: ExperimentConfig) -> dict:
@@ -225,6 +225,7 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
         if engines.memory is not None:
             engines.memory.drain()  # the last step's rows and checkpoint land before the run reports done
     except BaseException as e:
+        console.close()  # the error starts a line of its own
         settle(engines)
         tracker.finish("FAILED")
         damaged = damaged_store(e, cfg)
@@ -235,6 +236,7 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
     finally:
         if engines.memory is not None:
             engines.memory.close()
+    console.close()
     final = latest_checkpoint(cfg.run_dir)
     log_final_weights(engines, tracker, final)
     if val:  # the run's validation before training and now, in one line
@@ -385,11 +387,13 @@ def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: i
                 val = validate(engines, tracker, step + 1)
             metrics.update(val)
         tracker.log_metrics(metrics, step + 1)
-        _say(
-            f"step {step + 1}/{cfg.run.steps}: reward {metrics.get('critic/rewards/mean', float('nan')):.4f} "
+        console.step(  # a live line on a terminal, one plain line per step elsewhere
+            step + 1,
+            cfg.run.steps,
+            f"reward {metrics.get('critic/rewards/mean', float('nan')):.4f}, "
             f"{metrics['perf/throughput']:.2f} images/s ({metrics['perf/time_per_step']:.2f} s)"
-            + _eta(times, cfg.run.steps - step - 1)
-            + (f" | {_fmt(val)}" if val and validation_due(cfg, step + 1) else "")
+            + _eta(times, cfg.run.steps - step - 1),
+            note=_fmt(val) if val and validation_due(cfg, step + 1) else "",
         )
     return val
 

@@ -149,6 +149,7 @@ class RolloutEngine:
             desc=f"sampling {batch}",
             unit="step",
             disable=not self.progress,
+            leave=False,  # gone once sampled: `diffrl train`'s live step line stays the one line on screen
         )
         parts, started = [], time.perf_counter()
         with torch.no_grad():  # not inference_mode: the trainer later uses cached tensors under autograd
