@@ -164,6 +164,8 @@ def connect(address: str | None) -> None:
     """Join the Ray cluster at `address` (None: RAY_ADDRESS or a local `ray start --head`)."""
     import ray
 
+    from diffrl.engines.ray_exposure import warn_if_exposed
+
     if ray.is_initialized():
         return
     ray.init(
@@ -172,6 +174,7 @@ def connect(address: str | None) -> None:
         runtime_env={"env_vars": forwarded_env()},
         log_to_driver=False,
     )
+    warn_if_exposed()  # a cluster open to the network without a token: say so (diffrl/engines/ray_exposure.py)
 
 
 class EngineHost:
