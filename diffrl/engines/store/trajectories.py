@@ -41,13 +41,21 @@ from diffrl.engines.store.samples import SampleTable, key_table
 from diffrl.engines.store.tables import LanceTable, first_writes, new_write_id, sibling_uri, sql_in, sql_str
 from diffrl.engines.trajectories import Trajectories
 
+# `prompt` (the sample's, as in trajectories.lance) and `excluded` (True: the sample is not trained on; its reward is
+# NaN and valid False, its advantage NaN) make either table readable alone (docs/concepts.md, "Reading a run")
 REWARD_FIELDS = [
+    pa.field("prompt", pa.string()),
     pa.field("reward", pa.float32()),
     pa.field("valid", pa.bool_()),
+    pa.field("excluded", pa.bool_()),
     pa.field("component_names", pa.list_(pa.string())),
     pa.field("component_values", pa.list_(pa.float32())),
 ]
-ADVANTAGE_FIELDS = [pa.field("advantage", pa.float32())]
+ADVANTAGE_FIELDS = [
+    pa.field("prompt", pa.string()),
+    pa.field("advantage", pa.float32()),
+    pa.field("excluded", pa.bool_()),
+]
 SampleKeys = Trajectories | Sequence[tuple[str, int]] | Sequence[tuple[int, str, int]]
 
 
@@ -290,6 +298,16 @@ class TrajectoryStore:
             )
         return key_table([k[0] for k in keys], np.array([int(k[1]) for k in keys], dtype=np.int64))
 
+    def _prompts(self, step: int, keys: SampleKeys, table: pa.Table) -> pa.Array:
+        """The prompts of the samples `table` names (the trajectories' own when `keys` is one; else looked up in the
+        step's rows), for the prompt column of the reward and advantage tables."""
+        if isinstance(keys, Trajectories):
+            return pa.array(keys.prompts, pa.string())
+        stored = self._step_keys(step, ["prompt"]).select(["group_id", "sample_index", "prompt"])
+        positions = table.append_column("_pos", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+        joined = positions.join(stored, keys=["group_id", "sample_index"], join_type="left outer").sort_by("_pos")
+        return joined.column("prompt").combine_chunks()
+
     def _check_known(self, step: int, keys: pa.Table, what: str) -> None:
         unknown = keys.join(
             self._step_keys(step).select(["group_id", "sample_index"]),
@@ -333,8 +351,10 @@ class TrajectoryStore:
         offsets = pa.array(np.arange(n + 1, dtype=np.int32) * len(names))
         flat = torch.stack(values, 1).reshape(-1).numpy() if names else np.zeros(0, np.float32)
         columns = {
+            "prompt": self._prompts(step, keys, table),
             "reward": pa.array(rewards.numpy()),
             "valid": pa.array(valid.numpy()),
+            "excluded": pa.array(~valid.numpy()),
             "component_names": pa.ListArray.from_arrays(offsets, pa.array(names * n, pa.string())),
             "component_values": pa.ListArray.from_arrays(offsets, pa.array(flat, pa.float32())),
         }
@@ -366,7 +386,12 @@ class TrajectoryStore:
         if adv.shape != (table.num_rows,):
             raise ValueError(f"write_advantages: expected {table.num_rows} advantages (one per key), got {adv.numel()}")
         self._check_known(step, table, "advantages")
-        return self._advantages.append(step, table, {"advantage": pa.array(adv.numpy())})
+        columns = {
+            "prompt": self._prompts(step, keys, table),
+            "advantage": pa.array(adv.numpy()),
+            "excluded": pa.array(torch.isnan(adv).numpy()),  # excluded samples carry NaN: never a silent 0
+        }
+        return self._advantages.append(step, table, columns)
 
     def read_advantages(self, step: int, *, rank: int = 0, world_size: int = 1) -> torch.Tensor:
         """(n,) advantages aligned with read_step's order; a missing one is a ValueError."""
