@@ -161,11 +161,21 @@ class RunConfig:
 
 @dataclass
 class ClusterConfig:
+    """Where the engines live (docs/operations.md section 5).
+
+    Data parallelism, two ways (ray mode): `gpus: N` runs N colocated engine replicas, one GPU each (rollout + trainer
+    in one actor; each replica generates its share of the step's chunks, the trainers are one FSDP2 group);
+    `placement: split` with `trainers: N` keeps one rollout actor and shards only the training over N trainer actors.
+    """
+
     mode: str = "local"  # local | ray
     address: str | None = None  # ray cluster address (ray mode)
     placement: str = "colocated"  # colocated | split
     actor_timeout_s: float = 600.0
     trainers: int = 1  # data-parallel trainer actors (FSDP2 over one torch.distributed group); split only
+    gpus: int | str = 1  # colocated engine replicas, one per GPU (ray mode): N, or "auto" (every GPU Ray sees)
+    reward_actors: int = 1  # reward actors (ray mode); chunk c is scored by actor c % reward_actors
+    reward_gpus: float = 0.0  # GPUs each reward actor asks Ray for (a reward model on its own GPU); 0: CPUs only
 
     def __post_init__(self) -> None:
         if self.mode not in ("local", "ray"):
@@ -180,6 +190,37 @@ class ClusterConfig:
                 f"cluster.mode: ray and cluster.placement: split (the rollout in its own actor); got "
                 f"mode {self.mode!r}, placement {self.placement!r}"
             )
+        if self.gpus != "auto" and (isinstance(self.gpus, str) or self.gpus < 1):
+            raise ValueError(f"cluster.gpus must be a number of GPUs >= 1 or 'auto', got {self.gpus!r}")
+        if self.gpus != 1 and (self.mode, self.placement) != ("ray", "colocated"):
+            raise ValueError(
+                f"cluster.gpus: {self.gpus} runs colocated engine replicas as Ray actors, which needs cluster.mode: "
+                f"ray and cluster.placement: colocated; got mode {self.mode!r}, placement {self.placement!r} "
+                "(split placement shards the training with cluster.trainers instead)"
+            )
+        if self.reward_actors < 1 or self.reward_gpus < 0:
+            raise ValueError(
+                f"cluster.reward_actors must be >= 1 and cluster.reward_gpus >= 0, got {self.reward_actors} and "
+                f"{self.reward_gpus}"
+            )
+        if (self.reward_actors, self.reward_gpus) != (1, 0.0) and self.mode != "ray":
+            raise ValueError(
+                "cluster.reward_actors / cluster.reward_gpus place reward actors on a Ray cluster: they need "
+                f"cluster.mode: ray (got {self.mode!r}; local mode scores in the run's process)"
+            )
+
+    @property
+    def replicas(self) -> int:
+        """Engine replicas of the run (1 unless `gpus` asks for more); `gpus: auto` is resolved when Ray is joined."""
+        if self.gpus == "auto":
+            raise ValueError("cluster.gpus is 'auto': the number of replicas is known once the Ray cluster is joined")
+        return int(self.gpus)
+
+    @property
+    def data_parallel(self) -> int:
+        """Processes the trainer is sharded over: the replicas, or the split trainer actors (1 when `gpus: auto`
+        is not resolved yet)."""
+        return self.trainers if self.placement == "split" else (1 if self.gpus == "auto" else int(self.gpus))
 
 
 @dataclass
@@ -221,6 +262,7 @@ class ExperimentConfig:
                 "and the run would learn nothing from its rewards"
             )
             raise ValueError(f"rollout.group_size=1: algorithm {self.algorithm.name!r} {why}; use 2 or more")
+        check_data_parallel(self)
         if self.train.mini_batch_prompts > self.rollout.prompts_per_step:
             raise ValueError(
                 f"train.mini_batch_prompts ({self.train.mini_batch_prompts}) exceeds "
@@ -234,6 +276,38 @@ class ExperimentConfig:
     @property
     def run_dir(self) -> str:
         return os.path.join(self.run.root, self.run.name)
+
+
+def check_data_parallel(cfg: ExperimentConfig) -> None:
+    """ValueError for a step that cannot be shared evenly by the run's data-parallel processes (engine replicas or
+    split trainers), or an algorithm the replicas cannot run."""
+    size = cfg.cluster.data_parallel
+    if size == 1:
+        return
+    who = f"cluster.gpus: {size} replicas" if cfg.cluster.placement == "colocated" else f"cluster.trainers: {size}"
+    mini = cfg.train.mini_batch_prompts * cfg.rollout.group_size
+    if mini % size:
+        raise ValueError(
+            f"{who} each train an equal share of every mini-batch: train.mini_batch_prompts x rollout.group_size "
+            f"({mini}) must be a multiple of {size}"
+        )
+    if cfg.cluster.placement == "split":
+        return
+    chunks = -(-cfg.rollout.samples_per_step // cfg.rollout.chunk_size)
+    if chunks % size or cfg.rollout.samples_per_step % cfg.rollout.chunk_size:
+        raise ValueError(
+            f"{who} each generate an equal share of the step's chunks: the step's {cfg.rollout.samples_per_step} "
+            f"samples come in {chunks} chunk(s) of rollout.chunk_size {cfg.rollout.chunk_size}; make the number of "
+            f"whole chunks a multiple of {size} (e.g. rollout.chunk_size: "
+            f"{max(1, cfg.rollout.samples_per_step // size)})"
+        )
+    if cfg.data.sample_source == "offline":
+        raise ValueError(f"data.sample_source 'offline' reads its pairs in one process: {who} needs online rollouts")
+    if cfg.algorithm.needs.samples_with_old_adapter:
+        raise ValueError(
+            f"algorithm {cfg.algorithm.name!r} samples with the trainer's old (EMA) adapter, which only a single "
+            f"engine shares with its rollout: {who} is not supported for it yet (use cluster.gpus: 1)"
+        )
 
 
 def _numbers(node, path: str):

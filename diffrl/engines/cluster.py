@@ -7,20 +7,22 @@ Ray mode (`cluster.mode: ray`): the engines are named, detached Ray actors in th
 namespace, created once per run name and found again by later flow runs (warm models across steps
 and across runs). Each actor holds one role's engines (see ROLES) and runs stage functions on them;
 callers wait at most `cluster.actor_timeout_s`, so a dead or stuck actor fails the caller with the
-actor's error instead of hanging. Both kinds of handle expose the same `run(role, fn, *args)`.
+actor's error instead of hanging. Both kinds of handle expose the same `run(role, fn, *args)` and
+`run_one(role, index, fn, *args)`. The actor body is diffrl/engines/host.py.
 
     colocated: <run>/engine  (adapter + rollout + trainer on the same GPUs: weights shared, no copy)
-               <run>/reward  (reward pool + store, on CPUs)
+               <run>/engine-1 ... <run>/engine-{N-1} with cluster.gpus: N (replicas, one GPU each; the trainers
+               are one FSDP2 group, each replica's rollout samples with its own unsharded copy of the denoiser)
+               <run>/reward  (reward pool + store, on CPUs; <run>/reward-1 ... with cluster.reward_actors)
     split:     <run>/rollout (its own adapter copy, own GPU)   <run>/trainer (adapter + trainer, own GPU)
+               <run>/trainer-1 ... with cluster.trainers: N (data-parallel trainer ranks)
                <run>/reward
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -54,7 +56,6 @@ FORWARDED_ENV = (
     "TRANSFORMERS_OFFLINE",
     "TOKENIZERS_PARALLELISM",
 )
-_BUILDS = 0  # engine builds in this process (an actor process: 1 while it stays warm)
 
 
 @dataclass
@@ -84,6 +85,10 @@ class Engines:
 
     def run(self, role: str, fn: Callable, *args: Any) -> Any:
         """Run `fn(engines, *args)` here (every role lives in this process)."""
+        return fn(self, *args)
+
+    def run_one(self, role: str, index: int, fn: Callable, *args: Any) -> Any:
+        """Run `fn(engines, *args)` here: this process is the only replica of every role."""
         return fn(self, *args)
 
     def set_run_uid(self, uid: str) -> None:
@@ -137,27 +142,49 @@ def actor_name(run_name: str, actor: str) -> str:
     return f"{run_name}/{actor}"
 
 
-def trainer_actors(config: Any) -> list[str]:
-    """The trainer actors of a run, rank order: "trainer", then "trainer-1" ... for cluster.trainers > 1."""
-    return ["trainer"] + [f"trainer-{rank}" for rank in range(1, config.cluster.trainers)]
+def dp_actors(config: Any) -> list[str]:
+    """The data-parallel ranks of a run, rank order: its engine replicas ("engine", "engine-1", ... with
+    cluster.gpus > 1) or its split trainer actors ("trainer", "trainer-1", ... with cluster.trainers > 1)."""
+    first = ROLES[config.cluster.placement]["trainer"]
+    return [first] + [f"{first}-{rank}" for rank in range(1, config.cluster.data_parallel)]
+
+
+def reward_actors(config: Any) -> list[str]:
+    """The reward actors of a run: "reward", then "reward-1" ... for cluster.reward_actors > 1."""
+    return ["reward"] + [f"reward-{i}" for i in range(1, config.cluster.reward_actors)]
 
 
 def actor_names(config: Any) -> list[str]:
-    """Every actor of a run: its placement's roles plus the data-parallel trainer ranks."""
-    names = set(ROLES[config.cluster.placement].values())
-    if config.cluster.placement == "split":
-        names.update(trainer_actors(config))
-    return sorted(names)
+    """Every actor of a run: its placement's roles, the data-parallel ranks and the reward actors."""
+    return sorted(set(ROLES[config.cluster.placement].values()) | set(dp_actors(config)) | set(reward_actors(config)))
 
 
-def _role(actor: str) -> str:
-    """The role an actor builds for ("trainer-1" builds what "trainer" builds)."""
-    return "trainer" if actor.startswith("trainer") else actor
+def role_of(actor: str) -> str:
+    """The role an actor builds for ("trainer-1" builds what "trainer" builds, "engine-2" what "engine" does)."""
+    return actor.split("-", 1)[0]
+
+
+def gpus_seen(config: Any) -> int:
+    """`cluster.gpus: auto`: the GPUs of the connected Ray cluster, less those the reward actors ask for."""
+    import math
+
+    import ray
+
+    total = ray.cluster_resources().get("GPU", 0)
+    left = int(total - math.ceil(config.cluster.reward_actors * config.cluster.reward_gpus))
+    if left < 1:
+        raise ValueError(
+            f"cluster.gpus: auto found {total:g} GPUs on the Ray cluster ({config.cluster.reward_actors} reward "
+            f"actors ask for {config.cluster.reward_gpus:g} each): start Ray with GPUs (`ray start --head "
+            "--num-gpus N`) or set cluster.gpus to a number"
+        )
+    return left
 
 
 def forwarded_env() -> dict[str, str]:
-    """The driver's settings the Ray workers and actors need (runtime_env env_vars)."""
-    return {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    """The driver's settings the Ray workers and actors need (runtime_env env_vars): FORWARDED_ENV and every NCCL_*
+    (the network the replicas' process group uses between nodes: NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...)."""
+    return {k: v for k, v in os.environ.items() if k in FORWARDED_ENV or k.startswith("NCCL_")}
 
 
 def connect(address: str | None) -> None:
@@ -177,125 +204,14 @@ def connect(address: str | None) -> None:
     warn_if_exposed()  # a cluster open to the network without a token: say so (diffrl/engines/ray_exposure.py)
 
 
-class EngineHost:
-    """The body of one named detached actor: builds its role's engines once, then runs stage functions.
-
-    `build(config, actor)` is passed by reference (flows.build.build_engines), so this module stays
-    free of model code; Ray ships functions of importable modules by name, never their bytecode.
-    """
-
-    def __init__(self, build: Callable, config: Any, actor: str, run_uid: str = "", rank: int = 0, world: int = 1):
-        self.actor, self.rank, self.world = actor, rank, world
-        self._pending = (build, config, run_uid)
-        self.engines: Engines | None = None
-        self.created = time.time()
-        if world == 1:
-            self._build()
-        # A data-parallel trainer rank builds in `join`, once every rank knows where rank 0 listens.
-
-    def _build(self) -> None:
-        global _BUILDS
-        build, config, run_uid = self._pending
-        self.engines = build(config, _role(self.actor))
-        self.engines.run_uid = run_uid
-        _BUILDS += 1
-
-    def rendezvous(self) -> tuple[str, int]:
-        """Rank 0: this node's address and a free port for the torch.distributed store."""
-        import socket
-
-        import ray
-
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
-
-    def join(self, address: str, port: int) -> None:
-        """Join the run's trainer process group (NCCL on GPUs, gloo on CPUs), then build: the trainer
-        shards its model with FSDP2 over the group. A warm (already built) rank does nothing."""
-        if self.engines is not None:
-            return
-        import datetime
-
-        import torch
-        import torch.distributed as dist
-
-        config = self._pending[1]
-        os.environ.update(
-            MASTER_ADDR=address, MASTER_PORT=str(port), RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK="0"
-        )
-        backend = "nccl" if torch.cuda.is_available() and config.model.device != "cpu" else "gloo"
-        dist.init_process_group(
-            backend,
-            rank=self.rank,
-            world_size=self.world,
-            timeout=datetime.timedelta(seconds=config.cluster.actor_timeout_s),
-        )
-        self._build()
-
-    def attach(self, config: Any, run_uid: str) -> dict:
-        """A later flow run of the same run name: same model and training setup, fresh run settings."""
-        ours = _comparable(self.engines.config)
-        if ours != _comparable(config):
-            raise ValueError(
-                f"the warm actors of run {config.run.name!r} were built from another config "
-                f"(model/train/rollout/reward/data differ); remove them with "
-                f"`diffrl cluster stop {config.run.name}` or use another run.name"
-            )
-        self.engines.config = config
-        self.engines.run_uid = run_uid
-        return self.describe()
-
-    def run(self, fn: Callable, *args: Any) -> Any:
-        return fn(self.engines, *args)
-
-    def describe(self) -> dict:
-        """What `diffrl cluster status` shows: role, process, devices and what the actor holds."""
-        import ray
-
-        e = self.engines
-        if e is None:
-            return {
-                "actor": self.actor,
-                "pid": os.getpid(),
-                "holds": [],
-                "rank": self.rank,
-                "error": "not built: waiting for the other trainer ranks to join",
-            }
-        holds = [name for name in ("adapter", "rollout", "trainer", "reward", "store") if getattr(e, name) is not None]
-        return {
-            "actor": self.actor,
-            "rank": self.rank,
-            "world": self.world,
-            "pid": os.getpid(),
-            "node": ray.get_runtime_context().get_node_id(),
-            "gpus": [str(g) for g in ray.get_gpu_ids()],
-            "device": str(getattr(e.adapter, "device", "cpu")),
-            "holds": holds,
-            "model": e.model_path if e.adapter is not None else "",
-            "builds": _BUILDS,
-            "policy_version": e.policy_version if e.adapter is not None else None,
-            "created": self.created,
-            "config": e.config,
-            "run_uid": e.run_uid,
-        }
-
-
-def _comparable(config: Any) -> Any:
-    """The config minus what may change between flow runs of one run name (length, logging, timeouts)."""
-    run = dataclasses.replace(
-        config.run, steps=1, validate_every=0, log_images=0, checkpoint_every=1, keep_latents_steps=0
-    )
-    return dataclasses.replace(config, run=run, cluster=dataclasses.replace(config.cluster, actor_timeout_s=1.0))
-
-
 def _resources(config: Any, actors: list[str]) -> dict[str, float]:
-    """GPUs each actor asks for: 1 for a model holder when the cluster has GPUs and the model is not on CPU."""
+    """GPUs each actor asks for: 1 for a model holder when the cluster has GPUs and the model is not on CPU;
+    cluster.reward_gpus for a reward actor."""
     import ray
 
     has_gpus = ray.cluster_resources().get("GPU", 0) >= 1 and config.model.device != "cpu"
-    return {a: (1.0 if has_gpus and _role(a) in ("engine", "rollout", "trainer") else 0.0) for a in actors}
+    model = 1.0 if has_gpus else 0.0
+    return {a: config.cluster.reward_gpus if role_of(a) == "reward" else model for a in actors}
 
 
 def _placement_group(run_name: str, gpus: dict[str, float], timeout_s: float):
@@ -346,24 +262,23 @@ class RayEngines:
         """The live actors of `run_name` (from any process connected to the cluster)."""
         import ray
 
-        actors = {}
-        for actor in ("engine", "rollout", "trainer", "reward"):
-            try:
-                actors[actor] = ray.get_actor(actor_name(run_name, actor), namespace=NAMESPACE)
-            except ValueError:
-                continue
-        if "reward" not in actors:
+        def lookup(names: list[str]) -> dict[str, Any]:
+            found = {}
+            for actor in names:
+                try:
+                    found[actor] = ray.get_actor(actor_name(run_name, actor), namespace=NAMESPACE)
+                except ValueError:
+                    continue
+            return found
+
+        first = lookup(["reward"])
+        if not first:
             raise RuntimeError(
                 f"run {run_name!r} has no actors on this Ray cluster (namespace {NAMESPACE!r}): "
                 f"start it with `diffrl train ... cluster.mode=ray run.name={run_name}`"
             )
-        info = ray.get(actors["reward"].describe.remote(), timeout=60)
-        for actor in trainer_actors(info["config"])[1:]:
-            try:
-                actors[actor] = ray.get_actor(actor_name(run_name, actor), namespace=NAMESPACE)
-            except ValueError:
-                continue
-        return cls(run_name, info["config"], actors, info["run_uid"])
+        info = ray.get(first["reward"].describe.remote(), timeout=60)  # the config the actors were built from
+        return cls(run_name, info["config"], lookup(actor_names(info["config"])), info["run_uid"])
 
     def set_run_uid(self, uid: str) -> None:
         """Key the run's task caches by `uid` here and in every actor (the Ray workers running tasks ask them)."""
@@ -381,17 +296,33 @@ class RayEngines:
             )
         return self.actors[actor]
 
-    def ranks(self, role: str) -> list[Any]:
-        """The actors that run a call of `role`: every data-parallel trainer rank for "trainer" (rank 0 first)."""
-        if role != "trainer" or not self.split or self.config.cluster.trainers == 1:
+    def members(self, role: str) -> list[Any]:
+        """Every actor playing `role`, rank order: the data-parallel ranks for "trainer" (and for "rollout" with
+        engine replicas), the reward actors for "reward"."""
+        if role == "reward":
+            names = reward_actors(self.config)
+        elif role == "trainer" or (role == "rollout" and not self.split):
+            names = dp_actors(self.config)
+        else:
             return [self.actor_for(role)]
-        missing = [a for a in trainer_actors(self.config) if a not in self.actors]
+        missing = [a for a in names if a not in self.actors]
         if missing:
             raise RuntimeError(
-                f"run {self.run_name!r}: trainer actors {missing} are not alive; "
-                f"`diffrl cluster stop {self.run_name}` and rerun to start fresh actors"
+                f"run {self.run_name!r}: actors {[actor_name(self.run_name, a) for a in missing]} are not alive "
+                f"(they died or were stopped); `diffrl cluster stop {self.run_name}` and rerun `diffrl train` to "
+                "start fresh actors from the last checkpoint"
             )
-        return [self.actors[a] for a in trainer_actors(self.config)]
+        return [self.actors[a] for a in names]
+
+    def ranks(self, role: str) -> list[Any]:
+        """The actors that run a call of `role`: every data-parallel rank for "trainer" (rank 0 first)."""
+        return self.members("trainer") if role == "trainer" else [self.actor_for(role)]
+
+    def run_one(self, role: str, index: int, fn: Callable, *args: Any) -> Any:
+        """`fn(engines, *args)` inside the `index`-th actor playing `role` (modulo their number): one engine replica,
+        one trainer rank (a collective stage then needs a call on every rank at once) or one reward actor."""
+        actors = self.members(role)
+        return self.wait(actors[index % len(actors)].run.remote(fn, *args), f"{role}[{index}] ({fn.__name__})")
 
     def run(self, role: str, fn: Callable, *args: Any) -> Any:
         """`fn(engines, *args)` inside the actor playing `role` -- on every trainer rank for "trainer", which
@@ -440,8 +371,10 @@ def start_actors(config: Any, build: Callable, run_uid: str = "") -> RayEngines:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     run_name, timeout = config.run.name, config.cluster.actor_timeout_s
+    from diffrl.engines.host import EngineHost
+
     names = actor_names(config)
-    dp_ranks = trainer_actors(config) if config.cluster.trainers > 1 else []
+    dp_ranks = dp_actors(config) if config.cluster.data_parallel > 1 else []
     gpus = _resources(config, names)
     pg = _placement_group(run_name, gpus, timeout)
     host = ray.remote(EngineHost)
@@ -464,10 +397,10 @@ def start_actors(config: Any, build: Callable, run_uid: str = "") -> RayEngines:
         rank, world = (dp_ranks.index(actor), len(dp_ranks)) if actor in dp_ranks else (0, 1)
         actors[actor] = host.options(**options).remote(build, config, actor, run_uid, rank, world)
     handle = RayEngines(run_name, config, actors, run_uid)
-    if config.cluster.trainers > 1:  # data-parallel trainers: one process group, rank 0's address
+    if dp_ranks:  # data-parallel replicas or trainers: one process group, rank 0's address
         ranks = handle.ranks("trainer")
         address, port = handle.wait(ranks[0].rendezvous.remote(), "trainer rendezvous")
-        handle.wait([r.join.remote(address, port) for r in ranks], "trainers (process group and build)")
+        handle.wait([r.join.remote(address, port) for r in ranks], "data-parallel ranks (process group and build)")
     # a warm actor from an earlier flow run answers `attach`; a new one answers once its build is done
     for name, actor in actors.items():
         handle.wait(actor.attach.remote(config, run_uid), f"{name} (build/attach)")

@@ -16,6 +16,8 @@ from diffrl.engines.store.embeddings import EmbeddingCache
 from diffrl.engines.store.prompts import PromptDataset, PromptSampler, compositional_prompts, ocr_prompts
 from diffrl.engines.store.scenes import shapes_prompts
 from diffrl.engines.store.trajectories import TrajectoryStore
+from diffrl.engines.train.setup import world
+from diffrl.engines.train.sync import rollout_copy, send_weights
 from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.flows.build_preference import build_preference_cache, check_preference_config, train_prompts
 from diffrl.models.base import load_adapter, set_tf32
@@ -93,7 +95,9 @@ def build_engines(
 
     `cluster.mode: ray` (called with actor="local" by the flow): the engines are built inside the run's
     named Ray actors instead (each calls back here with its actor name) and a handle is registered.
-    Actors: "local"/"engine" build everything but the reward pool when it has its own actor.
+    Actors: "local"/"engine" build everything but the reward pool when it has its own actor. An "engine" that is one
+    of several data-parallel replicas (cluster.gpus > 1; torch.distributed is up) samples with its own unsharded
+    copy of the denoiser while its trainer shards the original over the replicas.
     durable=False (the engines-only benchmarks): no trajectory store and no embedding cache on disk; the
     step core hands everything over in memory and writes nothing.
     """
@@ -132,15 +136,22 @@ def build_engines(
         embed_cache = (
             EmbeddingCache(os.path.join(run_dir, "embeddings.lance"), storage_options=storage) if durable else None
         )
-        rollout = RolloutEngine(adapter, cache=embed_cache, progress=sys.stderr.isatty())
+        sampler_adapter = rollout_copy(adapter) if actor == "engine" and world()[1] > 1 else adapter
+        rollout = RolloutEngine(sampler_adapter, cache=embed_cache, progress=sys.stderr.isatty())
     if actor in ("local", "engine", "trainer"):
         trainer = PolicyTrainer(  # every diffusion algorithm: the trainer asks it what to prepare
             adapter, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size, device=device
         )
+        if rollout is not None and rollout.adapter is not adapter:  # a replica: the copy starts at the trainer's
+            trainer.rollout_copy = rollout.adapter
+            trainer.replayer.cache = embed_cache  # prompts another replica sampled are encoded once, in the cache
+            send_weights(trainer, rollout.adapter)
         if offline:  # offline DPO: the pairs' VAE latents, encoded once (runs/<name>/preferences.lance)
             preferences = build_preference_cache(cfg, adapter)
     if adapter is not None and cfg.model.compile:  # after LoRA and FSDP have wrapped the blocks
         adapter.compile_blocks()
+        if rollout.adapter is not adapter:
+            rollout.adapter.compile_blocks()
     val_prompts = [val_set[i] for i in range(min(cfg.data.num_val_prompts, len(val_set)))]
     # One process holding every role hands the step over in memory and writes behind it; an actor's stages
     # may be followed by another actor's, which reads what this one wrote: its writes are inline.
@@ -172,6 +183,9 @@ def _start_ray(cfg: ExperimentConfig) -> cluster.RayEngines:
     if "://" not in cfg.run.root:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, root=os.path.abspath(cfg.run.root)))
     cluster.connect(cfg.cluster.address)
+    if cfg.cluster.gpus == "auto":  # every GPU Ray sees; the whole config is checked again with the number
+        cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, gpus=cluster.gpus_seen(cfg)))
+        log.info("cluster.gpus: auto -> %d replicas", cfg.cluster.gpus)
     handle = cluster.start_actors(cfg, build_engines)
     handle.store = TrajectoryStore(
         os.path.join(cfg.run_dir, "trajectories.lance"), storage_options=cfg.run.storage_options or None

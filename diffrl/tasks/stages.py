@@ -2,6 +2,10 @@
 stage (diffrl/engines/step/run.py STAGES), which runs where the stage's role lives (this process, or a Ray actor), and
 persists its typed result as JSON keyed by (run, step, stage, chunk).
 
+With engine replicas (`cluster.gpus: N`) a stage that runs on them is one task per replica, named after it:
+generate-step3-replica1-chunk2 (replica 1 generates chunk 2), update_actor-step3-replica1, sync_weights-step3-replica1,
+keyed by (run, step, stage, chunk) for generate and (run, step, stage, replica) for the two trainer stages.
+
 Retries: none automatic. An optimizer step is not idempotent (its checkpoint is); a retried flow run finds the
 completed stages Cached and reruns the rest.
 """
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, Callable
 
 from prefect import task
 
@@ -30,27 +34,39 @@ from diffrl.tasks.common import (
 )
 
 
-def _run(stage: str, run_name: str, step: int, chunk: int = 0) -> dict:
-    return as_record(STAGES[stage][0](cluster.get(run_name), step, chunk))
+def _run(stage: str, run_name: str, step: int, chunk: int = 0, replica: int | None = None) -> dict:
+    return as_record(STAGES[stage][0](cluster.get(run_name), step, chunk, replica))
 
 
-@task(
-    name="generate",
-    task_run_name="generate-step{step}-chunk{chunk}",
-    cache_key_fn=stage_cache_key("generate"),
-    **STAGE,
-)
-def generate_chunk(run_name: str, step: int, chunk: int) -> dict:
-    """One chunk's rollout (or the rollout that ran ahead of it), where the run's rollout lives."""
-    return _run("generate", run_name, step, chunk)
+def task_name(stage: str) -> Callable[..., str]:
+    """A stage task's run name: <stage>-step<k>[-replica<r>][-chunk<c>] (generate-step3-chunk1, update_actor-step3,
+    generate-step3-replica1-chunk2)."""
+
+    def name(parameters: dict) -> str:
+        parts = [stage, f"step{parameters['step']}"]
+        if parameters.get("replica") is not None:
+            parts.append(f"replica{parameters['replica']}")
+        if "chunk" in parameters:
+            parts.append(f"chunk{parameters['chunk']}")
+        return "-".join(parts)
+
+    return name
 
 
-@task(
-    name="score",
-    task_run_name="score-step{step}-chunk{chunk}",
-    cache_key_fn=stage_cache_key("score"),
-    **STAGE,
-)
+def replica_cache_key(stage: str) -> Callable[[Any, dict], str]:
+    """Cache key of a stage that runs once per replica: (run, step, stage, replica) (replica 0 alone: the stage's
+    single key)."""
+    key = stage_cache_key(stage)
+    return lambda context, params: key(context, {**params, "chunk": params.get("replica") or 0})
+
+
+@task(name="generate", task_run_name=task_name("generate"), cache_key_fn=stage_cache_key("generate"), **STAGE)
+def generate_chunk(run_name: str, step: int, chunk: int, replica: int | None = None) -> dict:
+    """One chunk's rollout (or the rollout that ran ahead of it), where the run's rollout lives (on `replica`)."""
+    return _run("generate", run_name, step, chunk, replica)
+
+
+@task(name="score", task_run_name=task_name("score"), cache_key_fn=stage_cache_key("score"), **STAGE)
 def score_chunk(run_name: str, step: int, chunk: int) -> dict:
     """One chunk's rewards, on the reward pool, while the next chunk generates."""
     return _run("score", run_name, step, chunk)
@@ -58,7 +74,7 @@ def score_chunk(run_name: str, step: int, chunk: int) -> dict:
 
 @task(
     name="offline_pairs",
-    task_run_name="offline_pairs-step{step}",
+    task_run_name=task_name("offline_pairs"),
     cache_key_fn=stage_cache_key("offline_pairs"),
     **STAGE,
 )
@@ -67,28 +83,35 @@ def offline_pairs(run_name: str, step: int) -> dict:
     return _run("offline_pairs", run_name, step)
 
 
-@task(name="advantages", task_run_name="advantages-step{step}", cache_key_fn=stage_cache_key("advantages"), **STAGE)
+@task(name="advantages", task_run_name=task_name("advantages"), cache_key_fn=stage_cache_key("advantages"), **STAGE)
 def compute_advantages(run_name: str, step: int) -> dict:
     """Group advantages, beside the reward pool."""
     return _run("advantages", run_name, step)
 
 
 @task(
-    name="update_actor", task_run_name="update_actor-step{step}", cache_key_fn=stage_cache_key("update_actor"), **STAGE
+    name="update_actor",
+    task_run_name=task_name("update_actor"),
+    cache_key_fn=replica_cache_key("update_actor"),
+    **STAGE,
 )
-def update_actor(run_name: str, step: int) -> dict:
-    """The policy update and its checkpoint, where the trainer lives."""
-    return _run("update_actor", run_name, step)
+def update_actor(run_name: str, step: int, replica: int | None = None) -> dict:
+    """The policy update and its checkpoint, where the trainer lives (`replica`'s rank of the replicas' group)."""
+    return _run("update_actor", run_name, step, 0, replica)
 
 
 @task(
-    name="sync_weights", task_run_name="sync_weights-step{step}", cache_key_fn=stage_cache_key("sync_weights"), **STAGE
+    name="sync_weights",
+    task_run_name=task_name("sync_weights"),
+    cache_key_fn=replica_cache_key("sync_weights"),
+    **STAGE,
 )
-def sync_weights(run_name: str, step: int) -> dict:
-    """The rollout takes the updated weights (and starts the next step's rollout)."""
-    return _run("sync_weights", run_name, step)
+def sync_weights(run_name: str, step: int, replica: int | None = None) -> dict:
+    """The rollout takes the updated weights (and starts the next step's rollout) (on `replica`)."""
+    return _run("sync_weights", run_name, step, 0, replica)
 
 
+REPLICATED = ("update_actor", "sync_weights")  # one task per engine replica (their trainer group), keyed by replica
 TASKS = {
     "generate": generate_chunk,
     "score": score_chunk,
@@ -105,14 +128,20 @@ class PrefectStages:
     def __init__(self, run_name: str, cfg: Any):
         self.run_name, self.cfg = run_name, cfg
 
-    def _args(self, name: str, step: int, chunk: int) -> tuple:
-        return (self.run_name, step, chunk) if name in ("generate", "score") else (self.run_name, step)
+    def _args(self, name: str, step: int, chunk: int, replica: int | None) -> tuple:
+        if name == "generate":
+            return (self.run_name, step, chunk, replica)
+        if name == "score":
+            return (self.run_name, step, chunk)
+        return (self.run_name, step, replica) if name in REPLICATED else (self.run_name, step)
 
-    def call(self, name: str, step: int, chunk: int = 0) -> Any:
-        return from_record(STAGES[name][1], call_stage(self.cfg, TASKS[name], *self._args(name, step, chunk)))
+    def call(self, name: str, step: int, chunk: int = 0, replica: int | None = None) -> Any:
+        args = self._args(name, step, chunk, replica)
+        return from_record(STAGES[name][1], call_stage(self.cfg, TASKS[name], *args))
 
-    def submit(self, name: str, step: int, chunk: int = 0) -> Any:
-        return _Typed(submit_stage(self.cfg, TASKS[name], *self._args(name, step, chunk)), STAGES[name][1])
+    def submit(self, name: str, step: int, chunk: int = 0, replica: int | None = None) -> Any:
+        args = self._args(name, step, chunk, replica)
+        return _Typed(submit_stage(self.cfg, TASKS[name], *args), STAGES[name][1])
 
 
 class _Typed:
@@ -124,13 +153,17 @@ class _Typed:
     def result(self) -> Any:
         return from_record(self.kind, self.future.result())
 
+    def add_done_callback(self, fn: Callable[[Any], Any]) -> None:
+        self.future.add_done_callback(lambda _: fn(self))
+
 
 def check_step_results(engines: Any, step: int, results_dir: str) -> None:
     """Before `step` runs: every persisted result of its stages that a cache lookup would read is plain JSON data
     (else UntrustedResult naming the file: Prefect's lookup would skip it without a word)."""
     cfg, uid = engines.config, engines.run_uid
     stages = [(stage, chunk) for chunk in range(step_chunks(cfg)) for stage in ("generate", "score")]
-    stages += [(stage, 0) for stage in ("offline_pairs", "advantages", "update_actor", "sync_weights")]
+    stages += [(stage, 0) for stage in ("offline_pairs", "advantages")]
+    stages += [(stage, replica) for stage in REPLICATED for replica in range(cfg.cluster.replicas)]
     check_results(results_dir, [stage_key(cfg.run.name, uid, step, stage, chunk) for stage, chunk in stages])
 
 
@@ -166,7 +199,7 @@ def forget_unfinished(engines: Any, step: int, results_dir: str) -> list[str]:
     if not advantages_ok:
         stale.append(("advantages", 0))
     if not checkpoint_ok:
-        stale += [("update_actor", 0), ("sync_weights", 0)]
+        stale += [(stage, replica) for stage in REPLICATED for replica in range(cfg.cluster.replicas)]
     dropped = []
     for stage, chunk in stale:
         path = os.path.join(results_dir, stage_key(cfg.run.name, uid, step, stage, chunk))

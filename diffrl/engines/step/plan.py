@@ -23,6 +23,13 @@ def num_chunks(cfg: Any) -> int:
     return -(-cfg.rollout.samples_per_step // cfg.rollout.chunk_size)
 
 
+def replica_chunks(cfg: Any, replica: int) -> range:
+    """The chunks engine replica `replica` generates: the replica-th contiguous N-th of the step's chunks (so its
+    prompt groups stay together where they fit in its share); every chunk with one replica."""
+    per_replica = num_chunks(cfg) // cfg.cluster.replicas
+    return range(replica * per_replica, (replica + 1) * per_replica)
+
+
 def chunk_plan(engines: Any, step: int, chunk: int) -> dict:
     """Which samples chunk `chunk` of `step` holds: prompt-major order, group_size samples per prompt."""
     cfg = engines.config

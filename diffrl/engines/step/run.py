@@ -5,6 +5,12 @@ stages as Prefect tasks, the benchmarks and tests run it with the stages called 
     offline: offline_pairs(step)   -- offline DPO's pairs from the VAE-latent cache
     advantages(step) -> update_actor(step) (+ checkpoint) -> sync_weights(step) (+ the next step's rollout)
 
+With N engine replicas (`cluster.gpus: N`), replica r generates the r-th N-th of the step's chunks: the chunks of a
+round (one per replica) generate at once, each scored while the next round generates; the advantages are normalised
+over the whole step (the reward actor reads every replica's rewards), exactly as with one replica; update_actor and
+sync_weights are one call on every replica at once (their trainers are one FSDP2 group). A stage call names the replica
+it runs on, so each replica's part of a stage is its own Prefect task, retried like any other.
+
 Which trainer, which rows and which rollout policy a step uses follow from the algorithm (diffrl/engines/step/update.py
 `training_rows`, diffrl/engines/step/generate.py `uses_old_policy_rollout`), so policy-gradient and direct-preference
 algorithms share this sequence.
@@ -14,40 +20,57 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Protocol
 
 from diffrl.engines.step import generate as sample_stages
 from diffrl.engines.step import update as learn_stages
-from diffrl.engines.step.plan import num_chunks
+from diffrl.engines.step.plan import num_chunks, replica_chunks
 from diffrl.engines.step.records import Advantaged, Generated, Scored, StepResult, Synced, Updated
 
 log = logging.getLogger("diffrl")
 
 
-def sync_engines(engines: Any, step: int, chunk: int = 0, prefetch_next: bool = True) -> Synced:
+def sync_engines(
+    engines: Any, step: int, chunk: int = 0, replica: int | None = None, prefetch_next: bool = True
+) -> Synced:
     """Bring the rollout to the trainer's weights wherever they live (in-process or colocated actor: the shared
-    adapter; split actors: the changed tensors travel trainer -> rollout)."""
+    adapter; split actors: the changed tensors travel trainer -> rollout; a replica: its own copy, all replicas at
+    once, so `replica` names one of the calls that must run together)."""
     if engines.split:
         return engines.pipe(
             ("trainer", learn_stages.export_for_rollout), ("rollout", learn_stages.load_from_trainer), step
         )
-    return engines.run("trainer", learn_stages.sync, step, 0, prefetch_next)
+    if replica is None:
+        return engines.run("trainer", learn_stages.sync, step, 0, prefetch_next)
+    return engines.run_one("trainer", replica, learn_stages.sync, step, 0, prefetch_next)
 
 
 def _on(role: str, fn: Callable) -> Callable:
-    def call(engines: Any, step: int, chunk: int = 0):
-        return engines.run(role, fn, step, chunk)
+    """The driver-side call of a stage: `fn(engines, step, chunk)` where its role lives (on every trainer rank for
+    "trainer"); `replica` picks one actor of the role instead (one engine replica, or one rank's part of a collective
+    stage)."""
+
+    def call(engines: Any, step: int, chunk: int = 0, replica: int | None = None):
+        if replica is None:
+            return engines.run(role, fn, step, chunk)
+        return engines.run_one(role, replica, fn, step, chunk)
 
     call.__name__ = fn.__name__
     return call
 
 
+def _score(engines: Any, step: int, chunk: int = 0, replica: int | None = None) -> Scored:
+    """The score stage on the reward actor of chunk `chunk` (chunk c on actor c % cluster.reward_actors)."""
+    return engines.run_one("reward", chunk, sample_stages.score, step, chunk)
+
+
 # Stage name -> (driver-side call running the stage where its role lives, the record type it returns).
 STAGES: dict[str, tuple[Callable, type]] = {
     "generate": (_on("rollout", sample_stages.generate), Generated),
-    "score": (_on("reward", sample_stages.score), Scored),
+    "score": (_score, Scored),
     "offline_pairs": (_on("trainer", sample_stages.offline_pairs), Generated),
     "advantages": (_on("reward", learn_stages.advantages), Advantaged),
     "update_actor": (_on("trainer", learn_stages.update), Updated),
@@ -56,11 +79,13 @@ STAGES: dict[str, tuple[Callable, type]] = {
 
 
 class Stages(Protocol):
-    """How run_step calls a stage: wait for it (`call`) or start it and wait later (`submit(...).result()`)."""
+    """How run_step calls a stage: wait for it (`call`) or start it and wait later (`submit(...).result()`; the future
+    also takes `add_done_callback(fn)`). `replica` names the engine replica a call runs on (None: where the stage's
+    role lives)."""
 
-    def call(self, name: str, step: int, chunk: int = 0) -> Any: ...
+    def call(self, name: str, step: int, chunk: int = 0, replica: int | None = None) -> Any: ...
 
-    def submit(self, name: str, step: int, chunk: int = 0) -> Any: ...
+    def submit(self, name: str, step: int, chunk: int = 0, replica: int | None = None) -> Any: ...
 
 
 class DirectStages:
@@ -68,13 +93,15 @@ class DirectStages:
 
     def __init__(self, engines: Any):
         self.engines = engines
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="diffrl-stage")
+        # a generate and a score in flight per replica; a collective stage needs a call on every replica at once
+        workers = 2 * engines.config.cluster.replicas
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="diffrl-stage")
 
-    def call(self, name: str, step: int, chunk: int = 0) -> Any:
-        return STAGES[name][0](self.engines, step, chunk)
+    def call(self, name: str, step: int, chunk: int = 0, replica: int | None = None) -> Any:
+        return STAGES[name][0](self.engines, step, chunk, replica)
 
-    def submit(self, name: str, step: int, chunk: int = 0) -> Any:
-        return self._pool.submit(self.call, name, step, chunk)
+    def submit(self, name: str, step: int, chunk: int = 0, replica: int | None = None) -> Any:
+        return self._pool.submit(self.call, name, step, chunk, replica)
 
 
 def run_step(engines: Any, step: int, stages: Stages) -> StepResult:
@@ -89,15 +116,16 @@ def run_step(engines: Any, step: int, stages: Stages) -> StepResult:
             generated.append(stages.call("offline_pairs", step))
         else:
             pending = []
-            for chunk in range(num_chunks(cfg)):
-                generated.append(stages.call("generate", step, chunk))
-                pending.append(stages.submit("score", step, chunk))  # overlaps with the next chunk
+            for round_ in _generate_rounds(stages, cfg, step):
+                for done in round_:
+                    generated.append(done)
+                    pending.append(stages.submit("score", step, done.chunk))  # overlaps with the next round
             rollout_done = time.perf_counter()
             scored = [future.result() for future in pending]
             reward_wait = time.perf_counter() - rollout_done
         advantaged = stages.call("advantages", step)
-        updated = stages.call("update_actor", step)
-        synced = stages.call("sync_weights", step)
+        updated = _on_every_replica(stages, cfg, "update_actor", step)
+        synced = _on_every_replica(stages, cfg, "sync_weights", step)
     except BaseException:
         settle(engines)
         raise
@@ -106,6 +134,39 @@ def run_step(engines: Any, step: int, stages: Stages) -> StepResult:
         step,
         step_metrics(cfg, generated, scored, advantaged, updated, synced, seconds=seconds, reward_wait=reward_wait),
     )
+
+
+def _generate_rounds(stages: Stages, cfg: Any, step: int):
+    """The step's generate calls, a round at a time: one chunk (one replica), or one chunk on each of N replicas at
+    once (replica r generating chunks r*K ... r*K + K-1 of the step's N*K: diffrl/engines/step/plan.replica_chunks)."""
+    replicas = cfg.cluster.replicas
+    if replicas == 1:
+        for chunk in range(num_chunks(cfg)):
+            yield [stages.call("generate", step, chunk)]
+        return
+    shares = [replica_chunks(cfg, r) for r in range(replicas)]
+    for k in range(len(shares[0])):
+        yield gather([stages.submit("generate", step, share[k], replica=r) for r, share in enumerate(shares)])
+
+
+def _on_every_replica(stages: Stages, cfg: Any, name: str, step: int) -> Any:
+    """A stage of the replicas' trainer group: one call per replica, all at once (they meet in collectives); rank 0's
+    record (metrics are reduced over the ranks already)."""
+    replicas = cfg.cluster.replicas
+    if replicas == 1:
+        return stages.call(name, step)
+    return gather([stages.submit(name, step, replica=r) for r in range(replicas)])[0]
+
+
+def gather(futures: list) -> list:
+    """The results of `futures` in order; the first failure is raised as soon as it happens, not after the futures
+    before it (a replica's failed stage would otherwise wait behind ranks stuck in a collective with it)."""
+    finished: queue.Queue = queue.Queue()
+    for future in futures:
+        future.add_done_callback(finished.put)
+    for _ in futures:
+        finished.get().result()  # raises that future's error
+    return [future.result() for future in futures]
 
 
 def settle(engines: Any) -> None:
@@ -149,6 +210,7 @@ def step_metrics(
             "reward/excluded": float(sum(s.excluded for s in scored)),
             "rollout/prefetched_chunks": float(synced.prefetched),
             "rollout/samples": float(images),
+            "perf/gpus": float(_engine_gpus(cfg)),
         }
     )
     for stage in ("generate", "reward", "update_actor"):
@@ -183,11 +245,23 @@ class StepClock:
 
 
 def add_perf(metrics: dict[str, float], seconds: float) -> dict[str, float]:
-    """perf/time_per_step and perf/throughput (images/GPU/s) of a step that took `seconds` as the run saw it."""
+    """perf/time_per_step, perf/throughput (images/GPU/s, over perf/gpus) and perf/images_per_s of a step that took
+    `seconds` as the run saw it."""
     metrics["perf/time_per_step"] = seconds
     metrics["timing_s/step_total"] = seconds
-    metrics["perf/throughput"] = metrics.get("rollout/samples", 0.0) / seconds / _num_gpus() if seconds > 0 else 0.0
+    images = metrics.get("rollout/samples", 0.0)
+    gpus = metrics.get("perf/gpus") or _num_gpus()
+    metrics["perf/images_per_s"] = images / seconds if seconds > 0 else 0.0
+    metrics["perf/throughput"] = images / seconds / gpus if seconds > 0 else 0.0
     return metrics
+
+
+def _engine_gpus(cfg: Any) -> int:
+    """GPUs the run's model engines hold: its replicas (ray, colocated), trainers + rollout (ray, split), or what this
+    process sees (local). The Ray driver's own view of its machine's GPUs says nothing of the run's."""
+    if cfg.cluster.mode != "ray":
+        return _num_gpus()
+    return cfg.cluster.replicas if cfg.cluster.placement == "colocated" else cfg.cluster.trainers + 1
 
 
 def _num_gpus() -> int:

@@ -4,11 +4,15 @@ Colocated (the rollout samples with the trainer's own adapter object): the modul
 there is nothing to copy -- only the policy version moves. Split (the rollout has its own adapter,
 another device or process): the trainer exports the tensors that changed since the last export
 (LoRA: only LoRA tensors; full fine-tuning: all weights) in size-bounded buckets, tagged with the
-new version, and :func:`load_weights` applies them on the receiving side.
+new version, and :func:`load_weights` applies them on the receiving side. A data-parallel engine replica
+(`cluster.gpus` > 1) is both: its trainer shards the denoiser with FSDP2 over the replicas and its rollout
+samples with an unsharded copy (:func:`rollout_copy`) in the same process, which every rank loads after each
+update -- with LoRA only the LoRA tensors are gathered, never the frozen base.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -55,12 +59,18 @@ def export_weights(
         yield WeightBucket(version, {}, last=True)
 
 
-def load_weights(adapter, bucket: WeightBucket, *, lora_cfg=None, targets: tuple[str, ...] | None = None) -> None:
-    """Apply one bucket to a rollout-side adapter's denoiser (adds the same LoRA first if it lacks one)."""
-    transformer = adapter.transformer
+def _ensure_lora(transformer, lora_cfg, targets: tuple[str, ...] | None, adapter) -> None:
+    """Give a rollout's frozen copy of the denoiser the trained LoRA adapter if it has none yet (nothing when not
+    training LoRA)."""
     if lora_cfg is not None and ADAPTER_NAME not in (getattr(transformer, "peft_config", None) or {}):
         add_lora(transformer, lora_cfg, targets or tuple(adapter.default_lora_targets))
         transformer.requires_grad_(False)
+
+
+def load_weights(adapter, bucket: WeightBucket, *, lora_cfg=None, targets: tuple[str, ...] | None = None) -> None:
+    """Apply one bucket to a rollout-side adapter's denoiser (adds the same LoRA first if it lacks one)."""
+    transformer = adapter.transformer
+    _ensure_lora(transformer, lora_cfg, targets, adapter)
     params = dict(transformer.named_parameters())
     unknown = sorted(set(bucket.tensors) - set(params))
     if unknown:
@@ -73,11 +83,42 @@ def load_weights(adapter, bucket: WeightBucket, *, lora_cfg=None, targets: tuple
             params[name].copy_(value.to(device=params[name].device, dtype=params[name].dtype))
 
 
+def rollout_copy(adapter):
+    """A second adapter for a replica's rollout: the same text encoders, VAE and scheduler objects (no second copy of
+    them) and its own copy of the denoiser, taken before the trainer adds LoRA and shards the original."""
+    twin = copy.copy(adapter)
+    twin.pipe = copy.copy(adapter.pipe)
+    twin.pipe.transformer = copy.deepcopy(adapter.transformer)
+    return twin
+
+
+def send_weights(trainer, adapter) -> tuple[int, int]:
+    """Copy the trainer's trainable tensors into `adapter`, a rollout's own copy of the denoiser in this process
+    (adding the same LoRA first); returns (tensors, bytes) sent. Every rank of a sharded trainer gathers each
+    tensor in turn (DTensor.full_tensor: one tensor's all-gather at a time, never the whole model; with LoRA only the
+    LoRA tensors) and loads its own copy."""
+    transformer = adapter.transformer
+    _ensure_lora(transformer, trainer.cfg if trainer.cfg.lora else None, trainer.cfg.lora_targets, adapter)
+    params = dict(transformer.named_parameters())
+    num_tensors, num_bytes = 0, 0
+    with torch.no_grad():
+        for name, param in trainer.adapter.transformer.named_parameters():
+            if not param.requires_grad:
+                continue
+            full = param.full_tensor() if hasattr(param, "full_tensor") else param
+            params[name].copy_(full)
+            num_tensors += 1
+            num_bytes += full.numel() * full.element_size()
+    return num_tensors, num_bytes
+
+
 def sync_weights(trainer, rollout) -> dict[str, float]:
     """Bring `rollout` to the trainer's weights and bump the policy version; returns sync metrics."""
     started = time.perf_counter()
     num_tensors, num_bytes = 0, 0
-    if rollout.adapter is not trainer.adapter:
+    if rollout.adapter is trainer.rollout_copy:  # a replica's own copy: each rank loads its own
+        num_tensors, num_bytes = send_weights(trainer, rollout.adapter)
+    elif rollout.adapter is not trainer.adapter:
         for bucket in export_weights(trainer, version=trainer.policy_version + 1):
             if world()[0] == 0 or world()[1] == 1:
                 load_weights(

@@ -111,6 +111,9 @@ class PolicyTrainer:
         # the trainer's own replays (and, in a split trainer actor, the prompt encoder of offline pairs)
         self.replayer = RolloutEngine(adapter, progress=False)
         self.last_exported: dict[str, torch.Tensor] = {}  # what the last weight export sent (sync.export_weights)
+        # A data-parallel replica's rollout adapter: an unsharded copy of this denoiser in this process that every
+        # weight sync loads (diffrl/engines/train/sync.py), so its samples carry this policy's numerics.
+        self.rollout_copy: ModelAdapter | None = None
         self._stepped_since_sync = False
 
     # ---- setup helpers -------------------------------------------------------------------------
@@ -238,7 +241,7 @@ class PolicyTrainer:
         # Rollout log-probs are the old policy's only if they came from these very weights.
         same_numerics = (
             rollout is not None
-            and rollout.adapter is self.adapter
+            and (rollout.adapter is self.adapter or rollout.adapter is self.rollout_copy)
             and traj.policy_version == self._version
             and not self._stepped_since_sync
         )

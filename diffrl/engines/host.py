@@ -1,0 +1,127 @@
+"""The body of one named detached Ray actor of a run (diffrl/engines/cluster.py places them): it builds its role's
+engines once, joins the run's data-parallel process group when it is one of several ranks, and runs stage functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Callable
+
+from diffrl.engines.cluster import Engines, role_of
+
+_BUILDS = 0  # engine builds in this process (an actor process: 1 while it stays warm)
+
+
+class EngineHost:
+    """The body of one named detached actor: builds its role's engines once, then runs stage functions.
+
+    `build(config, actor)` is passed by reference (flows.build.build_engines), so this module stays
+    free of model code; Ray ships functions of importable modules by name, never their bytecode.
+    """
+
+    def __init__(self, build: Callable, config: Any, actor: str, run_uid: str = "", rank: int = 0, world: int = 1):
+        self.actor, self.rank, self.world = actor, rank, world
+        self._pending = (build, config, run_uid)
+        self.engines: Engines | None = None
+        self.created = time.time()
+        if world == 1:
+            self._build()
+        # A data-parallel trainer rank builds in `join`, once every rank knows where rank 0 listens.
+
+    def _build(self) -> None:
+        global _BUILDS
+        build, config, run_uid = self._pending
+        self.engines = build(config, role_of(self.actor))
+        self.engines.run_uid = run_uid
+        _BUILDS += 1
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0: this node's address and a free port for the torch.distributed store."""
+        import socket
+
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def join(self, address: str, port: int) -> None:
+        """Join the run's trainer process group (NCCL on GPUs, gloo on CPUs), then build: the trainer
+        shards its model with FSDP2 over the group. A warm (already built) rank does nothing."""
+        if self.engines is not None:
+            return
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        config = self._pending[1]
+        os.environ.update(
+            MASTER_ADDR=address, MASTER_PORT=str(port), RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK="0"
+        )
+        backend = "nccl" if torch.cuda.is_available() and config.model.device != "cpu" else "gloo"
+        dist.init_process_group(
+            backend,
+            rank=self.rank,
+            world_size=self.world,
+            timeout=datetime.timedelta(seconds=config.cluster.actor_timeout_s),
+        )
+        self._build()
+
+    def attach(self, config: Any, run_uid: str) -> dict:
+        """A later flow run of the same run name: same model and training setup, fresh run settings."""
+        ours = _comparable(self.engines.config)
+        if ours != _comparable(config):
+            raise ValueError(
+                f"the warm actors of run {config.run.name!r} were built from another config "
+                f"(model/train/rollout/reward/data differ); remove them with "
+                f"`diffrl cluster stop {config.run.name}` or use another run.name"
+            )
+        self.engines.config = config
+        self.engines.run_uid = run_uid
+        return self.describe()
+
+    def run(self, fn: Callable, *args: Any) -> Any:
+        return fn(self.engines, *args)
+
+    def describe(self) -> dict:
+        """What `diffrl cluster status` shows: role, process, devices and what the actor holds."""
+        import ray
+
+        e = self.engines
+        if e is None:
+            return {
+                "actor": self.actor,
+                "pid": os.getpid(),
+                "holds": [],
+                "rank": self.rank,
+                "error": "not built: waiting for the other trainer ranks to join",
+            }
+        holds = [name for name in ("adapter", "rollout", "trainer", "reward", "store") if getattr(e, name) is not None]
+        return {
+            "actor": self.actor,
+            "rank": self.rank,
+            "world": self.world,
+            "pid": os.getpid(),
+            "node": ray.get_runtime_context().get_node_id(),
+            "gpus": [str(g) for g in ray.get_gpu_ids()],
+            "device": str(getattr(e.adapter, "device", "cpu")),
+            "holds": holds,
+            "model": e.model_path if e.adapter is not None else "",
+            "builds": _BUILDS,
+            "policy_version": e.policy_version if e.adapter is not None else None,
+            "created": self.created,
+            "config": e.config,
+            "run_uid": e.run_uid,
+        }
+
+
+def _comparable(config: Any) -> Any:
+    """The config minus what may change between flow runs of one run name (length, logging, timeouts)."""
+    run = dataclasses.replace(
+        config.run, steps=1, validate_every=0, log_images=0, checkpoint_every=1, keep_latents_steps=0
+    )
+    return dataclasses.replace(config, run=run, cluster=dataclasses.replace(config.cluster, actor_timeout_s=1.0))

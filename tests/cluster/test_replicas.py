@@ -1,0 +1,130 @@
+"""Engine replicas (`cluster.gpus: N`, issue 38) on the local test cluster (2 CPUs, fake GPUs, gloo): two replicas
+give one replica's per-step metrics and weights at the same global batch, each replica's stages are their own Prefect
+tasks, and the settings that cannot be shared over replicas are refused when the config loads."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TINY
+from safetensors.torch import load_file
+
+ray = pytest.importorskip("ray")
+
+RAY = ["cluster.mode=ray", "cluster.actor_timeout_s=120", "model.device=auto"]
+# Keys that must agree: sampling and rewards (same seeds, same weights), advantages over the whole step, the update.
+SAME = (
+    "critic/rewards/mean",
+    "critic/advantages/max",
+    "reward/jpeg_compressibility",
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "actor/ratio_mean",
+    "rollout_corr/logprob_abs_diff_mean",
+)
+
+
+def _checkpoints(run_dir) -> list:
+    """The run's kept checkpoint folders, oldest first."""
+    return sorted(run_dir.glob("checkpoints/step_*"), key=lambda p: int(p.name.split("_")[1]))
+
+
+def _task_names(url: str, like: str) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=like)), limit=200)
+    return sorted(r.name for r in runs)
+
+
+@pytest.mark.slow
+def test_two_replicas_train_as_one(ray_cluster, prefect_server, workdir):
+    """2 replicas (one fake GPU each, FSDP2 over gloo) against 1, both through the train flow, 2 steps of 2 chunks:
+    replica r generates chunk r; the metrics of each step and the final LoRA weights agree."""
+    from test_ray_mode import _gone, _metrics
+
+    from diffrl.engines import cluster
+    from diffrl.flows.train import train
+
+    two_steps = TINY + RAY + ["run.steps=2", "run.checkpoint_every=1"]
+    train(config=None, overrides=two_steps + ["run.name=one"])
+    train(config=None, overrides=two_steps + ["cluster.gpus=2", "run.name=two"])
+
+    one, two = _metrics(workdir, "one"), _metrics(workdir, "two")
+    for key in SAME:
+        assert len(two[key]) == 2 and two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
+    assert two["perf/gpus"] == [2.0, 2.0] and one["perf/gpus"] == [1.0, 1.0]
+    for ours, theirs in zip(_checkpoints(workdir / "runs/one"), _checkpoints(workdir / "runs/two"), strict=True):
+        a, b = load_file(ours / "trainable.safetensors"), load_file(theirs / "trainable.safetensors")
+        assert ours.name == theirs.name and sorted(a) == sorted(b)  # the trained weights after each step
+        for name in a:
+            assert b[name] == pytest.approx(a[name], abs=1e-6), name
+
+    actors = {a["name"]: a for a in cluster.list_actors("two")}
+    assert sorted(actors) == ["two/engine", "two/engine-1", "two/reward"]
+    replicas = [actors["two/engine"], actors["two/engine-1"]]
+    assert [(a["rank"], a["world"]) for a in replicas] == [(0, 2), (1, 2)]
+    assert replicas[0]["gpus"] != replicas[1]["gpus"] and all(len(a["gpus"]) == 1 for a in replicas)
+    assert [a["policy_version"] for a in replicas] == [2, 2]
+
+    # one Prefect task per replica and stage (step 1 of run "two": the only replica-named tasks of the session)
+    assert _task_names(prefect_server, "-step1-replica") == [
+        "generate-step1-replica0-chunk0",
+        "generate-step1-replica1-chunk1",
+        "sync_weights-step1-replica0",
+        "sync_weights-step1-replica1",
+        "update_actor-step1-replica0",
+        "update_actor-step1-replica1",
+    ]
+    assert cluster.stop_actors("two") == ["two/engine", "two/engine-1", "two/reward", "two/gpus"]
+    cluster.stop_actors("one")
+    _gone("two")
+
+
+def test_gpus_auto_counts_the_clusters_gpus_less_the_reward_actors(ray_cluster):
+    from diffrl.configs.schema import load_experiment
+    from diffrl.engines import cluster
+
+    cfg = load_experiment(None, TINY + RAY + ["cluster.gpus=auto"])
+    assert cfg.cluster.gpus == "auto" and cluster.gpus_seen(cfg) == 4  # the test cluster's 4 fake GPUs
+    with_reward = load_experiment(None, TINY + RAY + ["cluster.gpus=auto", "cluster.reward_gpus=1"])
+    assert cluster.gpus_seen(with_reward) == 3
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["cluster.gpus=2"], "needs cluster.mode: ray and cluster.placement: colocated"),
+        (RAY + ["cluster.gpus=2", "cluster.placement=split"], "split placement shards the training"),
+        (RAY + ["cluster.gpus=0"], "cluster.gpus must be a number of GPUs >= 1 or 'auto'"),
+        (RAY + ["cluster.gpus=two"], "cluster.gpus must be a number of GPUs >= 1 or 'auto'"),
+        (RAY + ["cluster.gpus=4"], r"8 samples come in 2 chunk\(s\) .* multiple of 4 \(e.g. rollout.chunk_size: 2\)"),
+        (RAY + ["cluster.gpus=2", "rollout.chunk_size=8"], "chunk_size: 4"),
+        (RAY + ["cluster.gpus=8", "rollout.chunk_size=1", "train.mini_batch_prompts=1"], r"group_size \(4\) must"),
+        (["cluster.reward_actors=2"], "need cluster.mode: ray"),
+        (RAY + ["cluster.reward_actors=0"], "cluster.reward_actors must be >= 1"),
+    ],
+)
+def test_settings_replicas_cannot_share_are_refused(overrides, message):
+    from diffrl.configs.schema import load_experiment
+
+    with pytest.raises(ValueError, match=message):
+        load_experiment(None, TINY + overrides)
+
+
+def test_an_algorithm_sampling_with_its_old_adapter_needs_one_replica():
+    from diffrl.configs.schema import load_experiment
+
+    with pytest.raises(ValueError, match="samples with the trainer's old \\(EMA\\) adapter"):
+        load_experiment("quickstart", RAY + ["cluster.gpus=2", "rollout.chunk_size=24"])
+    assert load_experiment("quickstart", RAY + ["cluster.gpus=1"]).cluster.replicas == 1
+
+
+def test_replica_r_generates_the_r_th_share_of_the_chunks():
+    from diffrl.configs.schema import load_experiment
+    from diffrl.engines.step.plan import replica_chunks
+
+    cfg = load_experiment(None, TINY + RAY + ["cluster.gpus=2", "rollout.chunk_size=2"])  # 4 chunks of 2 samples
+    assert [list(replica_chunks(cfg, r)) for r in (0, 1)] == [[0, 1], [2, 3]]
+    one = load_experiment(None, TINY + RAY + ["rollout.chunk_size=2"])
+    assert list(replica_chunks(one, 0)) == [0, 1, 2, 3]
