@@ -12,7 +12,8 @@ actor's error instead of hanging. Both kinds of handle expose the same `run(role
 
     colocated: <run>/engine  (adapter + rollout + trainer on the same GPUs: weights shared, no copy)
                <run>/engine-1 ... <run>/engine-{N-1} with cluster.gpus: N (replicas, one GPU each; the trainers
-               are one FSDP2 group, each replica's rollout samples with its own unsharded copy of the denoiser)
+               are one FSDP2 group: LoRA replicated, the rollout on the trainer's module; full fine-tuning sharded,
+               the rollout on an unsharded copy in the same actor)
                <run>/reward  (reward pool + store, on CPUs; <run>/reward-1 ... with cluster.reward_actors)
     split:     <run>/rollout (its own adapter copy, own GPU)   <run>/trainer (adapter + trainer, own GPU)
                <run>/trainer-1 ... with cluster.trainers: N (data-parallel trainer ranks)

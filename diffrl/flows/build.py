@@ -96,8 +96,9 @@ def build_engines(
     `cluster.mode: ray` (called with actor="local" by the flow): the engines are built inside the run's
     named Ray actors instead (each calls back here with its actor name) and a handle is registered.
     Actors: "local"/"engine" build everything but the reward pool when it has its own actor. An "engine" that is one
-    of several data-parallel replicas (cluster.gpus > 1; torch.distributed is up) samples with its own unsharded
-    copy of the denoiser while its trainer shards the original over the replicas.
+    of several data-parallel replicas (cluster.gpus > 1; torch.distributed is up) trains with the others: LoRA on
+    whole parameters on every replica (its rollout samples with the trainer's module, as a single engine does), full
+    fine-tuning sharded over them (its rollout samples with its own unsharded copy, loaded after every update).
     durable=False (the engines-only benchmarks): no trajectory store and no embedding cache on disk; the
     step core hands everything over in memory and writes nothing.
     """
@@ -110,6 +111,7 @@ def build_engines(
             "cluster.mode local, data.sample_source online"
         )
     needs_model = actor in ("local", "engine", "rollout", "trainer")
+    replica = actor == "engine" and world()[1] > 1  # one of several engine replicas (cluster.gpus > 1)
     offline = cfg.data.sample_source == "offline"
     train_set = train_prompts(cfg) if offline else load_prompts(cfg.data.train, cfg.data, seed=cfg.run.seed)
     val_source = cfg.data.val
@@ -136,11 +138,17 @@ def build_engines(
         embed_cache = (
             EmbeddingCache(os.path.join(run_dir, "embeddings.lance"), storage_options=storage) if durable else None
         )
-        sampler_adapter = rollout_copy(adapter) if actor == "engine" and world()[1] > 1 else adapter
+        sampler_adapter = rollout_copy(adapter) if replica and not cfg.train.lora else adapter
         rollout = RolloutEngine(sampler_adapter, cache=embed_cache, progress=sys.stderr.isatty())
     if actor in ("local", "engine", "trainer"):
         trainer = PolicyTrainer(  # every diffusion algorithm: the trainer asks it what to prepare
-            adapter, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size, device=device
+            adapter,
+            cfg.algorithm,
+            cfg.train,
+            cfg.sampling,
+            group_size=cfg.rollout.group_size,
+            device=device,
+            replicate=replica and cfg.train.lora,
         )
         if rollout is not None and rollout.adapter is not adapter:  # a replica: the copy starts at the trainer's
             trainer.rollout_copy = rollout.adapter

@@ -28,6 +28,15 @@ def _checkpoints(run_dir) -> list:
     return sorted(run_dir.glob("checkpoints/step_*"), key=lambda p: int(p.name.split("_")[1]))
 
 
+def _full_weights(checkpoint, tmp) -> dict:
+    """The model weights of a full fine-tuning checkpoint (torch.distributed.checkpoint, read in one process)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(checkpoint / "dcp", tmp)
+    return torch.load(tmp)["model"]
+
+
 def _task_names(url: str, like: str) -> list[str]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
@@ -79,6 +88,34 @@ def test_two_replicas_train_as_one(ray_cluster, prefect_server, workdir):
     assert cluster.stop_actors("two") == ["two/engine", "two/engine-1", "two/reward", "two/gpus"]
     cluster.stop_actors("one")
     _gone("two")
+
+
+@pytest.mark.slow
+def test_two_replicas_fine_tune_fully_as_one(ray_cluster, workdir):
+    """Full fine-tuning: the replicas shard the denoiser with FSDP2 and each samples with its own unsharded copy,
+    loaded after every update; the second step's samples (from the copies) and update equal one replica's."""
+    from test_ray_mode import _metrics
+
+    from diffrl.engines import cluster
+    from diffrl.flows.train import train
+
+    full = TINY + RAY + ["run.steps=2", "train.lora=false", "train.lr=1.0e-4", "data.num_val_prompts=0"]
+    train(config=None, overrides=full + ["run.name=full1"])
+    train(config=None, overrides=full + ["cluster.gpus=2", "run.name=full2"])
+    one, two = _metrics(workdir, "full1"), _metrics(workdir, "full2")
+    for key in SAME:  # the first step: same samples, same update
+        assert two[key][0] == pytest.approx(one[key][0], rel=1e-5, abs=1e-6), key
+    first = [_full_weights(_checkpoints(workdir / "runs" / r)[0], workdir / f"{r}.pt") for r in ("full1", "full2")]
+    assert sorted(first[0]) == sorted(first[1])
+    for name, weight in first[0].items():  # FSDP2's sharded update: within float noise of one process's
+        assert first[1][name] == pytest.approx(weight, abs=1e-6), name
+    # the second step samples with each replica's copy: loaded with the updated weights (no log-prob gap), and
+    # its rewards are one replica's but where a weight's last bit flips a JPEG's size by a byte
+    assert two["rollout_corr/logprob_abs_diff_mean"][1] == 0.0 and two["actor/ratio_mean"][1] == 1.0
+    assert two["critic/rewards/mean"][1] == pytest.approx(one["critic/rewards/mean"][1], rel=1e-3)
+    assert two["sync/num_tensors"][0] > 0 and one["sync/num_tensors"] == [0.0, 0.0]  # gathered into each copy
+    cluster.stop_actors("full1")
+    cluster.stop_actors("full2")
 
 
 def test_gpus_auto_counts_the_clusters_gpus_less_the_reward_actors(ray_cluster):

@@ -154,14 +154,29 @@ def prepare_denoiser(adapter: ModelAdapter, cfg: TrainConfig, device: torch.devi
     return [p for p in transformer.parameters() if p.requires_grad]
 
 
-def shard(adapter: ModelAdapter, cfg: TrainConfig, device: torch.device, module: nn.Module | None = None) -> None:
-    """FSDP2: `fully_shard` each of the adapter's wrap units, then the root denoiser (world size > 1)."""
+def shard(
+    adapter: ModelAdapter,
+    cfg: TrainConfig,
+    device: torch.device,
+    module: nn.Module | None = None,
+    *,
+    replicate: bool = False,
+) -> None:
+    """FSDP2: `fully_shard` each of the adapter's wrap units, then the root denoiser (world size > 1).
+
+    replicate=True: HSDP over a (world, 1) mesh, every rank keeping whole parameters and the gradients all-reduced
+    (data parallelism of engine replicas training LoRA: each replica samples with the same module between updates,
+    with no collective, and the frozen base is never gathered)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     _, size = world()
     root = module if module is not None else adapter.transformer
-    mesh = init_device_mesh(device.type, (size,))
+    mesh = (
+        init_device_mesh(device.type, (size, 1), mesh_dim_names=("replicate", "shard"))
+        if replicate
+        else init_device_mesh(device.type, (size,))
+    )
     # Gradients are reduced in fp32 whatever the compute dtype. Full fine-tuning all-gathers its fp32 master
     # weights in the compute dtype. LoRA keeps every parameter's own dtype (frozen base in the compute dtype,
     # LoRA in fp32, as add_lora leaves them), so a LoRA branch computes in fp32 on any world size: casting it

@@ -4,10 +4,10 @@ Colocated (the rollout samples with the trainer's own adapter object): the modul
 there is nothing to copy -- only the policy version moves. Split (the rollout has its own adapter,
 another device or process): the trainer exports the tensors that changed since the last export
 (LoRA: only LoRA tensors; full fine-tuning: all weights) in size-bounded buckets, tagged with the
-new version, and :func:`load_weights` applies them on the receiving side. A data-parallel engine replica
-(`cluster.gpus` > 1) is both: its trainer shards the denoiser with FSDP2 over the replicas and its rollout
-samples with an unsharded copy (:func:`rollout_copy`) in the same process, which every rank loads after each
-update -- with LoRA only the LoRA tensors are gathered, never the frozen base.
+new version, and :func:`load_weights` applies them on the receiving side. Engine replicas (`cluster.gpus` > 1)
+training LoRA are colocated (each keeps whole parameters: nothing to copy); fully fine-tuned they shard the
+denoiser with FSDP2 and each samples with an unsharded copy (:func:`rollout_copy`) in its process, which every rank
+loads after each update (:func:`send_weights`).
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ def rollout_copy(adapter):
 def send_weights(trainer, adapter) -> tuple[int, int]:
     """Copy the trainer's trainable tensors into `adapter`, a rollout's own copy of the denoiser in this process
     (adding the same LoRA first); returns (tensors, bytes) sent. Every rank of a sharded trainer gathers each
-    tensor in turn (DTensor.full_tensor: one tensor's all-gather at a time, never the whole model; with LoRA only the
-    LoRA tensors) and loads its own copy."""
+    tensor in turn (DTensor.full_tensor: one tensor's all-gather at a time, never the whole model) and loads its own
+    copy."""
     transformer = adapter.transformer
     _ensure_lora(transformer, trainer.cfg if trainer.cfg.lora else None, trainer.cfg.lora_targets, adapter)
     params = dict(transformer.named_parameters())

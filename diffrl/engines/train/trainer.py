@@ -82,7 +82,10 @@ class PolicyTrainer:
         *,
         group_size: int,
         device: str | torch.device | None = None,
+        replicate: bool = False,
     ):
+        """`replicate`: with world size > 1, keep whole parameters on every rank and all-reduce the gradients (engine
+        replicas training LoRA, whose rollouts sample with this module) instead of sharding them."""
         if algorithm.needs.data not in TRAINED_DATA:
             raise ValueError(
                 f"algorithm {algorithm.name!r} trains on {algorithm.needs.data}; PolicyTrainer trains a diffusion "
@@ -101,7 +104,7 @@ class PolicyTrainer:
             add_old_adapter(adapter, cfg, algorithm.name)
         self.reference = self._build_reference()
         if self.world_size > 1:
-            shard(adapter, cfg, self.device)
+            shard(adapter, cfg, self.device, replicate=replicate)
         self.params = [p for p in adapter.transformer.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
