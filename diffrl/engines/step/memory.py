@@ -7,12 +7,14 @@ checkpoint. Nothing waits for Lance on the critical path; a crash leaves a prefi
 the stages fall back to the store for whatever this process does not hold (a resumed step, or another
 process's output in Ray mode, where every write is inline).
 
-Two more workers keep the GPU busy while the flow does its bookkeeping:
+More workers keep the GPU busy while the flow does its bookkeeping:
 - the reward worker scores each rollout sub-batch as soon as it is decoded, while the next one denoises
   (streamed rewards; `rollout.batch_size` below `rollout.chunk_size` gives sub-batches);
 - the rollout worker starts the next step's chunks right after the weight sync (prefetch), so the Prefect
   subflow, MLflow and retention of one step overlap the next step's sampling. Same weights, prompts and
   seeds as sampling on demand: the samples are identical.
+- the run-ahead worker (diffrl/engines/step/ahead.py) then runs that step's rewards, advantages and update without
+  waiting for the flow's tasks, which receive its records.
 
 Legend: B samples of a chunk.
 """
@@ -27,6 +29,7 @@ from typing import Callable
 
 import torch
 
+from diffrl.engines.step.ahead import RunAhead
 from diffrl.engines.step.background import Background, run_into
 from diffrl.engines.trajectories import Trajectories
 
@@ -62,6 +65,8 @@ class StepMemory:
         # The first step of this process: earlier-or-equal steps may have durable state from a previous
         # process (resume), later ones cannot, so only those check the store before sampling.
         self.first_step = 0
+        # each stage of a step runs once here, the next step's ahead of the flow (diffrl/engines/step/ahead.py)
+        self.ahead = RunAhead() if asynchronous else None
 
     # ---- rollouts --------------------------------------------------------------------------------------
     def start_rollout(self, step: int, chunk: int, rollout: Callable[[], Trajectories]) -> None:
@@ -185,7 +190,10 @@ class StepMemory:
                 self._advantages.pop(key)
 
     def drain(self) -> None:
-        """Wait for running rollouts and rewards (their errors are the stages' to raise), then the writer."""
+        """Wait for the run-ahead, running rollouts and rewards (their errors are the stages' to raise), then the
+        writer."""
+        if self.ahead is not None:
+            self.ahead.wait()
         with self._lock:
             pending = list(self._chunks.values()) + [f for fs in self._streamed.values() for f in fs]
         pending += [self._snapshot] if self._snapshot is not None else []
@@ -199,6 +207,8 @@ class StepMemory:
 
     def close(self) -> None:
         """End the worker threads (after drain: nothing queued is dropped by the writer)."""
+        if self.ahead is not None:
+            self.ahead.close()
         self._rollouts.shutdown(wait=True, cancel_futures=True)
         self._rewards.shutdown(wait=True, cancel_futures=True)
         self.writer.close()

@@ -19,6 +19,7 @@ algorithms share this sequence.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue
 import time
@@ -67,14 +68,36 @@ def _score(engines: Any, step: int, chunk: int = 0, replica: int | None = None) 
     return engines.run_one("reward", chunk, sample_stages.score, step, chunk)
 
 
+def _once(name: str, call: Callable) -> Callable:
+    """`call` run once per (stage, step, chunk, replica) where the engines run ahead of the flow (one process,
+    diffrl/engines/step/ahead.py): a second caller of the same stage run gets the first one's record."""
+
+    def staged(engines: Any, step: int, chunk: int = 0, replica: int | None = None):
+        ahead = _run_ahead(engines)
+        if ahead is None:
+            return call(engines, step, chunk, replica)
+        return ahead.once((name, step, chunk, replica), lambda: call(engines, step, chunk, replica))
+
+    staged.__name__ = getattr(call, "__name__", name)
+    return staged
+
+
+def _run_ahead(engines: Any) -> Any:
+    memory = getattr(engines, "memory", None)
+    return memory.ahead if memory is not None else None
+
+
 # Stage name -> (driver-side call running the stage where its role lives, the record type it returns).
 STAGES: dict[str, tuple[Callable, type]] = {
-    "generate": (_on("rollout", sample_stages.generate), Generated),
-    "score": (_score, Scored),
-    "offline_pairs": (_on("trainer", sample_stages.offline_pairs), Generated),
-    "advantages": (_on("reward", learn_stages.advantages), Advantaged),
-    "update_actor": (_on("trainer", learn_stages.update), Updated),
-    "sync_weights": (sync_engines, Synced),
+    name: (_once(name, call), kind)
+    for name, (call, kind) in {
+        "generate": (_on("rollout", sample_stages.generate), Generated),
+        "score": (_score, Scored),
+        "offline_pairs": (_on("trainer", sample_stages.offline_pairs), Generated),
+        "advantages": (_on("reward", learn_stages.advantages), Advantaged),
+        "update_actor": (_on("trainer", learn_stages.update), Updated),
+        "sync_weights": (sync_engines, Synced),
+    }.items()
 }
 
 
@@ -105,35 +128,49 @@ class DirectStages:
 
 
 def run_step(engines: Any, step: int, stages: Stages) -> StepResult:
-    """Run RL step `step` on `engines` through `stages`; returns its metrics (DESIGN section 4 names)."""
+    """Run RL step `step` on `engines` through `stages`; returns its metrics (DESIGN section 4 names). In one process,
+    the next step's stages then start on the run-ahead worker (diffrl/engines/step/ahead.py)."""
+    try:
+        result, synced = _run_stages(engines, step, stages)
+    except BaseException:
+        settle(engines)
+        raise
+    ahead = _run_ahead(engines)
+    if ahead is not None:
+        ahead.done_before(step)
+        if synced.prefetched:  # the next step's rollout runs: its other stages follow it now, not after the flow's
+            if ahead.stages is None:
+                ahead.stages = DirectStages(engines)
+            ahead.start(step + 1, functools.partial(_run_stages, engines, step + 1, ahead.stages))
+    return result
+
+
+def _run_stages(engines: Any, step: int, stages: Stages) -> tuple[StepResult, Synced]:
+    """The stages of step `step` in order through `stages`; its record and the weight sync's."""
     cfg = engines.config
     started = time.perf_counter()
     generated: list[Generated] = []
     scored: list[Scored] = []
     reward_wait = 0.0
-    try:
-        if cfg.data.sample_source == "offline":
-            generated.append(stages.call("offline_pairs", step))
-        else:
-            pending = []
-            for round_ in _generate_rounds(stages, cfg, step):
-                for done in round_:
-                    generated.append(done)
-                    pending.append(stages.submit("score", step, done.chunk))  # overlaps with the next round
-            rollout_done = time.perf_counter()
-            scored = [future.result() for future in pending]
-            reward_wait = time.perf_counter() - rollout_done
-        advantaged = stages.call("advantages", step)
-        updated = _on_every_replica(stages, cfg, "update_actor", step)
-        synced = _on_every_replica(stages, cfg, "sync_weights", step)
-    except BaseException:
-        settle(engines)
-        raise
+    if cfg.data.sample_source == "offline":
+        generated.append(stages.call("offline_pairs", step))
+    else:
+        pending = []
+        for round_ in _generate_rounds(stages, cfg, step):
+            for done in round_:
+                generated.append(done)
+                pending.append(stages.submit("score", step, done.chunk))  # overlaps with the next round
+        rollout_done = time.perf_counter()
+        scored = [future.result() for future in pending]
+        reward_wait = time.perf_counter() - rollout_done
+    advantaged = stages.call("advantages", step)
+    updated = _on_every_replica(stages, cfg, "update_actor", step)
+    synced = _on_every_replica(stages, cfg, "sync_weights", step)
     seconds = time.perf_counter() - started
-    return StepResult(
-        step,
-        step_metrics(cfg, generated, scored, advantaged, updated, synced, seconds=seconds, reward_wait=reward_wait),
+    metrics = step_metrics(
+        cfg, generated, scored, advantaged, updated, synced, seconds=seconds, reward_wait=reward_wait
     )
+    return StepResult(step, metrics), synced
 
 
 def _generate_rounds(stages: Stages, cfg: Any, step: int):
@@ -180,6 +217,8 @@ def settle(engines: Any) -> None:
         memory.drain()
     except Exception as e:  # noqa: BLE001 - the stage's error is the one to raise
         log.error("diffrl: the background writer failed too: %s", e)
+    if memory.ahead is not None:
+        memory.ahead.forget_failures()  # a retry in this process runs the failed stage again
 
 
 def step_metrics(

@@ -65,7 +65,9 @@ def advantages(engines: Any, step: int, chunk: int = 0) -> Advantaged:
         stats[f"reward/{name}"] = scores[kept].float().nanmean()
     stats.update({f"reward/left_out/{name}": 1.0 for name in left_out})
     stats.update(step_reward_info(engines, step, kept))
-    engines.memory.release_before(step)  # where the reward has its own process, nothing else releases it
+    # where the reward has its own process, nothing else releases it; the step before stays (the flow may still be
+    # logging its rollout images while the run-ahead worker is here: diffrl/engines/step/ahead.py)
+    engines.memory.release_before(step - 1)
     return Advantaged(step, {k: float(v) for k, v in stats.items()})
 
 
@@ -135,7 +137,7 @@ def update(engines: Any, step: int, chunk: int = 0) -> Updated:
         committed = time.perf_counter()
         commit_checkpoint(engines, step, {**metrics, "update/rows": float(len(rows))})
         metrics["timing_s/checkpoint"] = time.perf_counter() - committed
-    engines.memory.release_before(step)
+    engines.memory.release_before(step - 1)
     engines.memory.writer.wait(step - WRITER_LAG_STEPS)  # memory stays bounded if the disk falls behind
     return Updated(step, rows=len(rows), metrics=metrics)
 
