@@ -14,12 +14,15 @@ from diffrl.configs.schema import load_experiment
 from diffrl.engines.step.run import sync_engines
 from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint
 from diffrl.flows.build import build_engines
+from diffrl.flows.run_format import check_run_format
 from diffrl.flows.tracking import Tracker
 from diffrl.flows.train import validate
 
 
 def resolve_checkpoint(cfg, checkpoint: str | None) -> str:
-    """The checkpoint folder to evaluate: `checkpoint`, or the run's latest; ValueError when there is none."""
+    """The checkpoint folder to evaluate: `checkpoint`, or the run's latest; ValueError when there is none,
+    OldRunFormat for a run an older diffrl numbered."""
+    check_run_format(cfg.run_dir, cfg.run.name)
     if checkpoint is None:
         last = latest_checkpoint(cfg.run_dir)
         if last is None:
@@ -39,7 +42,7 @@ def evaluate(config: str | None = None, overrides: list[str] | None = None, chec
     cfg = load_experiment(config, overrides or [])
     checkpoint = resolve_checkpoint(cfg, checkpoint)
     engines = build_engines(cfg)
-    step = engines.run("trainer", load_checkpoint, os.path.abspath(checkpoint))
+    step = engines.run("trainer", load_checkpoint, os.path.abspath(checkpoint))  # its step number: RL steps done
     sync_engines(engines, -1, prefetch_next=False)
     tracker = Tracker(
         experiment=cfg.run.experiment,
@@ -47,8 +50,8 @@ def evaluate(config: str | None = None, overrides: list[str] | None = None, chec
         state_path=os.path.join(cfg.run_dir, "eval.json"),
     )
     tracker.set_tags({"diffrl.run_name": f"{cfg.run.name}-eval", "diffrl.checkpoint": os.path.abspath(checkpoint)})
-    metrics = validate(engines, tracker, step + 1)  # the global step: RL steps done by this checkpoint
-    tracker.log_values(metrics, step + 1)
+    metrics = validate(engines, tracker, step)  # at the MLflow step the training run validated this checkpoint
+    tracker.log_values(metrics, step)
     tracker.finish()
     print(f"[diffrl] evaluated {checkpoint}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     return {"checkpoint": checkpoint, "step": step, **metrics}

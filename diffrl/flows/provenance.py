@@ -26,6 +26,7 @@ from mlflow.entities import DatasetInput, InputTag, LoggedModelOutput, LoggedMod
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
+from diffrl.engines.numbering import step_number
 from diffrl.engines.store.prompts import PromptRecord
 from diffrl.engines.train.export import export_checkpoint
 
@@ -155,6 +156,6 @@ def log_final_weights(engines: Any, tracker: Any, step: int) -> None:
     if not os.path.isdir(path):  # a remote run folder (s3://...): the weights stay there
         return
     if cfg.train.lora:
-        tracker.log_lora(path, base_model=base_model(cfg), step=step + 1)
+        tracker.log_lora(path, base_model=base_model(cfg), step=step_number(step))  # MLflow's step of that step
     else:
         tracker.log_artifact(path, "final_checkpoint")

@@ -12,13 +12,21 @@ Every task is keyed by (run, step, stage, chunk) with a persisted result: retryi
 from __future__ import annotations
 
 from prefect import flow
+from prefect.runtime import flow_run
 
 from diffrl.engines import cluster
+from diffrl.engines.numbering import step_number
 from diffrl.engines.step.run import run_step
 from diffrl.tasks.stages import PrefectStages
 
 
-@flow(name="rl_step", flow_run_name="{run_name}-step-{step}", log_prints=False)
+def step_run_name() -> str:
+    """The subflow run's name: <run>-step-<k>, k the step number (diffrl/engines/numbering.py)."""
+    parameters = flow_run.parameters
+    return f"{parameters['run_name']}-step-{step_number(parameters['step'])}"
+
+
+@flow(name="rl_step", flow_run_name=step_run_name, log_prints=False)
 def rl_step(run_name: str, step: int) -> dict:
     """Run step `step` of run `run_name` on its registered engines; returns the step's metrics."""
     engines = cluster.get(run_name)  # cluster.mode ray: each stage runs as a Ray task calling the run's actors

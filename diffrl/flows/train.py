@@ -26,6 +26,7 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 from diffrl.configs.loader import to_dict
 from diffrl.configs.schema import ExperimentConfig, load_experiment
 from diffrl.engines import cluster
+from diffrl.engines.numbering import step_index, step_number
 from diffrl.engines.step.generate import rollout_examples
 from diffrl.engines.step.plan import validation_due, validation_rollout
 from diffrl.engines.step.retention import describe_disk, latent_numel, retain
@@ -37,6 +38,7 @@ from diffrl.flows.errors import DamagedRun
 from diffrl.flows.progress import console
 from diffrl.flows.provenance import deployment_name, log_final_weights, prompt_inputs, source_tags
 from diffrl.flows.rl_step import rl_step
+from diffrl.flows.run_format import RUN_FORMAT, check_run_format
 from diffrl.flows.run_lock import run_lock
 from diffrl.flows.tracking import Tracker, caption, mark_failed, open_tracking_store
 from diffrl.tasks.common import persist_results_in, step_runner
@@ -50,15 +52,17 @@ def _say(message: str) -> None:
 
 
 def _run_state(cfg: ExperimentConfig) -> dict:
-    """runs/<name>/run.json: the run's identity (uid keys its task caches) and the MLflow run id."""
+    """runs/<name>/run.json: the run's identity (uid keys its task caches), its on-disk format (stamped once
+    check_run_format let it through) and the MLflow run id."""
     os.makedirs(os.path.join(cfg.run_dir, "checkpoints"), exist_ok=True)
     path = os.path.join(cfg.run_dir, "run.json")
     state = {}
     if os.path.exists(path):
         with open(path) as f:
             state = json.load(f)
-    if "uid" not in state:
-        state["uid"] = uuid.uuid4().hex[:12]
+    if "uid" not in state or state.get("format") != RUN_FORMAT:
+        state.setdefault("uid", uuid.uuid4().hex[:12])
+        state["format"] = RUN_FORMAT
         with open(path + ".tmp", "w") as f:
             json.dump(state, f, indent=2)
         os.replace(path + ".tmp", path)
@@ -138,6 +142,7 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
     startup = Startup()
     cfg = load_experiment(config, overrides or [])
     with run_lock(cfg.run_dir, cfg.run.name):  # one writer per run: a second process is refused here, by pid and host
+        check_run_format(cfg.run_dir, cfg.run.name)  # an older diffrl's run: refused, its MLflow run left as it was
         try:
             return _train(cfg, startup, config)
         except BaseException:
@@ -189,7 +194,7 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
         if last is not None and not relog:
             sync_engines(engines, -1, prefetch_next=False)
         if last is not None:
-            _say(f"resuming after step {last} (checkpoint {checkpoint_dir(cfg.run_dir, last)})")
+            _say(f"resuming after step {step_number(last)} (checkpoint {checkpoint_dir(cfg.run_dir, last)})")
         start = 0 if last is None else last + 1
         # the last step an earlier process may have left rows or stage results of (beyond a damaged checkpoint, or
         # a step that ran ahead while the checkpoint before it was being written)
@@ -210,8 +215,8 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
             dropped = forget_unfinished(engines, step, _results_dir(cfg))
             if dropped:
                 _say(
-                    f"step {step} runs again from its first stage whose writes did not land ({len(dropped)} "
-                    "persisted results dropped)"
+                    f"step {step_number(step)} runs again from its first stage whose writes did not land "
+                    f"({len(dropped)} persisted results dropped)"
                 )
         if start == 0 and not tracker.has_metric("val/reward", 0):
             val = validate(engines, tracker, 0)
@@ -247,7 +252,7 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
         f"trajectories: {os.path.join(cfg.run_dir, 'trajectories.lance')}; "
         f"checkpoints: {os.path.join(cfg.run_dir, 'checkpoints')}"
     )
-    return {"run": cfg.run.name, "mlflow_run_id": tracker.run_id, "last_step": final, **val}
+    return {"run": cfg.run.name, "mlflow_run_id": tracker.run_id, "last_step": step_number(final), **val}
 
 
 def resume_advice(cfg: ExperimentConfig) -> str:
@@ -290,7 +295,7 @@ def load_good_checkpoint(engines: cluster.Engines, newest: int) -> int | None:
     run_dir = engines.config.run_dir
     folder = os.path.join(run_dir, "checkpoints")
     named = [re.fullmatch(r"step_(\d+)", name) for name in os.listdir(folder)]
-    kept = sorted((int(m.group(1)) for m in named if m), reverse=True)
+    kept = sorted((step_index(int(m.group(1))) for m in named if m), reverse=True)  # folders: step numbers
     for step in [newest] + [k for k in kept if k < newest]:
         path = checkpoint_dir(run_dir, step)
         try:
@@ -303,7 +308,8 @@ def load_good_checkpoint(engines: cluster.Engines, newest: int) -> int | None:
             continue
         if step != newest:
             point_latest(run_dir, step)
-            _say(f"resuming from the last good checkpoint, {path}: steps {step + 1} to {newest} are trained again")
+            again = f"steps {step_number(step + 1)} to {step_number(newest)}"
+            _say(f"resuming from the last good checkpoint, {path}: {again} are trained again")
         return step
     os.remove(os.path.join(folder, "latest.json"))
     _say(f"no good checkpoint left in {folder}: the run trains again from its start, on its committed rows")

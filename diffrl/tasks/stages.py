@@ -19,6 +19,7 @@ from typing import Any, Callable
 from prefect import task
 
 from diffrl.engines import cluster
+from diffrl.engines.numbering import step_number
 from diffrl.engines.step.generate import step_chunks
 from diffrl.engines.step.records import as_record, from_record
 from diffrl.engines.step.run import STAGES
@@ -43,7 +44,7 @@ def task_name(stage: str) -> Callable[..., str]:
     generate-step3-replica1-chunk2)."""
 
     def name(parameters: dict) -> str:
-        parts = [stage, f"step{parameters['step']}"]
+        parts = [stage, f"step{step_number(parameters['step'])}"]  # the step number (diffrl/engines/numbering.py)
         if parameters.get("replica") is not None:
             parts.append(f"replica{parameters['replica']}")
         if "chunk" in parameters:

@@ -211,7 +211,7 @@ def test_data_parallel_trainer_actors_match_local(ray_cluster, workdir):
     assert [(a["rank"], a["world"]) for a in ranks] == [(0, 2), (1, 2)]
     assert len({a["gpus"][0] for a in [*ranks, actors["dp/rollout"]]}) == 3  # one (fake) GPU each
     assert actors["dp/rollout"]["policy_version"] == ranks[0]["policy_version"] == ranks[1]["policy_version"] == 2
-    assert (workdir / "runs" / "dp" / "checkpoints" / "step_1" / "update_metrics.json").exists()
+    assert (workdir / "runs" / "dp" / "checkpoints" / "step_2" / "update_metrics.json").exists()
     assert cluster.stop_actors("dp") == ["dp/reward", "dp/rollout", "dp/trainer", "dp/trainer-1", "dp/gpus"]
     _gone("dp")
 

@@ -49,6 +49,7 @@ def _head_and_join(env: dict) -> str:
         shutil.rmtree(temp, ignore_errors=True)
 
 
+@pytest.mark.slow  # 11 s alone, 28 s beside the session's Ray cluster on 2 cores
 def test_joining_a_cluster_open_to_the_network_warns_unless_it_has_a_token(tmp_path):
     pytest.importorskip("ray")
     if not local_addresses():

@@ -3,23 +3,28 @@ output back."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 
+import lance
 from e2e_settings import TINY
+from mlflow.tracking import MlflowClient
 
 from diffrl.flows.cli import quiet_libraries
 
 
 def test_default_console_has_only_diffrl_lines(workdir):
     """The whole run through the real CLI in a fresh process: no Prefect, MLflow, diffusers/transformers bars or
-    peft warnings, on stdout or stderr (the quickstart printed about 15 such lines before)."""
+    peft warnings, on stdout or stderr (the quickstart printed about 15 such lines before). Its step numbers are the
+    same on every surface (issue 28, item 2): _check_step_numbers."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_LOGGING", "MLFLOW_LOGGING", "DIFFRL_V"))}
     env.pop("TRANSFORMERS_VERBOSITY", None)
     env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "diffrl", "train", *TINY, "run.steps=1", "algorithm=diffusion_nft"],
+        [sys.executable, "-m", "diffrl", "train", *TINY, "run.steps=2", "algorithm=diffusion_nft"],
         cwd=workdir,
         env=env,
         capture_output=True,
@@ -29,7 +34,37 @@ def test_default_console_has_only_diffrl_lines(workdir):
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert lines and all(line.startswith("[diffrl] ") for line in lines), "\n".join(lines)
-    assert any("step 1/1" in line for line in lines)
+    _check_step_numbers(workdir, lines)
+
+
+def _check_step_numbers(workdir, console: list[str]) -> None:
+    """Step k is the k-th RL step everywhere: the console's `step k/2`, MLflow's step axis (validation before
+    training at 0), checkpoints/step_k with latest.json and trainer_state.json saying k, the Lance tables' step
+    column, and the MLflow step of the logged LoRA (diffrl/engines/numbering.py)."""
+    run = workdir / "runs" / "quickstart"
+    assert [line.split(":")[0] for line in console if " step " in line and "/2:" in line] == [
+        "[diffrl] step 1/2",
+        "[diffrl] step 2/2",
+    ]
+    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    [mlflow_run] = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])
+    history = {
+        key: [m.step for m in client.get_metric_history(mlflow_run.info.run_id, key)]
+        for key in ("critic/rewards/mean", "val/reward")
+    }
+    assert history == {"critic/rewards/mean": [1, 2], "val/reward": [0, 2]}
+    images = [a.path for a in client.list_artifacts(mlflow_run.info.run_id, "images")]
+    stepped = [re.match(r"images/(\w+)\+step\+(\d+)\+", name) for name in images]  # <key>+step+<k>+timestamp...
+    found = {(m.group(1), int(m.group(2))) for m in stepped if m}
+    assert found == {("rollout", 1), ("rollout", 2), ("validation", 0), ("validation", 2)}, images
+    assert [m.step for m in mlflow_run.outputs.model_outputs] == [2]
+    assert json.loads((run / "run.json").read_text())["format"] == 2  # diffrl/flows/run_format.py
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_1", "step_2"]
+    assert json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == 2
+    assert json.loads((run / "checkpoints" / "step_2" / "trainer_state.json").read_text())["step"] == 2
+    for table in ("trajectories", "rewards", "advantages"):
+        steps = lance.dataset(str(run / f"{table}.lance")).to_table(columns=["step"]).column("step").to_pylist()
+        assert sorted(set(steps)) == [1, 2], table
 
 
 def test_verbose_restores_the_libraries_levels(monkeypatch):

@@ -78,11 +78,11 @@ def test_train_deployment_fails_in_update_actor_and_a_retry_reruns_only_what_fol
         params = {"config": "quickstart", "overrides": TINY + [f"run.root={tmp_path}/runs", "run.name=nightly"]}
         run = _prefect(env, "deployment", "run", "train/train", "--params", json.dumps(params))
         flow_run_id = next(w for w in run.split() if len(w) == 36 and w.count("-") == 4)
-        # the first attempt dies in update_actor of step 1, as an out-of-memory would
+        # the first attempt dies in update_actor of step 2, as an out-of-memory would
         failed = subprocess.run(
             [os.path.join(VENV_BIN, "prefect"), "worker", "start", "--pool", "diffrl", "--run-once"],
             cwd=REPO,
-            env={**env, "DIFFRL_INJECT_FAULT": "update_actor@1"},
+            env={**env, "DIFFRL_INJECT_FAULT": "update_actor@2"},
             timeout=300,
             capture_output=True,
             text=True,
@@ -92,29 +92,29 @@ def test_train_deployment_fails_in_update_actor_and_a_retry_reruns_only_what_fol
         assert "retry this flow run to resume (run 'nightly'" in console, console[-3000:]
         assert f"prefect flow-run retry {flow_run_id}" in console and "rerun the same command" not in console
         table = f"{tmp_path}/runs/nightly/trajectories.lance"
-        before = lance.dataset(table).to_table(filter="step = 1", columns=["write_id"]).column("write_id").to_pylist()
-        assert len(before) == 8 and lance.dataset(table).count_rows("step = 2") == 0
+        before = lance.dataset(table).to_table(filter="step = 2", columns=["write_id"]).column("write_id").to_pylist()
+        assert len(before) == 8 and lance.dataset(table).count_rows("step = 3") == 0
 
         _prefect(env, "flow-run", "retry", flow_run_id)  # the UI's "Retry" button does the same
         _prefect(env, "worker", "start", "--pool", "diffrl", "--run-once")
         states = asyncio.run(_task_states(url, flow_run_id))
-        attempts = {a["_state"]: a for a in states["nightly-step-1"]}
-        assert sorted(attempts) == ["Completed", "Failed"], states["nightly-step-1"]
+        attempts = {a["_state"]: a for a in states["nightly-step-2"]}
+        assert sorted(attempts) == ["Completed", "Failed"], states["nightly-step-2"]
         first, retried = attempts["Failed"], attempts["Completed"]
         assert first["update_actor"] == "Failed"
         assert {retried[k] for k in ("generate", "score", "advantages")} == {"Cached"}
         assert retried["update_actor"] == "Completed" and retried["sync_weights"] == "Completed"
-        after = lance.dataset(table).to_table(filter="step = 1", columns=["write_id"]).column("write_id").to_pylist()
-        assert after == before  # step 1's rows were reused, not rewritten
-        assert lance.dataset(table).count_rows("step = 2") == 8
-        # step 0's subflow run was left alone: Prefect matches a retried run's subflow calls by call count, and
-        # without flows.train.pin_step_key it handed step 0's finished run back for the retry's first call
-        # (step 1), which then never trained
-        assert [a["_state"] for a in states["nightly-step-0"]] == ["Completed"], states
-        assert sorted(states) == ["nightly-step-0", "nightly-step-1", "nightly-step-2"], states
-        assert os.path.isdir(f"{tmp_path}/runs/nightly/checkpoints/step_2")
+        after = lance.dataset(table).to_table(filter="step = 2", columns=["write_id"]).column("write_id").to_pylist()
+        assert after == before  # step 2's rows were reused, not rewritten
+        assert lance.dataset(table).count_rows("step = 3") == 8
+        # step 1's subflow run was left alone: Prefect matches a retried run's subflow calls by call count, and
+        # without flows.train.pin_step_key it handed step 1's finished run back for the retry's first call
+        # (step 2), which then never trained
+        assert [a["_state"] for a in states["nightly-step-1"]] == ["Completed"], states
+        assert sorted(states) == ["nightly-step-1", "nightly-step-2", "nightly-step-3"], states
+        assert os.path.isdir(f"{tmp_path}/runs/nightly/checkpoints/step_3")
 
-        # the evaluate deployment scores the run's latest checkpoint (step 2 = 3 RL steps done) into MLflow
+        # the evaluate deployment scores the run's latest checkpoint (step 3: 3 RL steps done) into MLflow
         _prefect(env, "deployment", "run", "evaluate/evaluate", "--params", json.dumps(params))
         _prefect(env, "worker", "start", "--pool", "diffrl", "--run-once")
         from mlflow.tracking import MlflowClient
@@ -130,7 +130,7 @@ def test_train_deployment_fails_in_update_actor_and_a_retry_reruns_only_what_fol
             filter_string="tags.`diffrl.run_name` = 'nightly-eval'",
         )
         assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-        assert runs[0].data.tags["diffrl.checkpoint"].endswith("runs/nightly/checkpoints/step_2")
+        assert runs[0].data.tags["diffrl.checkpoint"].endswith("runs/nightly/checkpoints/step_3")
         history = client.get_metric_history(runs[0].info.run_id, "val/reward")
         assert [m.step for m in history] == [3] and -1.0 < history[0].value < 0.0  # jpeg_compressibility is negative
     finally:

@@ -72,20 +72,20 @@ def test_online_algorithm_trains_and_logs_its_metrics(workdir, config):
     assert store.steps() == [0, 1] and all(store.num_rows(s) == 8 for s in (0, 1))
     for key in FAMILY_METRICS[config] + ["critic/rewards/mean", "actor/grad_norm", "timing_s/generate"]:
         assert sorted(_history(workdir, experiment, key)) == [1, 2], key
-    assert result["last_step"] == 1
+    assert result["last_step"] == 2
     if config == "quick_dpo":  # 2 prompts x 4 samples: one (best, worst) pair per group
         assert set(_history(workdir, experiment, "dp/num_pairs").values()) == {2.0}
         first = _history(workdir, experiment, "rewards/margins")[1]
         assert first == pytest.approx(0.0, abs=1e-6)  # policy == reference before the first optimizer step
     if config == "quick_nft":  # the old adapter is checkpointed with the policy
-        saved = load_file(f"{run_dir}/checkpoints/step_1/trainable.safetensors")
+        saved = load_file(f"{run_dir}/checkpoints/step_2/trainable.safetensors")
         assert any(".old." in k for k in saved) and any(".default." in k for k in saved)
 
 
 @pytest.mark.slow
 def test_offline_dpo_learns_the_labels_and_resumes_after_a_failed_update(workdir, monkeypatch):
     run_dir = "runs/quick_dpo_offline"
-    monkeypatch.setenv("DIFFRL_INJECT_FAULT", "update_actor@3")
+    monkeypatch.setenv("DIFFRL_INJECT_FAULT", "update_actor@4")
     with pytest.raises(Exception, match="injected fault"):
         train(config="quick_dpo_offline", overrides=OFFLINE)
     assert sorted(_history(workdir, "diffrl-quick-dpo-offline", "actor/dpo_loss")) == [1, 2, 3]
@@ -95,7 +95,7 @@ def test_offline_dpo_learns_the_labels_and_resumes_after_a_failed_update(workdir
     train(config="quick_dpo_offline", overrides=OFFLINE)  # resumes at the failed step
     assert lance.dataset(os.path.join(run_dir, "preferences.lance")).version == cache.version  # not re-encoded
     raw = lance.dataset(os.path.join(run_dir, "trajectories.lance")).to_table(columns=["step"])
-    assert sorted(raw.column("step").to_pylist()) == [s for s in range(4) for _ in range(16)]  # nothing twice
+    assert sorted(raw.column("step").to_pylist()) == [s for s in range(1, 5) for _ in range(16)]  # nothing twice
     acc = _history(workdir, "diffrl-quick-dpo-offline", "actor/implicit_acc")
     # measured (seed 0, uninterrupted): [0.0, 0.625, 0.875, 0.875]; step 1 is 0 because policy == reference
     assert sorted(acc) == [1, 2, 3, 4] and acc[1] == 0.0 and acc[3] > 0.5 and acc[4] > 0.5, acc

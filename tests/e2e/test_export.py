@@ -35,13 +35,13 @@ def test_export_writes_a_lora_and_a_merged_pipeline_that_plain_diffusers_loads(w
 
     record = json.load(open(os.path.join(out, "diffrl_export.json")))
     base = record["base_model"]
-    assert record["step"] == 0 and record["lora"] and os.path.isfile(os.path.join(base, "model_index.json"))
+    assert record["step"] == 1 and record["lora"] and os.path.isfile(os.path.join(base, "model_index.json"))
     lora_file = os.path.join(out, "pytorch_lora_weights.safetensors")
     with safe_open(lora_file, "pt") as f:
         config = json.loads(f.metadata()["lora_adapter_metadata"])
     assert config["transformer.base_model_name_or_path"] == base  # null in the checkpoint itself
     # the tensors are the checkpoint's own
-    trained = load_file(os.path.join("runs/quickstart/checkpoints/step_0/lora/pytorch_lora_weights.safetensors"))
+    trained = load_file(os.path.join("runs/quickstart/checkpoints/step_1/lora/pytorch_lora_weights.safetensors"))
     exported = load_file(lora_file)
     assert exported.keys() == trained.keys() and all(torch.equal(exported[k], trained[k]) for k in trained)
 
@@ -75,7 +75,7 @@ def test_export_of_full_fine_tuning_writes_the_trained_pipeline(workdir):
     import torch.distributed.checkpoint as dcp
 
     target = {"model": base.transformer.state_dict()}
-    dcp.load(target, checkpoint_id="runs/quickstart/checkpoints/step_0/dcp")
+    dcp.load(target, checkpoint_id="runs/quickstart/checkpoints/step_1/dcp")
     for name, tensor in trained.transformer.state_dict().items():
         assert torch.equal(tensor, target["model"][name]), name
 
@@ -83,7 +83,7 @@ def test_export_of_full_fine_tuning_writes_the_trained_pipeline(workdir):
 def test_a_damaged_checkpoint_is_named_and_not_exported(workdir, capsys):
     """The export checks the checkpoint against its checksums.json, as resuming does (issue 27, item 2)."""
     train(config=None, overrides=RUN)
-    lora = "runs/quickstart/checkpoints/step_0/lora/pytorch_lora_weights.safetensors"
+    lora = "runs/quickstart/checkpoints/step_1/lora/pytorch_lora_weights.safetensors"
     with open(lora, "r+b") as f:  # same size, other bytes
         f.seek(os.path.getsize(lora) - 64)
         f.write(b"\xff" * 64)

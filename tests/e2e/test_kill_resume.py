@@ -41,16 +41,16 @@ def _diffrl(args: list[str], cwd, **env) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["update_actor@1:exit", "checkpoint@1.2:stall"])  # the update; its checkpoint
+@pytest.mark.parametrize("fault", ["update_actor@2:exit", "checkpoint@2.2:stall"])  # the update; its checkpoint
 def test_killed_run_resumes_with_every_step_once(workdir, fault):
     killed = _diffrl(TINY, workdir, DIFFRL_INJECT_FAULT=fault)
     assert killed.returncode == 137, killed.stderr[-2000:]
     done = _diffrl(TINY, workdir)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "resuming after step 0" in done.stderr
+    assert "resuming after step 1" in done.stderr
     rows = lance.dataset(f"{workdir}/runs/quickstart/trajectories.lance").to_table(columns=["step"])
-    counts = {s: rows.column("step").to_pylist().count(s) for s in range(3)}
-    assert counts == {0: 8, 1: 8, 2: 8}  # step 1's chunks were reused, not written again
+    counts = {s: rows.column("step").to_pylist().count(s) for s in range(1, 4)}
+    assert counts == {1: 8, 2: 8, 3: 8}  # step 2's chunks were reused, not written again
     mlflow.set_tracking_uri(f"sqlite:///{workdir}/mlflow.db")
     client = MlflowClient()
     runs = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])
@@ -62,16 +62,16 @@ def test_killed_run_resumes_with_every_step_once(workdir, fault):
 @pytest.mark.slow
 def test_a_crash_before_queued_rows_land_resumes_with_every_step_once(workdir):
     """The step core writes rows behind the stages that made them: the process dies in the background writer
-    while it writes step 1's second chunk, after that chunk's generate stage may have completed (and persisted
+    while it writes step 2's second chunk, after that chunk's generate stage may have completed (and persisted
     its Prefect result). The rerun drops such results whose rows never landed and makes the chunk again."""
-    killed = _diffrl(TINY, workdir, DIFFRL_INJECT_FAULT="write_rows@1.1:exit")
+    killed = _diffrl(TINY, workdir, DIFFRL_INJECT_FAULT="write_rows@2.1:exit")
     assert killed.returncode == 137, killed.stderr[-2000:]
     done = _diffrl(TINY, workdir)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "resuming after step 0" in done.stderr
+    assert "resuming after step 1" in done.stderr
     rows = lance.dataset(f"{workdir}/runs/quickstart/trajectories.lance").to_table(columns=["step", "chunk"])
     pairs = list(zip(rows.column("step").to_pylist(), rows.column("chunk").to_pylist()))
-    chunks = [(s, c) for s in range(3) for c in range(2)]
+    chunks = [(s, c) for s in range(1, 4) for c in range(2)]
     assert {k: pairs.count(k) for k in chunks} == {k: 4 for k in chunks}  # every chunk once, none twice
     client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     run = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])[0]
@@ -80,20 +80,20 @@ def test_a_crash_before_queued_rows_land_resumes_with_every_step_once(workdir):
 
 @pytest.mark.slow
 def test_a_crash_right_after_a_checkpoint_keeps_the_policy_versions(workdir):
-    """The process hangs in step 1's weight sync (sync_weights@1:stall) while the writer commits step 1's
-    checkpoint, then dies: step 1 is done but its metrics never reached MLflow and its weight sync never ran. The
-    rerun logs step 1's metrics with one weight sync, not two: step 2's rows carry policy version 2, as in an
+    """The process hangs in step 2's weight sync (sync_weights@2:stall) while the writer commits step 2's
+    checkpoint, then dies: step 2 is done but its metrics never reached MLflow and its weight sync never ran. The
+    rerun logs step 2's metrics with one weight sync, not two: step 3's rows carry policy version 2, as in an
     uninterrupted run (they carried 3)."""
-    killed = _diffrl(TINY, workdir, DIFFRL_INJECT_FAULT="sync_weights@1:stall")
+    killed = _diffrl(TINY, workdir, DIFFRL_INJECT_FAULT="sync_weights@2:stall")
     assert killed.returncode == 137, killed.stderr[-2000:]
     with open(f"{workdir}/runs/quickstart/checkpoints/latest.json") as f:
-        assert json.load(f)["step"] == 1  # committed while the step hung
+        assert json.load(f)["step"] == 2  # committed while the step hung
     done = _diffrl(TINY, workdir)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "resuming after step 1" in done.stderr
+    assert "resuming after step 2" in done.stderr
     rows = lance.dataset(f"{workdir}/runs/quickstart/trajectories.lance").to_table(columns=["step", "policy_version"])
     pairs = set(zip(rows.column("step").to_pylist(), rows.column("policy_version").to_pylist()))
-    assert pairs == {(0, 0), (1, 1), (2, 2)}
+    assert pairs == {(1, 0), (2, 1), (3, 2)}  # (step number, the policy version that sampled it)
     client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     run = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])[0]
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "critic/rewards/mean")) == [1, 2, 3]

@@ -41,32 +41,32 @@ def test_a_non_finite_setting_is_refused_by_name_before_any_work(workdir, overri
 
 
 def test_a_nan_loss_skips_its_optimizer_step_and_is_logged_as_nan(workdir, monkeypatch):
-    """The fault point `loss@1:nan` makes step 1's loss NaN: its optimizer step is skipped (actor/skipped_steps 1),
+    """The fault point `loss@2:nan` makes step 2's loss NaN: its optimizer step is skipped (actor/skipped_steps 1),
     actor/pg_loss reaches MLflow as NaN (NaN metrics used to be dropped), the weights stay finite, the run ends."""
-    monkeypatch.setenv("DIFFRL_INJECT_FAULT", "loss@1:nan")
-    assert train(config=None, overrides=TINY + ["run.steps=2"])["last_step"] == 1
+    monkeypatch.setenv("DIFFRL_INJECT_FAULT", "loss@2:nan")
+    assert train(config=None, overrides=TINY + ["run.steps=2"])["last_step"] == 2
     client, run = _run(workdir)
     loss = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "actor/pg_loss")}
     skipped = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "actor/skipped_steps")}
     assert sorted(loss) == [1, 2] and math.isfinite(loss[1]) and math.isnan(loss[2])
     assert skipped == {1: 0.0, 2: 1.0}
-    weights = load_file("runs/quickstart/checkpoints/step_1/trainable.safetensors")
+    weights = load_file("runs/quickstart/checkpoints/step_2/trainable.safetensors")
     assert all(torch.isfinite(w).all() for w in weights.values())
 
 
 def test_weights_that_turn_non_finite_stop_the_run_before_their_checkpoint(workdir):
     """A checkpoint written before checksums existed (no checksums.json: loaded unverified, with a warning) that
-    holds NaN in one LoRA tensor: the run used to train on and end "done", exit 0, with NaN weights. Now step 1's
-    update stops it with an error naming the step and a tensor, before step 1's checkpoint, and MLflow says FAILED."""
+    holds NaN in one LoRA tensor: the run used to train on and end "done", exit 0, with NaN weights. Now step 2's
+    update stops it with an error naming the step and a tensor, before step 2's checkpoint, and MLflow says FAILED."""
     train(config=None, overrides=TINY + ["run.steps=1"])
-    folder = "runs/quickstart/checkpoints/step_0"
+    folder = "runs/quickstart/checkpoints/step_1"
     weights = load_file(f"{folder}/trainable.safetensors")
     name = sorted(weights)[0]
     weights[name] = torch.full_like(weights[name], math.nan)
     save_file(weights, f"{folder}/trainable.safetensors")
     os.remove(f"{folder}/{CHECKSUMS}")
     with pytest.warns(UserWarning, match="no checksums.json"):
-        with pytest.raises(NonFiniteWeights, match=r"step 1: after the update [1-9]\d* of the policy's \d+ trainable"):
+        with pytest.raises(NonFiniteWeights, match=r"step 2: after the update [1-9]\d* of the policy's \d+ trainable"):
             train(config=None, overrides=TINY + ["run.steps=2"])
-    assert not os.path.exists("runs/quickstart/checkpoints/step_1")
+    assert not os.path.exists("runs/quickstart/checkpoints/step_2")
     assert _run(workdir)[1].info.status == "FAILED"

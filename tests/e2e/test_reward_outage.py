@@ -72,14 +72,14 @@ def test_a_step_with_nothing_scored_names_the_reward_and_scores_again_once_it_an
     scorer.answer = b'{"score": "garbage"}'
     with pytest.raises(
         RewardError,
-        match=r"step 0 chunk 0: 4 of 4 samples excluded by the reward: http_scorer excluded 4 \(error: malformed: "
+        match=r"step 1 chunk 0: 4 of 4 samples excluded by the reward: http_scorer excluded 4 \(error: malformed: "
         r"no finite number under 'score' in \"\{'score': 'garbage'\}\"\)",
     ):
         train(config=None, overrides=_run(scorer.url))
     store = TrajectoryStore("runs/quickstart/trajectories.lance")
     assert not store.read_rewards(0, allow_missing=True)[2].any()  # nothing of the failed scoring was stored
     scorer.answer, scorer.requests = b'{"score": 0.5}', 0
-    assert train(config=None, overrides=_run(scorer.url))["last_step"] == 0
+    assert train(config=None, overrides=_run(scorer.url))["last_step"] == 1
     assert scorer.requests == 8  # every sample of the step was scored again
     rewards, _, valid = store.read_rewards(0)
     assert valid.all() and rewards.tolist() == [0.5] * 8
@@ -96,7 +96,7 @@ def test_an_optional_reward_that_is_down_is_left_out_while_another_remains(workd
     step. With no other component, every sample is excluded and the error says so."""
     judge = "{name: http_scorer, required: false, options: {url: '%s', %s}}" % (_dead_url(), FAST)
     both = TINY + ["run.steps=1", "reward.components=[{name: jpeg_compressibility}, %s]" % judge]
-    assert train(config=None, overrides=both)["last_step"] == 0
+    assert train(config=None, overrides=both)["last_step"] == 1
     metrics = _metrics(workdir)
     assert metrics["critic/rewards/mean"] == pytest.approx(metrics["reward/jpeg_compressibility"])
     assert metrics["reward/excluded"] == 0
@@ -121,7 +121,7 @@ def test_excluded_samples_are_stored_as_nan_advantages_not_0(workdir, scorer):
     """Every other answer is garbage: those samples are excluded. advantages.lance used to hold 0.0 for them, the
     same as a sample exactly at its group's mean; they are NaN now (not trained on), the others finite."""
     scorer.answer = lambda n: b'{"score": "garbage"}' if n % 2 else b'{"score": %d}' % n
-    assert train(config=None, overrides=_run(scorer.url))["last_step"] == 0
+    assert train(config=None, overrides=_run(scorer.url))["last_step"] == 1
     store = TrajectoryStore("runs/quickstart/trajectories.lance")
     _, _, valid = store.read_rewards(0)
     advantages = store.read_advantages(0)

@@ -42,7 +42,7 @@ def test_the_flow_and_the_engines_only_loop_run_the_same_steps(workdir):
     client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     run = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])[0]
     flow_rewards = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "critic/rewards/mean")}
-    flow_weights = load_file("runs/flow/checkpoints/step_2/trainable.safetensors")
+    flow_weights = load_file("runs/flow/checkpoints/step_3/trainable.safetensors")
 
     engine_metrics, engine_weights = _engines_only(["run.root=engines-only"], "engines-only")
     assert not os.path.exists("engines-only")  # no store, no checkpoints, nothing written

@@ -30,7 +30,7 @@ def _history(workdir, key: str) -> list[int]:
 
 def _check_table(run_dir: str, steps: int) -> None:
     store = TrajectoryStore(os.path.join(run_dir, "trajectories.lance"))
-    assert store.steps() == list(range(steps))
+    assert store.steps() == list(range(steps))  # the store's API counts from 0, as the code does
     raw = lance.dataset(os.path.join(run_dir, "trajectories.lance")).to_table(
         columns=["step", "group_id", "sample_index", "write_id", "chunk"]
     )
@@ -38,8 +38,9 @@ def _check_table(run_dir: str, steps: int) -> None:
         traj = store.read_step(step, with_latents=False, with_images=False)
         keys = list(zip(traj.group_ids, traj.sample_index.tolist()))
         assert len(keys) == ROWS_PER_STEP and len(set(keys)) == ROWS_PER_STEP
-        # nothing written twice: the physical table holds exactly one copy of each committed chunk
-        assert sum(1 for s in raw.column("step").to_pylist() if s == step) == ROWS_PER_STEP
+        # nothing written twice: the physical table holds exactly one copy of each committed chunk; its step column
+        # holds the step number a person sees (1, 2, 3)
+        assert sum(1 for s in raw.column("step").to_pylist() if s == step + 1) == ROWS_PER_STEP
         rewards, _, valid = store.read_rewards(step)
         advantages = store.read_advantages(step)
         assert valid.all() and torch.isfinite(rewards).all()
@@ -64,8 +65,8 @@ def test_three_steps_write_rows_metrics_and_checkpoints(workdir):
         assert _history(workdir, key) == [1, 2, 3], key
     assert _history(workdir, "val/reward") == [0, 3]
     kept = sorted(d for d in os.listdir(f"{run_dir}/checkpoints") if d.startswith("step_"))
-    assert kept == ["step_0", "step_1", "step_2"]  # every checkpoint_every-th step plus the latest two
-    assert result["last_step"] == 2
+    assert kept == ["step_2", "step_3"]  # every checkpoint_every-th step (2) plus the latest two (2, 3)
+    assert result["last_step"] == 3
     # Prefect names: the train flow run after the run (not a random name); no "None/..." UI link in local mode
     from prefect.client.orchestration import get_client
 
@@ -81,7 +82,32 @@ def test_three_steps_write_rows_metrics_and_checkpoints(workdir):
         assert tags["prefect.flow_run_url"] == ""
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(tags["prefect.flow_run_id"]).name == "quickstart"
+        assert _step_run_names(client, tags["prefect.flow_run_id"]) == {
+            "quickstart-step-1": ["advantages-step1", "generate-step1-chunk0", "generate-step1-chunk1"]
+            + ["score-step1-chunk0", "score-step1-chunk1", "sync_weights-step1", "update_actor-step1"],
+            "quickstart-step-2": ["advantages-step2", "generate-step2-chunk0", "generate-step2-chunk1"]
+            + ["score-step2-chunk0", "score-step2-chunk1", "sync_weights-step2", "update_actor-step2"],
+            "quickstart-step-3": ["advantages-step3", "generate-step3-chunk0", "generate-step3-chunk1"]
+            + ["score-step3-chunk0", "score-step3-chunk1", "sync_weights-step3", "update_actor-step3"],
+        }  # the step numbers of the console and MLflow (issue 28, item 2)
     _check_mlflow_record(mlflow_client, workdir)
+
+
+def _step_run_names(client, train_run_id: str) -> dict[str, list[str]]:
+    """{step subflow run name: its task run names, sorted} of one train flow run."""
+    from prefect.client.schemas.filters import FlowRunFilter, TaskRunFilter, TaskRunFilterFlowRunId
+
+    parents = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [train_run_id]}))
+    steps = client.read_flow_runs(flow_run_filter=FlowRunFilter(parent_task_run_id={"any_": [t.id for t in parents]}))
+    return {
+        step.name: sorted(
+            t.name
+            for t in client.read_task_runs(
+                task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[step.id]))
+            )
+        )
+        for step in steps
+    }
 
 
 def _check_mlflow_record(client: MlflowClient, workdir) -> None:
@@ -114,18 +140,18 @@ def _check_mlflow_record(client: MlflowClient, workdir) -> None:
     assert str(version.version) == "1" and version.source == f"models:/{model.model_id}"
 
 
-@pytest.mark.parametrize("fault", ["generate@1.1", "score@1.0", "advantages@1", "update_actor@1", "sync_weights@1"])
+@pytest.mark.parametrize("fault", ["generate@2.1", "score@2.0", "advantages@2", "update_actor@2", "sync_weights@2"])
 def test_resume_after_a_failure_in_each_stage(workdir, monkeypatch, fault):
     monkeypatch.setenv("DIFFRL_INJECT_FAULT", fault)
     with pytest.raises(Exception, match="injected fault"):
         train(config=None, overrides=TINY)
     table = "runs/quickstart/trajectories.lance"
-    before = lance.dataset(table).to_table(filter="step = 1 AND chunk = 0", columns=["write_id"])
+    before = lance.dataset(table).to_table(filter="step = 2 AND chunk = 0", columns=["write_id"])
     monkeypatch.delenv("DIFFRL_INJECT_FAULT")
     train(config=None, overrides=TINY)
     _check_table("runs/quickstart", 3)
     if fault.startswith("generate"):  # chunk 0 of the interrupted step was reused, not rewritten
-        after = lance.dataset(table).to_table(filter="step = 1 AND chunk = 0", columns=["write_id"])
+        after = lance.dataset(table).to_table(filter="step = 2 AND chunk = 0", columns=["write_id"])
         assert before.num_rows == 4 and after.column("write_id").to_pylist() == before.column("write_id").to_pylist()
     assert _history(workdir, "perf/time_per_step") == [1, 2, 3]  # no gap, no duplicate
     assert _history(workdir, "actor/grad_norm") == [1, 2, 3]
@@ -211,7 +237,7 @@ def test_quickstart_config_runs_on_the_shipped_reference_model(workdir, capsys):
     """The embedded default as `make quickstart` runs it, cut to 2 steps: the shipped shapes model,
     geneval_lite, held-out validation with val/reward and val/accuracy in MLflow."""
     result = train(config=None, overrides=["run.steps=2", "data.num_val_prompts=8"])
-    assert result["last_step"] == 1
+    assert result["last_step"] == 2
     assert _history(workdir, "val/reward") == [0, 2]
     assert _history(workdir, "val/accuracy") == [0, 2]
     assert _history(workdir, "reward/geneval_lite") == [1, 2]

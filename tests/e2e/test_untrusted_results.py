@@ -42,11 +42,11 @@ def _pickle_record(storage_key: str, marker: str) -> bytes:
 
 
 def test_a_pickle_stage_result_is_refused_by_name_and_never_runs(workdir, monkeypatch):
-    """Step 1 fails in its update: its generate, score and advantages results are persisted (and their rows,
+    """Step 2 fails in its update: its generate, score and advantages results are persisted (and their rows,
     rewards and advantages landed), so a resume reads them back. One is rewritten as a pickle that would create
     a file: the resume refuses it, naming the file, and the file is never created. Without it the run goes on."""
     overrides = TINY + ["run.steps=2"]
-    monkeypatch.setenv("DIFFRL_INJECT_FAULT", "update_actor@1")
+    monkeypatch.setenv("DIFFRL_INJECT_FAULT", "update_actor@2")
     with pytest.raises(Exception, match="injected fault"):
         train(config=None, overrides=overrides)
     monkeypatch.delenv("DIFFRL_INJECT_FAULT")
@@ -58,7 +58,7 @@ def test_a_pickle_stage_result_is_refused_by_name_and_never_runs(workdir, monkey
         train(config=None, overrides=overrides)
     assert not marker.exists()
     target.unlink()  # what the message says to do: the stage runs again
-    assert train(config=None, overrides=overrides)["last_step"] == 1
+    assert train(config=None, overrides=overrides)["last_step"] == 2
     assert not marker.exists()
     stage_results = list(results.glob("diffrl-quickstart-*"))
     assert len(stage_results) == 2 * 7  # generate and score of 2 chunks, advantages, update_actor, sync_weights

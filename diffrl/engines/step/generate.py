@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from diffrl.engines.numbering import step_number
 from diffrl.engines.reward.base import concat_outputs
 from diffrl.engines.step.memory import ChunkRewards
 from diffrl.engines.step.plan import chunk_plan, inject_fault, num_chunks, sample_seed, validation_due
@@ -69,7 +70,7 @@ def generate(engines: Any, step: int, chunk: int) -> Generated:
     if not memory.has_chunk(step, chunk):
         memory.start_rollout(step, chunk, functools.partial(sample_chunk, engines, step, chunk))
     traj, seconds = memory.chunk(step, chunk)
-    store_submit(engines, step, f"rows of step {step} chunk {chunk}", _append, engines, traj, step, chunk)
+    store_submit(engines, step, f"rows of step {step_number(step)} chunk {chunk}", _append, engines, traj, step, chunk)
     return Generated(step, chunk, rows=len(traj), seconds=seconds, waited=time.perf_counter() - started, reused=False)
 
 
@@ -153,7 +154,13 @@ def score(engines: Any, step: int, chunk: int) -> Scored:
         held[0]
         if held is not None
         else store_call(
-            engines, step, f"read step {step} chunk {chunk}", engines.store.read_chunk, step, chunk, with_latents=False
+            engines,
+            step,
+            f"read step {step_number(step)} chunk {chunk}",
+            engines.store.read_chunk,
+            step,
+            chunk,
+            with_latents=False,
         )
     )
     if streamed is not None:
@@ -163,13 +170,13 @@ def score(engines: Any, step: int, chunk: int) -> Scored:
         out = engines.reward(traj.images, traj.prompts, traj.metadata)
         seconds = time.perf_counter() - started
     if not bool(out.valid.any()):  # nothing to learn from: the stage fails, nothing is kept, a rerun scores again
-        raise engines.reward.nothing_scored(out, f"step {step} chunk {chunk}")
+        raise engines.reward.nothing_scored(out, f"step {step_number(step)} chunk {chunk}")
     components = {name: torch.tensor(out.info[name], dtype=torch.float32) for name in engines.reward.names}
     memory.put_rewards(step, chunk, ChunkRewards(out.scores, out.valid, components, out.info, seconds))
     store_submit(
         engines,
         step,
-        f"rewards of step {step} chunk {chunk}",
+        f"rewards of step {step_number(step)} chunk {chunk}",
         _write_rewards,
         engines,
         step,
@@ -199,14 +206,23 @@ def offline_pairs(engines: Any, step: int, chunk: int = 0) -> Generated:
         inject_fault("offline_pairs", step)
         traj, reused = _pair_trajectories(engines, step), False
         engines.memory.put_chunk(step, 0, traj, 0.0)
-        store_submit(engines, step, f"pairs of step {step}", _append, engines, traj, step, 0)
+        store_submit(engines, step, f"pairs of step {step_number(step)}", _append, engines, traj, step, 0)
     rewards = (traj.sample_index == 0).float()
     valid = torch.ones(len(traj), dtype=torch.bool)
     components = {PREFERENCE_REWARD: rewards}
     engines.memory.put_rewards(step, 0, ChunkRewards(rewards, valid, components, {}, 0.0))
     # Rewards are written after the rows; writing them again is a no-op, so a crash in between heals here.
     store_submit(
-        engines, step, f"pair rewards of step {step}", _write_rewards, engines, step, traj, rewards, components, valid
+        engines,
+        step,
+        f"pair rewards of step {step_number(step)}",
+        _write_rewards,
+        engines,
+        step,
+        traj,
+        rewards,
+        components,
+        valid,
     )
     return Generated(step, 0, rows=len(traj), seconds=time.perf_counter() - started, waited=0.0, reused=reused)
 
@@ -255,7 +271,7 @@ def step_trajectories(engines: Any, step: int, *, with_latents: bool = True, wit
     return store_call(
         engines,
         step,
-        f"read step {step}",
+        f"read step {step_number(step)}",
         engines.store.read_step,
         step,
         with_latents=with_latents,
@@ -267,7 +283,7 @@ def step_rewards(engines: Any, step: int) -> tuple[torch.Tensor, dict[str, torch
     """(rewards (B,), components {name: (B,)}, valid (B,)) of the step, aligned with step_trajectories."""
     parts = engines.memory.rewards(step, step_chunks(engines.config))
     if parts is None:
-        return store_call(engines, step, f"read rewards of step {step}", engines.store.read_rewards, step)
+        return store_call(engines, step, f"read rewards of step {step_number(step)}", engines.store.read_rewards, step)
     names = sorted({name for p in parts for name in p.components})
     components = {
         name: torch.cat([p.components.get(name, torch.full_like(p.scores, float("nan"))) for p in parts])

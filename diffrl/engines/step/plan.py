@@ -9,6 +9,8 @@ import os
 import time
 from typing import Any
 
+from diffrl.engines.numbering import step_number
+
 STALL_S = 5.0  # how long a `stall` fault point hangs before it kills the process
 
 
@@ -80,7 +82,8 @@ def validation_due(cfg: Any, steps_done: int) -> bool:
 
 
 def inject_fault(stage: str, step: int, chunk: int = 0) -> bool:
-    """Fault injection for resume/retry tests and drills: DIFFRL_INJECT_FAULT="stage@step[.chunk][:action]".
+    """Fault injection for resume/retry tests and drills: DIFFRL_INJECT_FAULT="stage@k[.chunk][:action]", k a step
+    number as the console shows it (`update_actor@1`: the first step's update; `step` here is the code's index).
 
     `raise` (default) fails the stage with RuntimeError, as an out-of-memory would; `exit` kills the
     process on the spot (os._exit(137), like SIGKILL) to test crash recovery; `stall` kills it the same way after
@@ -93,7 +96,7 @@ def inject_fault(stage: str, step: int, chunk: int = 0) -> bool:
     where, _, action = spec.partition(":")
     target_stage, _, position = where.partition("@")
     target_step, _, target_chunk = position.partition(".")
-    if target_stage != stage or int(target_step or -1) != step or int(target_chunk or 0) != chunk:
+    if target_stage != stage or int(target_step or -1) != step_number(step) or int(target_chunk or 0) != chunk:
         return False
     if action == "nan":
         return True
@@ -101,4 +104,6 @@ def inject_fault(stage: str, step: int, chunk: int = 0) -> bool:
         time.sleep(STALL_S)
     if action in ("exit", "stall"):
         os._exit(137)
-    raise RuntimeError(f"injected fault in stage {stage!r} at step {step} chunk {chunk} (DIFFRL_INJECT_FAULT)")
+    raise RuntimeError(
+        f"injected fault in stage {stage!r} at step {step_number(step)} chunk {chunk} (DIFFRL_INJECT_FAULT)"
+    )

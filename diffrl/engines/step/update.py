@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from diffrl.algorithms.advantages import advantage_stats, group_advantages, reward_stats
+from diffrl.engines.numbering import step_index, step_number
 from diffrl.engines.reward.multi import drop_partial_components
 from diffrl.engines.step.generate import (
     prefetch,
@@ -59,7 +60,9 @@ def advantages(engines: Any, step: int, chunk: int = 0) -> Advantaged:
         ddof=algo.adv_std_ddof,
     )
     engines.memory.put_advantages(step, advantages_B)
-    store_submit(engines, step, f"advantages of step {step}", _write_advantages, engines, step, keys, advantages_B)
+    store_submit(
+        engines, step, f"advantages of step {step_number(step)}", _write_advantages, engines, step, keys, advantages_B
+    )
     stats = {**reward_stats(rewards[kept], kept_groups), **advantage_stats(advantages_B[kept])}
     for name, scores in components.items():  # reward/<name>: each component over the kept samples it scored
         stats[f"reward/{name}"] = scores[kept].float().nanmean()
@@ -79,7 +82,9 @@ def step_advantages(engines: Any, step: int) -> torch.Tensor:
     held = engines.memory.advantages(step)
     if held is not None:
         return held
-    return store_call(engines, step, f"read advantages of step {step}", engines.store.read_advantages, step)
+    return store_call(
+        engines, step, f"read advantages of step {step_number(step)}", engines.store.read_advantages, step
+    )
 
 
 # ---- update -------------------------------------------------------------------------------------------
@@ -144,16 +149,19 @@ def update(engines: Any, step: int, chunk: int = 0) -> Updated:
 
 # ---- checkpoints --------------------------------------------------------------------------------------
 def checkpoint_dir(run_dir: str, step: int) -> str:
-    return os.path.join(run_dir, "checkpoints", f"step_{step}")
+    """The checkpoint folder of step index `step`: `checkpoints/step_<k>`, k its step number (the weights after k
+    RL steps; diffrl/engines/numbering.py)."""
+    return os.path.join(run_dir, "checkpoints", f"step_{step_number(step)}")
 
 
 def latest_checkpoint(run_dir: str) -> int | None:
-    """The last step whose checkpoint was committed (None before the first)."""
+    """The step index of the last step whose checkpoint was committed (None before the first); latest.json holds
+    its step number."""
     pointer = os.path.join(run_dir, "checkpoints", "latest.json")
     if not os.path.exists(pointer):
         return None
     with open(pointer) as f:
-        return int(json.load(f)["step"])
+        return step_index(json.load(f)["step"])
 
 
 def commit_checkpoint(engines: Any, step: int, metrics: dict) -> None:
@@ -164,13 +172,13 @@ def commit_checkpoint(engines: Any, step: int, metrics: dict) -> None:
     if memory.asynchronous and trainer.cfg.lora and trainer.world_size == 1:
         # Counters and RNG now (the weight sync moves them); the tensors on the rollout worker, ahead of the next
         # step's rollout (the next update waits for it); the files on the writer, after the step's rows.
-        meta = checkpoint.snapshot_meta(trainer, step)
+        meta = checkpoint.snapshot_meta(trainer, step_number(step))  # trainer_state.json records the step number
 
         def take() -> None:
-            state = checkpoint.snapshot(trainer, step=step, meta=meta)
+            state = checkpoint.snapshot(trainer, step=step_number(step), meta=meta)
             memory.writer.submit(
                 step,
-                f"checkpoint of step {step}",
+                f"checkpoint of step {step_number(step)}",
                 _write_and_commit,
                 cfg.run_dir,
                 step,
@@ -186,7 +194,7 @@ def commit_checkpoint(engines: Any, step: int, metrics: dict) -> None:
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
     barrier()  # no rank writes into tmp before rank 0 has cleared it
-    trainer.save_checkpoint(tmp, step=step)
+    trainer.save_checkpoint(tmp, step=step_number(step))
     if rank == 0:
         _write_and_commit(cfg.run_dir, step, cfg.run.checkpoint_every, metrics, None)
 
@@ -205,8 +213,8 @@ def _write_and_commit(run_dir: str, step: int, every: int, metrics: dict, write)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     point_latest(run_dir, step)
-    previous = checkpoint_dir(run_dir, step - 2)
-    if step - 2 >= 0 and (step - 2) % max(every, 1) and os.path.isdir(previous):
+    previous = checkpoint_dir(run_dir, step - 2)  # kept when its step number is a multiple of `every`
+    if step - 2 >= 0 and step_number(step - 2) % max(every, 1) and os.path.isdir(previous):
         shutil.rmtree(previous)
     return final
 
@@ -215,7 +223,7 @@ def point_latest(run_dir: str, step: int) -> None:
     """Make checkpoints/latest.json name step `step`'s checkpoint (atomically): the step is committed."""
     pointer = os.path.join(run_dir, "checkpoints", "latest.json")
     with open(pointer + ".tmp", "w") as f:
-        json.dump({"step": step, "path": checkpoint_dir(run_dir, step)}, f)
+        json.dump({"step": step_number(step), "path": checkpoint_dir(run_dir, step)}, f)
     os.replace(pointer + ".tmp", pointer)
 
 

@@ -9,6 +9,10 @@ Rewards and advantages live in sibling tables instead of merged columns because 
 by chunk after the rows are written; merging a column into Lance rows rewrites those rows, latents
 included (~0.8 MB per Qwen-Image sample), while a sibling append is a few KB (docs/concepts.md).
 
+Steps: the methods take the code's step index (0, 1, ...), as the engines count; the tables' `step` column holds
+the step number a person sees (index + 1: diffrl/engines/numbering.py), so plain readers of the tables, the console
+and MLflow agree. `steps()` answers in indices.
+
 Idempotency and races: `append` is a no-op when its (step, chunk) is already committed. Two
 processes that race on the same chunk both commit; readers keep only the write that comes first
 in table order (Lance appends in commit order and compaction keeps it), and the losing writer
@@ -26,6 +30,7 @@ import pyarrow.compute as pc
 import torch
 from PIL import Image
 
+from diffrl.engines.numbering import step_index, step_number
 from diffrl.engines.store.records import (
     KEY_COLUMNS,
     META_LATENT_DTYPE,
@@ -113,7 +118,7 @@ class TrajectoryStore:
         return self._keys_memo[key]
 
     def _scan_step_keys(self, step: int, extra: Sequence[str]) -> pa.Table:
-        rows = self._table.scan(KEY_COLUMNS + list(extra), filter=f"step = {int(step)}")
+        rows = self._table.scan(KEY_COLUMNS + list(extra), filter=f"step = {step_number(step)}")
         if rows is None:
             return pa.table(
                 {
@@ -182,7 +187,14 @@ class TrajectoryStore:
             )
         write_id = new_write_id()
         self._table.append(
-            to_arrow(traj, run=run, step=step, chunk=chunk, write_id=write_id, compress_level=self.png_compress_level)
+            to_arrow(
+                traj,
+                run=run,
+                step=step_number(step),
+                chunk=chunk,
+                write_id=write_id,
+                compress_level=self.png_compress_level,
+            )
         )
         # Check after commit: if a racing writer committed this chunk first, readers ignore our
         # rows already; delete them so they do not take space.
@@ -235,7 +247,7 @@ class TrajectoryStore:
         """Scan the committed rows `keys` of `step` (narrowed by `where_extra`) into Trajectories."""
         latent_shape = self.latent_shape()
         winners = pc.unique(keys.column("write_id")).to_pylist()
-        where = f"step = {int(step)} AND {sql_in('write_id', winners)}" + where_extra
+        where = f"step = {step_number(step)} AND {sql_in('write_id', winners)}" + where_extra
         columns = SMALL_COLUMNS + ["latents"] * with_latents + ["image"] * with_images
         # Lance's own choice of late materialization: reading every column in one pass read whole compacted
         # fragments (0.37 s against 0.014 s for one step of shapes_quick; benchmarks/store_io.py: 2.15 s
@@ -259,16 +271,17 @@ class TrajectoryStore:
         rows = self._table.scan(
             ["group_id", "sample_index", "write_id", "image"],
             blobs_as_bytes=True,
-            filter=f"step = {int(step)} AND group_id = {sql_str(group_id)} AND sample_index = {int(sample_index)}",
+            filter=f"step = {step_number(step)} AND group_id = {sql_str(group_id)} "
+            f"AND sample_index = {int(sample_index)}",
         )
         if rows is None or rows.num_rows == 0:
             raise ValueError(f"{self.uri}: no sample (step={step}, group_id={group_id!r}, sample_index={sample_index})")
         return decode_image(rows.column("image")[0].as_py())  # first in table order = the committed write
 
     def steps(self) -> list[int]:
-        """Steps with at least one committed row, ascending."""
+        """Steps (indices) with at least one committed row, ascending."""
         rows = self._table.scan(["step"])
-        return [] if rows is None else sorted(pc.unique(rows.column("step")).to_pylist())
+        return [] if rows is None else [step_index(s) for s in sorted(pc.unique(rows.column("step")).to_pylist())]
 
     def num_rows(self, step: int | None = None) -> int:
         """Committed samples of `step` (or of all steps), duplicates of raced writes excluded."""
@@ -358,7 +371,7 @@ class TrajectoryStore:
             "component_names": pa.ListArray.from_arrays(offsets, pa.array(names * n, pa.string())),
             "component_values": pa.ListArray.from_arrays(offsets, pa.array(flat, pa.float32())),
         }
-        return self._rewards.append(step, table, columns)
+        return self._rewards.append(step_number(step), table, columns)
 
     def read_rewards(
         self, step: int, *, rank: int = 0, world_size: int = 1, allow_missing: bool = False
@@ -369,7 +382,7 @@ class TrajectoryStore:
         reward NaN and valid False. A component a sample lacks is NaN for it.
         """
         shard = self._shard(step, rank, world_size)
-        values, found = self._rewards.read(step, shard, [f.name for f in REWARD_FIELDS])
+        values, found = self._rewards.read(step_number(step), shard, [f.name for f in REWARD_FIELDS])
         if not found.all() and not allow_missing:
             raise ValueError(
                 f"{self._rewards.table.uri}: {int((~found).sum())} of {len(found)} samples of "
@@ -391,12 +404,12 @@ class TrajectoryStore:
             "advantage": pa.array(adv.numpy()),
             "excluded": pa.array(torch.isnan(adv).numpy()),  # excluded samples carry NaN: never a silent 0
         }
-        return self._advantages.append(step, table, columns)
+        return self._advantages.append(step_number(step), table, columns)
 
     def read_advantages(self, step: int, *, rank: int = 0, world_size: int = 1) -> torch.Tensor:
         """(n,) advantages aligned with read_step's order; a missing one is a ValueError."""
         shard = self._shard(step, rank, world_size)
-        values, found = self._advantages.read(step, shard, ["advantage"])
+        values, found = self._advantages.read(step_number(step), shard, ["advantage"])
         if not found.all():
             raise ValueError(
                 f"{self._advantages.table.uri}: {int((~found).sum())} of {len(found)} samples of "
@@ -423,7 +436,7 @@ class TrajectoryStore:
         """
         if keep_latents_steps < 0:
             raise ValueError(f"drop_latents: keep_latents_steps must be >= 0, got {keep_latents_steps}")
-        where = f"has_latents AND step <= {int(current_step) - int(keep_latents_steps)}"
+        where = f"has_latents AND step <= {step_number(current_step) - int(keep_latents_steps)}"
         rows = self._table.scan(["step"], filter=where)
         if rows is None or rows.num_rows == 0:
             return []
@@ -432,7 +445,7 @@ class TrajectoryStore:
         # "first write in table order" cannot change.
         self._delete_losers(sql_in("step", steps))
         self._table.dataset().update({"latents": "NULL", "has_latents": "false"}, where=where)
-        return steps
+        return [step_index(s) for s in steps]
 
     def _fragments(self, *, with_latents: bool) -> list[int]:
         """Ids of the fragments whose rows have (or, with_latents=False, lack) latents."""

@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from diffrl.engines.numbering import step_index, step_number
 from diffrl.engines.step.plan import inject_fault
 from diffrl.engines.train.setup import ADAPTER_NAME, barrier, lora_config, world
 
@@ -82,7 +83,8 @@ class _Files:
         self.path, self.step, self.sums = path, step, {}
 
     def put(self, name: str, data: bytes) -> None:
-        inject_fault("checkpoint", self.step, len(self.sums))  # fault point before each file
+        # fault point before each file; self.step is the step number trainer_state.json records
+        inject_fault("checkpoint", step_index(self.step), len(self.sums))
         _write(f"{self.path}/{name}", data)
         self.sums[name] = _digest(data)
 
@@ -146,9 +148,9 @@ class NonFiniteWeights(RuntimeError):
 
 
 def check_finite_weights(trainer, step: int) -> None:
-    """NonFiniteWeights naming the trainable parameters (this rank's shards) that are not finite after step `step`'s
-    update. A non-finite gradient norm already skips its optimizer step; this catches what gets past it (a
-    learning rate or loss scale that overflows the weights themselves)."""
+    """NonFiniteWeights naming the trainable parameters (this rank's shards) that are not finite after the update of
+    step index `step` (named by its step number). A non-finite gradient norm already skips its optimizer step; this
+    catches what gets past it (a learning rate or loss scale that overflows the weights themselves)."""
     named = [(n, p) for n, p in trainer.adapter.transformer.named_parameters() if p.requires_grad]
     if not named:
         return
@@ -158,9 +160,9 @@ def check_finite_weights(trainer, step: int) -> None:
         return
     bad = [name for (name, _), ok in zip(named, finite.tolist()) if not ok]
     raise NonFiniteWeights(
-        f"step {step}: after the update {len(bad)} of the policy's {len(named)} trainable tensors hold inf or NaN "
-        f"(first: {bad[0]}); the run stops before this step's checkpoint, so a rerun resumes from the last finite "
-        f"weights. Look at actor/grad_norm, actor/pg_loss and train.lr (actor/lr) in MLflow"
+        f"step {step_number(step)}: after the update {len(bad)} of the policy's {len(named)} trainable tensors hold "
+        f"inf or NaN (first: {bad[0]}); the run stops before this step's checkpoint, so a rerun resumes from the last "
+        f"finite weights. Look at actor/grad_norm, actor/pg_loss and train.lr (actor/lr) in MLflow"
     )
 
 

@@ -29,7 +29,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("config", nargs="?", default=None, help="config name or YAML path (default: quickstart)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides naming the run, e.g. run.name=my-run")
     parser.add_argument("--out", required=True, help="folder to write (created)")
-    parser.add_argument("--step", type=int, default=None, help="the checkpoint of this step (default: the latest)")
+    parser.add_argument(
+        "--step", type=int, default=None, help="the checkpoint of step K, checkpoints/step_K (default: the latest)"
+    )
     parser.add_argument("--merge", action="store_true", help="also write the pipeline with the LoRA merged in")
     parser.set_defaults(func=run)
     return parser
@@ -37,15 +39,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from diffrl.configs.schema import load_experiment
+    from diffrl.engines.numbering import step_index
     from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint
     from diffrl.engines.train.export import export_checkpoint
     from diffrl.flows.commands.train import split_config_args
     from diffrl.flows.provenance import base_model
+    from diffrl.flows.run_format import check_run_format
 
     config, overrides = split_config_args(args)  # `diffrl export run.name=x --out y`: no CONFIG given
     try:
         cfg = load_experiment(config, overrides)
-        step = args.step if args.step is not None else latest_checkpoint(cfg.run_dir)
+        check_run_format(cfg.run_dir, cfg.run.name)
+        step = step_index(args.step) if args.step is not None else latest_checkpoint(cfg.run_dir)
         if step is None:
             raise ValueError(f"run {cfg.run.name!r} has no checkpoint yet under {cfg.run_dir}/checkpoints")
         checkpoint = checkpoint_dir(cfg.run_dir, step)

@@ -20,7 +20,8 @@ GENEVAL_TRUTH = json.dumps({"include": [{"count": 2, "class": "circle", "color":
 
 
 def _a_run(run: str) -> tuple:
-    """One step of 2 prompts x 3 samples in `run`: sample (uid1, 2) excluded by the reward."""
+    """The third step of a run, 2 prompts x 3 samples, in `run`: sample (uid1, 2) excluded by the reward. The store's
+    API takes the code's step index (2); its tables hold the step number a person sees (3)."""
     traj = random_trajectories(2, 3, seed=3)
     traj = dataclasses.replace(traj, metadata=[{"ground_truth": GENEVAL_TRUTH, "task": "geneval"}] * len(traj))
     store = TrajectoryStore(f"{run}/trajectories.lance")
@@ -40,18 +41,18 @@ def test_a_run_reads_with_plain_pylance(tmp_path):
     # --- the recipe of docs/concepts.md -------------------------------------------------------------------
     samples = lance.dataset(f"{run}/trajectories.lance")
     rows = samples.to_table(
-        columns=["step", "group_id", "sample_index", "prompt", "metadata"], filter="step = 2", with_row_id=True
+        columns=["step", "group_id", "sample_index", "prompt", "metadata"], filter="step = 3", with_row_id=True
     )
     images = [Image.open(blob) for blob in samples.take_blobs("image", ids=rows["_rowid"])]
     truth = [json.loads(json.loads(m)["ground_truth"]) for m in rows["metadata"].to_pylist()]
-    rewards = lance.dataset(f"{run}/rewards.lance").to_table(filter="step = 2").to_pylist()
-    advantages = lance.dataset(f"{run}/advantages.lance").to_table(filter="step = 2").to_pylist()
+    rewards = lance.dataset(f"{run}/rewards.lance").to_table(filter="step = 3").to_pylist()
+    advantages = lance.dataset(f"{run}/advantages.lance").to_table(filter="step = 3").to_pylist()
     # -----------------------------------------------------------------------------------------------------
 
     assert [np.asarray(image.convert("RGB")).shape for image in images] == [(16, 16, 3)] * 6
     assert np.array_equal(np.asarray(images[0].convert("RGB")), traj.images[0].numpy())  # lossless PNG
     assert truth[0]["include"][0] == {"count": 2, "class": "circle", "color": "red"}
-    assert rows["prompt"].to_pylist() == traj.prompts
+    assert rows["prompt"].to_pylist() == traj.prompts and set(rows["step"].to_pylist()) == {3}
     by_key = {(r["group_id"], r["sample_index"]): r for r in rewards}  # (step, group_id, sample_index): the join key
     assert len(by_key) == 6 and all(r["prompt"] == traj.prompts[0] for r in rewards if r["group_id"] == "uid0")
     excluded = by_key[("uid1", 2)]
