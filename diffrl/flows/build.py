@@ -82,10 +82,16 @@ def load_prompts(source: str, data: DataConfig, *, seed: int) -> PromptDataset:
                 f"data source {source!r}: unknown generator; choose one of {['generator:' + g for g in generators]}"
             )
         return generators[name](data.num_generated, seed=seed)
+    return PromptDataset.load(prompt_file(source), storage_options=data.storage_options or None)
+
+
+def prompt_file(source: str) -> str:
+    """A prompt file as the config names it: the path (or URI) itself, or the file shipped with diffrl that a
+    relative path names when nothing is there (data/shapes_heldout.jsonl is diffrl/data/shapes_heldout.jsonl)."""
     shipped = os.path.join(PACKAGE_DIR, source)
     if "://" not in source and not os.path.isabs(source) and not os.path.exists(source) and os.path.exists(shipped):
-        source = os.path.normpath(shipped)  # shipped with diffrl: diffrl/data/shapes_heldout.jsonl
-    return PromptDataset.load(source, storage_options=data.storage_options or None)
+        return os.path.normpath(shipped)
+    return source
 
 
 def build_engines(

@@ -27,8 +27,10 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from diffrl.engines.numbering import step_number
+from diffrl.engines.step.update import checkpoint_dir
 from diffrl.engines.store.prompts import PromptRecord
 from diffrl.engines.train.export import export_checkpoint
+from diffrl.flows.build import load_prompts, prompt_file, resolve_model_path
 
 LORA_MODEL_NAME = "lora"  # the logged model's name on the run page
 LORA_MODEL_TYPE = "diffusers-lora"  # what a registry user filters on: pipe.load_lora_weights(<the model's folder>)
@@ -80,8 +82,8 @@ def prompt_dataset(records: list[PromptRecord], source: str, *, context: str, se
     )
     if source.startswith("generator:"):
         origin = CodeDatasetSource({"diffrl.prompts": source, "diffrl.seed": str(seed)})
-    elif "://" not in source and os.path.exists(source):
-        origin = LocalArtifactDatasetSource(os.path.abspath(source))
+    elif "://" not in source and os.path.exists(prompt_file(source)):
+        origin = LocalArtifactDatasetSource(os.path.abspath(prompt_file(source)))
     else:
         origin = CodeDatasetSource({"diffrl.prompts": source})
     with warnings.catch_warnings():  # MLflow warns that a pandas frame may hold integer columns with missing values
@@ -121,8 +123,6 @@ def deployment_name() -> str | None:
 def base_model(cfg: Any) -> str:
     """What `DiffusionPipeline.from_pretrained` takes for the run's base model: the config's model.path resolved
     (`reference:`/`tiny:` become their local folder, made absolute), or a Hub id as given."""
-    from diffrl.flows.build import resolve_model_path
-
     path = resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed)
     return os.path.abspath(path) if os.path.isdir(path) else path
 
@@ -130,8 +130,6 @@ def base_model(cfg: Any) -> str:
 def prompt_inputs(engines: Any) -> list[DatasetInput]:
     """The run's prompt sets as MLflow dataset inputs: the training prompts (online runs) and the validation
     prompts the run scores."""
-    from diffrl.flows.build import load_prompts
-
     cfg = engines.config
     inputs = []
     if cfg.data.sample_source == "online":
@@ -149,8 +147,6 @@ def prompt_inputs(engines: Any) -> list[DatasetInput]:
 def log_final_weights(engines: Any, tracker: Any, step: int) -> None:
     """The final weights into MLflow: a LoRA run's LoRA as the run's logged model "lora" (registrable, base model
     recorded); a full fine-tuning run's checkpoint folder (DCP shards) as the artifact final_checkpoint."""
-    from diffrl.engines.step.update import checkpoint_dir
-
     cfg = engines.config
     path = checkpoint_dir(cfg.run_dir, step)
     if not os.path.isdir(path):  # a remote run folder (s3://...): the weights stay there

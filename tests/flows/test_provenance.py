@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from diffrl.flows.provenance import source_tags
+from diffrl.flows.provenance import prompt_dataset, source_tags
 
 
 def _git(cwd, *args: str) -> str:
@@ -31,3 +31,21 @@ def test_source_tags_name_the_command_and_the_working_directorys_commit(tmp_path
 
     job = source_tags("quickstart", deployment="train/nightly", cwd=str(tmp_path))
     assert job["mlflow.source.type"] == "JOB" and job["mlflow.source.name"] == "train/nightly"
+
+
+def test_a_prompt_file_is_a_local_dataset_and_a_generator_names_itself(tmp_path, monkeypatch):
+    """The dataset inputs' sources: a shipped prompt file named relative to the package (as the quickstart's data.val
+    is) resolves to the file; a generator is described by its name and seed; the digest follows the content."""
+    import json
+
+    from diffrl.engines.store.prompts import PromptRecord
+
+    monkeypatch.chdir(tmp_path)  # nothing named data/shapes_heldout.jsonl here: the shipped file is meant
+    records = [PromptRecord("a", "two red circles", ground_truth='{"include": []}'), PromptRecord("b", "a square")]
+    shipped = prompt_dataset(records, "data/shapes_heldout.jsonl", context="validation")
+    assert shipped.dataset.source_type == "local" and shipped.tags[0].value == "validation"
+    assert json.loads(shipped.dataset.source)["uri"].endswith("diffrl/data/shapes_heldout.jsonl")
+    generated = prompt_dataset(records, "generator:shapes", context="train", seed=0)
+    assert json.loads(generated.dataset.source) == {"tags": {"diffrl.prompts": "generator:shapes", "diffrl.seed": "0"}}
+    assert json.loads(generated.dataset.profile)["num_rows"] == 2
+    assert prompt_dataset(records[:1], "generator:shapes", context="train").dataset.digest != generated.dataset.digest
