@@ -15,6 +15,9 @@ flow_over_engine = median seconds per step of 1 / median of 2, over the steps af
         --out benchmarks/results/train_e2e_shapes_h200.json
     python benchmarks/train_e2e.py --config diffrl/configs/shapes_quick.yaml --steps 4 --warmup 1 model.device=cpu \\
         --out /tmp/e2e.json     # CPU smoke run
+
+A model too large for both runs in one 10-minute device call (Qwen-Image at real size) runs them in two calls with the
+same config and overrides: `--flow-only --keep DIR`, then `--flow-from DIR --out x.json`.
 """
 
 from __future__ import annotations
@@ -66,11 +69,23 @@ def run_flow(config: str, overrides: list[str], workdir: str, timeout_s: float) 
             timeout=timeout_s,
         )
     wall = time.time() - started
+    with open(os.path.join(workdir, "flow_wall_seconds"), "w") as f:
+        f.write(str(wall))
     with open(log_path) as f:
         tail = f.read()[-4000:]
     if proc.returncode != 0:
         raise RuntimeError(f"diffrl train exited with {proc.returncode}:\n{tail}")
+    return read_flow(workdir)
+
+
+def read_flow(workdir: str) -> dict:
+    """The metrics of the `diffrl train` run kept in `workdir` (by run_flow, in this call or an earlier one)."""
     from mlflow.tracking import MlflowClient
+
+    with open(os.path.join(workdir, "train.log")) as f:
+        tail = f.read()[-4000:]
+    with open(os.path.join(workdir, "flow_wall_seconds")) as f:
+        wall = float(f.read())
 
     client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
@@ -135,7 +150,17 @@ def main(argv: list[str] | None = None) -> dict:
         action="store_true",
         help="also run the engines with the Lance store and checkpoints (no Prefect, no MLflow): what the writes cost",
     )
+    parser.add_argument(
+        "--flow-only",
+        action="store_true",
+        help="run `diffrl train` only and keep it in --keep (a model too large for both runs in one device call)",
+    )
+    parser.add_argument(
+        "--flow-from", default=None, help="read the flow run a --flow-only call kept in this folder; run the engines"
+    )
     args = parser.parse_args(argv)
+    if args.flow_only and not args.keep:
+        raise SystemExit("--flow-only needs --keep DIR (where the next call's --flow-from finds the run)")
     if args.steps <= args.warmup:
         raise SystemExit(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     overrides = [*args.overrides, f"run.steps={args.steps}", "run.validate_every=0", "run.name=train-e2e"]
@@ -143,7 +168,14 @@ def main(argv: list[str] | None = None) -> dict:
     os.makedirs(workdir, exist_ok=True)
     config = args.config if not os.path.exists(args.config) else os.path.abspath(args.config)
 
-    flow = run_flow(config, [*overrides, f"run.root={workdir}/runs"], workdir, args.timeout)
+    if args.flow_only or not args.flow_from:
+        flow = run_flow(config, [*overrides, f"run.root={workdir}/runs"], workdir, args.timeout)
+        if args.flow_only:
+            print(f"flow run kept in {workdir}; next: --flow-from {workdir} (same config and overrides)")
+            return {}
+    else:
+        flow = read_flow(args.flow_from)
+        workdir = args.flow_from
     engines = run_engines(config, [*overrides, f"run.root={workdir}/engines-runs"], args.steps)
     durable = (
         run_engines(config, [*overrides, f"run.root={workdir}/durable-runs"], args.steps, durable=True)
