@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from diffrl.algorithms.windows import sample_windows
+from diffrl.engines.numbering import step_number
 from diffrl.models.base import SampleShape
 
 # Versions older than this go after a compaction: the previous compaction's copies, not the one a reader may be on
@@ -42,7 +43,7 @@ def retain(engines: Any, step: int) -> None:
     memory.wait_snapshot()  # its job queues the step's checkpoint: retention comes after it
     memory.writer.submit(
         step,
-        f"retention after step {step}",
+        f"retention after step {step_number(step)}",
         _retain,
         engines.store,
         run.keep_latents_steps,
