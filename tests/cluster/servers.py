@@ -31,7 +31,7 @@ def start_prefect_server(home: str) -> tuple[subprocess.Popen, str]:
     env.pop("PREFECT_API_URL", None)
     log = open(os.path.join(home, "server.log"), "w")
     proc = subprocess.Popen(
-        [os.path.join(VENV_BIN, "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

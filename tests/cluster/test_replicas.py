@@ -63,6 +63,8 @@ def test_two_replicas_train_as_one(ray_cluster, prefect_server, workdir):
     for key in SAME:
         assert len(two[key]) == 2 and two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
     assert two["perf/gpus"] == [2.0, 2.0] and one["perf/gpus"] == [1.0, 1.0]
+    # each replica's update took the other's chunk over the process group, not from the store
+    assert two["exchange/bytes"][0] > 0 and "exchange/bytes" not in one
     for ours, theirs in zip(_checkpoints(workdir / "runs/one"), _checkpoints(workdir / "runs/two"), strict=True):
         a, b = load_file(ours / "trainable.safetensors"), load_file(theirs / "trainable.safetensors")
         assert ours.name == theirs.name and sorted(a) == sorted(b)  # the trained weights after each step

@@ -29,6 +29,7 @@ from diffrl.engines.step.generate import (
 )
 from diffrl.engines.step.plan import inject_fault
 from diffrl.engines.step.records import Advantaged, Synced, Updated
+from diffrl.engines.step.replicas import training_samples
 from diffrl.engines.train import checkpoint
 from diffrl.engines.train.preference import preference_pairs
 from diffrl.engines.train.setup import barrier, world
@@ -128,7 +129,7 @@ def update(engines: Any, step: int, chunk: int = 0) -> Updated:
     started = time.perf_counter()
     engines.memory.wait_snapshot()  # the previous step's checkpoint copies its weights before they change
     engines.memory.release_writes()  # the step's rows, rewards and advantages land while the GPU trains
-    traj = step_trajectories(engines, step)
+    traj, exchange = training_samples(engines, step)  # engine replicas: every one's chunks, all-gathered
     advantages_B = step_advantages(engines, step)
     rewards, _, valid = step_rewards(engines, step)
     rows, stats = training_rows(engines.config.algorithm, rewards, advantages_B, traj.group_ids, valid)
@@ -136,7 +137,7 @@ def update(engines: Any, step: int, chunk: int = 0) -> Updated:
         advantages_B = advantages_B * float("nan")
     metrics = engines.trainer.update(traj.select(rows), advantages_B[rows], engines.rollout)
     checkpoint.check_finite_weights(engines.trainer, step)  # never trained on, or checkpointed, past this point
-    metrics = {**{k: float(v) for k, v in metrics.items()}, **stats}
+    metrics = {**{k: float(v) for k, v in metrics.items()}, **stats, **exchange}
     metrics["timing_s/update_actor"] = time.perf_counter() - started
     if durable:
         committed = time.perf_counter()

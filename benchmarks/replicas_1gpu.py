@@ -1,0 +1,145 @@
+"""No loss at one replica (issue 38, item 3): `diffrl train` colocated against `cluster.mode=ray cluster.gpus=1`, in one
+call, same config, seeds and steps.
+
+Three runs of the same command line, each in its own scratch folder, one after the other, on one Prefect server on
+loopback (started here, for all three: the local run does not pay for a temporary server the Ray runs don't) and, for
+the Ray runs, one Ray cluster started in this process (its GPUs, or one fake GPU on a CPU machine):
+
+    colocated      `diffrl train CONFIG`                                       (cluster.mode local: one process)
+    ray_colocated  `diffrl train CONFIG cluster.mode=ray`                      (today's Ray actor: rollout + trainer)
+    gpus1          `diffrl train CONFIG cluster.mode=ray cluster.gpus=1`       (the replica path at N = 1)
+
+Seconds per step are each run's own `perf/time_per_step` (end of a step to the end of the next, validation left out)
+from MLflow, medians over the steps after --warmup. `gpus1_over_colocated` = gpus1 / colocated (the in-process run a
+user gets by default); `gpus1_over_ray_colocated` = gpus1 / ray_colocated.
+
+    python benchmarks/replicas_1gpu.py --steps 30 --warmup 3     # GPU: benchmarks/results/replicas_1gpu_<device>.json
+    python benchmarks/replicas_1gpu.py --config diffrl/configs/shapes_quick.yaml --steps 3 --warmup 1 \\
+        model.device=cpu data.num_val_prompts=0 --out /tmp/replicas_1gpu_cpu.json      # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(REPO, "tests", "cluster"))
+import common  # noqa: E402  (also puts the repository root on sys.path)
+from servers import start_prefect_server  # noqa: E402  (the tests' loopback Prefect server)
+from train_e2e import run_flow  # noqa: E402
+
+MODES = {
+    "colocated": [],
+    "ray_colocated": ["cluster.mode=ray"],
+    "gpus1": ["cluster.mode=ray", "cluster.gpus=1"],
+}
+
+
+def device_name(model_device: str) -> tuple[str, str]:
+    """(what the runs ran on, its short name for the file: h100, h200, cpu)."""
+    import torch
+
+    if torch.cuda.is_available() and model_device != "cpu":
+        name = torch.cuda.get_device_name()
+        return name, name.split()[1].lower()  # "NVIDIA H100 80GB HBM3" -> h100, as benchmarks/train_e2e_gpu.sh names it
+    return f"cpu ({os.cpu_count()} cores)", "cpu"
+
+
+def start_ray(workdir: str) -> str:
+    """A Ray cluster owned by this process: the machine's GPUs (one fake GPU without any), its address."""
+    import ray
+    import torch
+
+    gpus = torch.cuda.device_count() or 1
+    ctx = ray.init(
+        num_gpus=gpus, namespace="diffrl", include_dashboard=False, log_to_driver=False, _temp_dir=f"{workdir}/ray"
+    )
+    return ctx.address_info["gcs_address"]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="diffrl/configs/shapes_flow_grpo.yaml")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides for every run")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the medians")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds each `diffrl train` run may take")
+    parser.add_argument("--keep", default=None, help="keep the runs' folders here (default: a temp dir)")
+    parser.add_argument("--out", default=None, help="the JSON result (default: results/replicas_1gpu_<device>.json)")
+    parser.add_argument("--modes", default=",".join(MODES), help="which of the runs, in this order (comma-separated)")
+    args = parser.parse_args(argv)
+    if args.steps <= args.warmup:
+        raise SystemExit(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+    modes = args.modes.split(",")
+    from diffrl.configs.schema import load_experiment
+    from diffrl.engines import cluster
+
+    config = os.path.abspath(args.config) if os.path.exists(args.config) else args.config
+    overrides = [*args.overrides, f"run.steps={args.steps}", "run.validate_every=0"]
+    cfg = load_experiment(config, overrides)
+    device, short = device_name(cfg.model.device)
+    workdir = args.keep or tempfile.mkdtemp(prefix="replicas_1gpu_")
+    os.makedirs(f"{workdir}/prefect", exist_ok=True)
+    server, url = start_prefect_server(f"{workdir}/prefect")
+    os.environ["PREFECT_API_URL"] = url  # the runs (subprocesses) and the Ray workers report here
+    os.environ.setdefault("DIFFRL_CACHE", f"{workdir}/cache")
+    try:
+        os.environ["RAY_ADDRESS"] = start_ray(workdir)
+        runs = {}
+        for mode in modes:
+            folder, name = f"{workdir}/{mode}", f"replicas-1gpu-{mode}"
+            os.makedirs(folder, exist_ok=True)
+            extra = [*MODES[mode], f"run.root={folder}/runs", f"run.name={name}"]
+            runs[mode] = run_flow(config, [*overrides, *extra], folder, args.timeout)
+            cluster.stop_actors(name)  # the next run gets the GPU to itself
+            print(f"{mode}: done in {runs[mode]['wall_seconds']:.0f} s", file=sys.stderr, flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    timed = range(args.warmup + 1, args.steps + 1)  # MLflow steps are 1-based
+
+    def median(mode: str, key: str) -> float | None:
+        values = [runs[mode]["per_step"][key][s] for s in timed if s in runs[mode]["per_step"][key]]
+        return statistics.median(values) if values else None
+
+    seconds = {mode: median(mode, "perf/time_per_step") for mode in modes}
+
+    def ratio(a: str, b: str) -> float | None:
+        return seconds[a] / seconds[b] if a in seconds and b in seconds else None
+
+    result = {
+        "benchmark": "replicas_1gpu",
+        "config": args.config,
+        "overrides": args.overrides,
+        "device": device,
+        "steps": args.steps,
+        "warmup_steps": args.warmup,
+        "images_per_step": cfg.rollout.samples_per_step,
+        "seconds_per_step": seconds,
+        "gpus1_over_colocated": ratio("gpus1", "colocated"),
+        "gpus1_over_ray_colocated": ratio("gpus1", "ray_colocated"),
+        "stage_medians_s": {mode: {k: median(mode, k) for k in runs[mode]["per_step"]} for mode in modes},
+        "seconds_each": {
+            mode: [runs[mode]["per_step"]["perf/time_per_step"].get(s) for s in range(1, args.steps + 1)]
+            for mode in modes
+        },
+        "reward_each": {
+            mode: [runs[mode]["per_step"]["critic/rewards/mean"].get(s) for s in range(1, args.steps + 1)]
+            for mode in modes
+        },
+        "command": " ".join(["python", "benchmarks/replicas_1gpu.py", *(argv if argv is not None else sys.argv[1:])]),
+    }
+    common.write_json(args.out or os.path.join(HERE, "results", f"replicas_1gpu_{short}.json"), result)
+    print(json.dumps({k: v for k, v in result.items() if k not in ("seconds_each", "reward_each")}, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""What engine replicas (`cluster.gpus: N`) hand each other in a step: the step's samples for the update.
+
+Each replica generated its own chunks (diffrl/engines/step/plan.replica_chunks) and holds them in its memory; every
+replica trains its share of every mini-batch of the whole step, so before the update each needs all N shares. They
+are all-gathered over the replicas' process group (NVLink or the network with NCCL, gloo on CPUs) instead of every
+replica reading the whole step's latents back from the Lance store: an all-gather moves (N-1)/N of the step's latents
+into each replica once, where the store read cost each replica all of them through Arrow decoding. A replica that no
+longer holds its chunks (a resumed step, a restarted actor) makes every replica read the store instead, so all ranks
+take the same path.
+
+Legend: B samples a replica generated (equal on every replica), N replicas.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from diffrl.engines.step.generate import step_trajectories
+from diffrl.engines.step.plan import replica_chunks
+from diffrl.engines.train.setup import world
+from diffrl.engines.trajectories import Trajectories
+
+# Per-sample tensors every replica gathers (images stay behind: the update never reads them).
+_TENSORS = ("sample_index", "seeds", "latents", "log_probs", "sigmas", "sigmas_prev", "window_starts", "trained")
+_LISTS = ("prompts", "group_ids", "embed_keys", "metadata")
+
+
+def training_samples(engines: Any, step: int) -> tuple[Trajectories, dict[str, float]]:
+    """The step's samples for the update: gathered from the replicas (with `timing_s/exchange` and `exchange/bytes`,
+    what this replica received), else from memory or the store."""
+    started = time.perf_counter()
+    traj = gathered_step(engines, step)
+    if traj is None:
+        return step_trajectories(engines, step), {}
+    received = sum(getattr(traj, name).numel() * getattr(traj, name).element_size() for name in _TENSORS)
+    size = world()[1]
+    return traj, {"timing_s/exchange": time.perf_counter() - started, "exchange/bytes": received * (size - 1) / size}
+
+
+def gathered_step(engines: Any, step: int) -> Trajectories | None:
+    """The whole step's samples in (chunk, row) order, gathered from every replica's memory; None with one process or
+    when any replica lacks its chunks in memory (then the caller reads the store, on every replica)."""
+    rank, size = world()
+    if size == 1 or engines.config.cluster.placement != "colocated":
+        return None
+    held = [engines.memory.chunk(step, chunk) for chunk in replica_chunks(engines.config, rank)]
+    device = _device()
+    everyone = torch.tensor([float(all(h is not None for h in held))], device=device)
+    dist.all_reduce(everyone, op=dist.ReduceOp.MIN)  # one path for all ranks: the gathers below are collectives
+    if everyone.item() < 1:
+        return None
+    return _all_gather(Trajectories.cat([traj for traj, _ in held]), size, device)
+
+
+def _all_gather(local: Trajectories, size: int, device: str) -> Trajectories:
+    """Every replica's B samples, concatenated in rank order (= chunk order: replica r holds the r-th share)."""
+    tensors = {}
+    for name in _TENSORS:
+        mine = getattr(local, name)
+        sendable = mine.to(device=device, dtype=torch.uint8 if mine.dtype == torch.bool else mine.dtype)
+        parts = [torch.empty_like(sendable) for _ in range(size)]
+        dist.all_gather(parts, sendable.contiguous())
+        tensors[name] = torch.cat(parts).to(device="cpu", dtype=mine.dtype)
+    lists: list[Any] = [None] * size
+    dist.all_gather_object(lists, {name: getattr(local, name) for name in _LISTS})
+    total = len(local) * size
+    return Trajectories(
+        **{name: [item for part in lists for item in part[name]] for name in _LISTS},
+        **tensors,
+        images=torch.zeros((total, 0, 0, 3), dtype=torch.uint8),  # as the store returns a step read without images
+        policy_version=local.policy_version,
+    )
+
+
+def _device() -> str:
+    """Where the process group's tensors live: the GPU for NCCL, the CPU for gloo."""
+    return "cuda" if dist.get_backend() == "nccl" else "cpu"
