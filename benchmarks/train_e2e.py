@@ -46,6 +46,7 @@ STAGE_KEYS = (
     "timing_s/reward_wait",
     "timing_s/update_actor",
     "timing_s/checkpoint",
+    "timing_s/writer_wait",
     "timing_s/sync_weights",
     "critic/rewards/mean",
     "rollout_corr/logprob_abs_diff_mean",

@@ -144,7 +144,11 @@ def update(engines: Any, step: int, chunk: int = 0) -> Updated:
         commit_checkpoint(engines, step, {**metrics, "update/rows": float(len(rows))})
         metrics["timing_s/checkpoint"] = time.perf_counter() - committed
     engines.memory.release_before(step - 1)
+    waited = time.perf_counter()
     engines.memory.writer.wait(step - WRITER_LAG_STEPS)  # memory stays bounded if the disk falls behind
+    # how long the step waited for the background writer (rows, rewards, checkpoints two steps back): where the
+    # disk, not the GPU, sets the pace
+    metrics["timing_s/writer_wait"] = time.perf_counter() - waited
     return Updated(step, rows=len(rows), metrics=metrics)
 
 
