@@ -33,6 +33,7 @@ from diffrl.engines.step.retention import describe_disk, latent_numel, retain
 from diffrl.engines.step.run import StepClock, add_perf, settle, sync_engines
 from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint, point_latest
 from diffrl.engines.train.checkpoint import CorruptCheckpoint
+from diffrl.flows import early
 from diffrl.flows.build import build_engines
 from diffrl.flows.errors import DamagedRun
 from diffrl.flows.progress import console
@@ -99,12 +100,19 @@ def _per_sample_numbers(values, count: int) -> torch.Tensor | None:
     return None
 
 
+def validation_outputs(engines: cluster.Engines, step: int = 0) -> tuple:
+    """The validation samples at `step` and their (metrics, per-sample rewards)."""
+    traj = engines.run("rollout", validation_samples, step)
+    return (traj, *engines.run("reward", validation_scores, traj))
+
+
 def validate(engines: cluster.Engines, tracker: Tracker, step: int) -> dict:
-    """ODE sampling (noise level 0) on the fixed validation prompts; logs val/reward and a grid."""
+    """ODE sampling (noise level 0) on the fixed validation prompts; logs val/reward and a grid. Before training,
+    what `diffrl train` prepared while Prefect's server booted is used (diffrl/flows/early.py)."""
     if not engines.config.data.num_val_prompts:
         return {}
-    traj = engines.run("rollout", validation_samples, step)
-    metrics, scores = engines.run("reward", validation_scores, traj)
+    prepared = early.take_validation(engines.config.run.name) if step == 0 else None
+    traj, metrics, scores = prepared if prepared is not None else validation_outputs(engines, step)
     images = traj.images.numpy() if isinstance(traj.images, torch.Tensor) else traj.images
     shown = min(len(images), 16)
     captions = [caption(p, r) for p, r in zip(traj.prompts[:shown], scores[:shown])]
@@ -159,7 +167,8 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
     )
     with ThreadPoolExecutor(max_workers=1) as pool:  # MLflow's database opens (or is created) while the model loads
         store_ready = pool.submit(open_tracking_store)
-        engines = build_engines(cfg)  # bad data, model or reward paths fail here, before any work
+        # bad data, model or reward paths fail here, before any work; `diffrl train` may have built them already
+        engines = early.take_engines(cfg) or build_engines(cfg)
         startup.mark("engines")
         store_ready.result()
     engines.set_run_uid(_run_state(cfg)["uid"])  # ray mode: also the actors (the Ray workers running tasks ask them)
@@ -329,11 +338,14 @@ class Startup:
         self._last = time.time()
         command = float(os.environ.get("DIFFRL_COMMAND_AT", self._last))
         called = float(os.environ.get("DIFFRL_FLOW_CALLED_AT", command))
-        self.parts = {"imports": max(0.0, called - command), "prefect": max(0.0, self._last - called)}
+        # what `diffrl train` prepared while Prefect's server booted (diffrl/flows/early.py) counts as its own part
+        prepared = json.loads(os.environ.get("DIFFRL_PREPARED_S", "{}"))
+        imports = max(0.0, called - command - sum(prepared.values()))
+        self.parts = {"imports": imports, "prefect": max(0.0, self._last - called), **prepared}
 
     def mark(self, part: str) -> None:
         now = time.time()
-        self.parts[part] = now - self._last
+        self.parts[part] = self.parts.get(part, 0.0) + now - self._last
         self._last = now
 
     def metrics(self) -> dict[str, float]:
