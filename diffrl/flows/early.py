@@ -49,7 +49,10 @@ def prepare(cfg: Any, validate_fn: Callable[[Any], Any], *, fresh: bool) -> dict
 def take_engines(cfg: Any) -> Any | None:
     """The engines `prepare` built for exactly this config (registered again under the run name), else None."""
     early = _ENGINES.pop(cfg.run.name, None)
-    if early is None or early[0] != to_dict(cfg):
+    if early is None:
+        return None
+    if early[0] != to_dict(cfg):
+        early[1].memory.close()  # built for another config: its worker threads end, the flow builds its own
         return None
     cluster.put(cfg.run.name, early[1])
     return early[1]
