@@ -54,6 +54,9 @@ def server_class() -> type:
         def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
             # Prefect 3.8.8's command and environment, through this module's watcher
             server_env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+            # no block types registered at boot (2.6 s of a first boot on the GPU machine): diffrl saves no blocks,
+            # its result storage is an unsaved one; `prefect server start` registers them when a user starts one
+            server_env["PREFECT_API_BLOCKS_REGISTER_ON_START"] = "false"
             return subprocess.Popen(
                 args=[
                     sys.executable,
