@@ -4,29 +4,17 @@ and reports the error itself)."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
 from diffrl.configs.schema import load_experiment
 from diffrl.engines import cluster
 from diffrl.flows import early
 
-TINY = [
-    "model.path=tiny:sd3",
-    "reward.components=[{name: jpeg_compressibility}]",
-    "data.train=generator:ocr",
-    "data.val=null",
-    "rollout.max_sequence_length=null",
-    "rollout.num_inference_steps=2",
-    "rollout.height=32",
-    "rollout.width=32",
-    "rollout.group_size=4",
-    "rollout.prompts_per_step=2",
-    "rollout.chunk_size=4",
-    "train.mini_batch_prompts=2",
-    "data.num_generated=16",
-    "data.num_val_prompts=2",
-    "algorithm={name: flow_grpo, kl_coef: 0.0}",
-]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "e2e"))
+from e2e_settings import TINY  # noqa: E402  (the whole-flow tests' tiny experiment)
 
 
 @pytest.fixture
