@@ -65,6 +65,8 @@ class TokenBatch:
     log_probs: (b, T) per-token log-probs under the current policy. old_log_probs: (b, T) under the old policy.
     mask: (b, T) 1 for response tokens, 0 for padding (and prompt). advantages: (b,) one per sequence.
     ref_log_probs: (b, T) under the reference policy (Needs.reference), else None.
+    weights: (b, T) rollout-correction weights (rollout vs trainer log-probs), else None.
+    Rows of a pair algorithm come as chosen, rejected, chosen, rejected, ...
     """
 
     log_probs: torch.Tensor
@@ -72,3 +74,4 @@ class TokenBatch:
     mask: torch.Tensor
     advantages: torch.Tensor
     ref_log_probs: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
