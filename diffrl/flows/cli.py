@@ -87,6 +87,10 @@ def quiet_libraries(*, verbose: bool) -> None:
     lines, the loading bars of diffusers and transformers and peft's warning about a second adapter (DiffusionNFT's
     "old" adapter is one by design) stay out of the console. Settings the user exported win."""
     level = "INFO" if verbose else "WARNING"
+    # Prefect's anonymous usage telemetry (and its first-run banner on a terminal) is off unless the user turns it
+    # on (DO_NOT_TRACK=0): diffrl runs offline, where its reports could only time out (docs/operations.md)
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", level)
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", level)
     if not verbose:  # a failed flow or task logs its traceback; diffrl reports the error itself, as one line
