@@ -14,7 +14,13 @@ from diffrl import registry
 
 registry.declare(
     "tiny",
-    ("diffrl.models.tiny.flux", "diffrl.models.tiny.qwen", "diffrl.models.tiny.sd3", "diffrl.models.tiny.wan"),
+    (
+        "diffrl.models.tiny.flux",
+        "diffrl.models.tiny.qwen",
+        "diffrl.models.tiny.qwen3_omni",
+        "diffrl.models.tiny.sd3",
+        "diffrl.models.tiny.wan",
+    ),
     label="tiny architecture",
 )
 

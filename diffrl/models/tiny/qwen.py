@@ -13,7 +13,7 @@ dynamic-shift scheduler (with `shift_terminal`), Z-Image's static shift 3.0 sche
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from diffusers import (
@@ -67,15 +67,22 @@ _TEMPLATE_REPEATS = 20
 
 
 def qwen_tokenizer(
-    *, vocab_size: int = 600, chat_template: str | None = None, extra_texts: Sequence[str] = ()
+    *,
+    vocab_size: int = 600,
+    chat_template: str | None = None,
+    extra_texts: Sequence[str] = (),
+    named_specials: Mapping[str, str] | None = None,
 ) -> Qwen2Tokenizer:
     """A Qwen2-style byte-level BPE tokenizer trained in memory on the shared corpus (after `extra_texts`, e.g.
     the prompts a run will see, so their words become single tokens).
 
     Specials: `<|endoftext|>` (id 0; also pad/eos/unk as in Qwen's tokenizers), `<|im_start|>`,
     `<|im_end|>`. Deterministic: fixed corpus, deterministic trainer. Pass `chat_template` (e.g.
-    QWEN3_CHAT_TEMPLATE) for pipelines that call `apply_chat_template`.
+    QWEN3_CHAT_TEMPLATE) for pipelines that call `apply_chat_template`. `named_specials` adds more specials after
+    those, each also an attribute of the tokenizer (e.g. {"image_token": "<|image_pad|>"}, as multimodal processors
+    read them).
     """
+    named_specials = dict(named_specials or {})
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -87,7 +94,7 @@ def qwen_tokenizer(
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[ENDOFTEXT, IM_START, IM_END],
+        special_tokens=[ENDOFTEXT, IM_START, IM_END, *named_specials.values()],
         initial_alphabet=sorted(pre_tokenizers.ByteLevel.alphabet()),
         show_progress=False,
     )
@@ -95,7 +102,13 @@ def qwen_tokenizer(
     trained = json.loads(tok.to_str())["model"]
     vocab = dict(trained["vocab"])
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["merges"]]
-    qwen = Qwen2Tokenizer(vocab=vocab, merges=merges, model_max_length=131072, extra_special_tokens=[IM_START, IM_END])
+    qwen = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=merges,
+        model_max_length=131072,
+        extra_special_tokens=[IM_START, IM_END, *named_specials.values()],
+        **named_specials,
+    )
     if chat_template is not None:
         qwen.chat_template = chat_template
     return qwen

@@ -1,0 +1,223 @@
+"""The autoregressive policy adapter: a transformers causal LM or VLM read from a local Hugging Face folder -- the
+Qwen3-Omni Thinker (``Qwen3OmniMoeThinkerForConditionalGeneration``) or any ``AutoModelForCausalLM`` -- that samples
+responses with per-token log-probs and replays them (teacher-forced log-probs, differentiable for the trainer).
+
+Legend: B rows (prompts times samples per prompt), P prompt tokens (left-padded), T response tokens (right-padded).
+
+Log-probs are those of the temperature-scaled distribution, log softmax(logits / temperature), as verl computes
+them; top-p truncation is not in them (it changes what is sampled, not the recorded log-prob: the gap is one the
+rollout correction sees). Images come by reference (file paths in the prompt) and are expanded into image tokens as
+``Qwen3OmniMoeProcessor`` does; audio inputs are not supported yet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+from PIL import Image
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3OmniMoeThinkerForConditionalGeneration
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+THINKER_TYPES = ("qwen3_omni_moe_thinker",)
+
+
+@dataclass(frozen=True)
+class TokenPrompt:
+    """One prompt: its user text and the images it shows (file paths, read when encoded)."""
+
+    text: str
+    images: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How responses are sampled (names as vLLM's SamplingParams).
+
+    n: samples per prompt. max_tokens: new tokens at most. temperature > 0; top_p in (0, 1].
+    stop: strings that end a response (kept in it, as the EOS token is). seed: the sampling RNG seed.
+    """
+
+    n: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.n and max_tokens must be >= 1; got {self.n}, {self.max_tokens}")
+        if not self.temperature > 0:
+            raise ValueError(f"SamplingParams.temperature must be > 0; got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1]; got {self.top_p}")
+
+
+@dataclass
+class PromptInputs:
+    """Encoded prompts: input_ids, attention_mask (B, P) left-padded, and the vision inputs of all their images."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    vision: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def repeat(self, n: int) -> PromptInputs:
+        """Each prompt n times in a row (its images too), the layout of n samples per prompt."""
+        if n == 1:
+            return self
+        vision = {}
+        if self.vision:
+            # per-row slices of the flat patch tensor, then each row's block n times
+            patches = self.vision["image_grid_thw"].prod(dim=1)
+            rows = torch.split(self.vision["pixel_values"], patches.tolist())
+            counts = self.vision["images_per_row"].tolist()
+            grids = torch.split(self.vision["image_grid_thw"], counts)
+            starts = [sum(counts[:i]) for i in range(len(counts))]
+            pixel_rows = [torch.cat(rows[s : s + c]) if c else rows[0][:0] for s, c in zip(starts, counts)]
+            vision = {
+                "pixel_values": torch.cat([p for p in pixel_rows for _ in range(n)]),
+                "image_grid_thw": torch.cat([g for g in grids for _ in range(n)]),
+                "images_per_row": self.vision["images_per_row"].repeat_interleave(n),
+            }
+        return PromptInputs(self.input_ids.repeat_interleave(n, 0), self.attention_mask.repeat_interleave(n, 0), vision)
+
+
+@dataclass
+class TokenSamples:
+    """Sampled responses: response_ids, log_probs (temperature-scaled, fp32), mask (B, T), lengths (B,)."""
+
+    prompts: PromptInputs
+    response_ids: torch.Tensor
+    log_probs: torch.Tensor
+    mask: torch.Tensor
+    lengths: torch.Tensor
+
+
+class CausalLMPolicy:
+    """A causal LM / VLM policy: `model` is the module the trainer updates; `sample` and `log_probs` are the rollout
+    and the replay. Loads weights only from safetensors."""
+
+    def __init__(self, model: nn.Module, tokenizer, image_processor=None, *, source: str = ""):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.tokenizer.padding_side = "left"
+        self.image_processor = image_processor
+        self.source = source
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+
+    @classmethod
+    def from_pretrained(cls, path: str, *, device="cpu", dtype=torch.float32) -> CausalLMPolicy:
+        """Load a local folder: a Qwen3-Omni Thinker (config model_type qwen3_omni_moe_thinker) or a causal LM."""
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ValueError(f"{path!r} has no config.json: not a Hugging Face model folder")
+        with open(os.path.join(path, "config.json")) as f:
+            model_type = json.load(f).get("model_type")
+        loader = Qwen3OmniMoeThinkerForConditionalGeneration if model_type in THINKER_TYPES else AutoModelForCausalLM
+        model = loader.from_pretrained(path, dtype=dtype, use_safetensors=True).to(device).eval()
+        image_processor = None
+        if os.path.isfile(os.path.join(path, "preprocessor_config.json")) and model_type in THINKER_TYPES:
+            image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
+        return cls(model, AutoTokenizer.from_pretrained(path), image_processor, source=path)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def render(self, prompt: TokenPrompt, image_tokens: list[int]) -> str:
+        """The chat text of one user turn: each image as <|vision_start|>, its image tokens, <|vision_end|>."""
+        tok = self.tokenizer
+        images = "".join(f"{tok.vision_bos_token}{tok.image_token * n}{tok.vision_eos_token}" for n in image_tokens)
+        return f"<|im_start|>user\n{images}{prompt.text}<|im_end|>\n<|im_start|>assistant\n"
+
+    def encode(self, prompts: list[TokenPrompt]) -> PromptInputs:
+        """Tokenize the prompts (left-padded) and preprocess their images (vision inputs concatenated)."""
+        paths = [p for prompt in prompts for p in prompt.images]
+        vision: dict[str, torch.Tensor] = {}
+        per_image: list[int] = []
+        if paths:
+            if self.image_processor is None:
+                raise ValueError(f"{self.source!r}: prompts show images but the model folder has no image processor")
+            images = [Image.open(p).convert("RGB") for p in paths]
+            vision = dict(self.image_processor(images=images, return_tensors="pt"))
+            merge = self.image_processor.merge_size**2
+            per_image = (vision["image_grid_thw"].prod(dim=1) // merge).tolist()
+            vision["images_per_row"] = torch.tensor([len(p.images) for p in prompts])
+        texts, start = [], 0
+        for prompt in prompts:
+            texts.append(self.render(prompt, per_image[start : start + len(prompt.images)]))
+            start += len(prompt.images)
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        return PromptInputs(enc["input_ids"], enc["attention_mask"], vision)
+
+    def _model_inputs(self, prompts: PromptInputs) -> dict[str, torch.Tensor]:
+        extra = {k: v.to(self.device) for k, v in prompts.vision.items() if k != "images_per_row"}
+        return {"input_ids": prompts.input_ids.to(self.device), **extra}
+
+    @torch.no_grad()
+    def sample(self, prompts: list[TokenPrompt], params: SamplingParams) -> TokenSamples:
+        """n responses per prompt (rows prompt-major), with the per-token log-probs of the sampling distribution."""
+        inputs = self.encode(prompts).repeat(params.n)
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(params.seed)
+            out = self.model.generate(
+                **self._model_inputs(inputs),
+                attention_mask=inputs.attention_mask.to(self.device),
+                do_sample=True,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=0,
+                max_new_tokens=params.max_tokens,
+                stop_strings=list(params.stop) or None,
+                tokenizer=self.tokenizer if params.stop else None,
+                eos_token_id=self.eos_token_ids,
+                pad_token_id=self.tokenizer.pad_token_id,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        response = out.sequences[:, inputs.input_ids.shape[1] :]
+        logits = torch.stack(out.logits, dim=1).float() / params.temperature
+        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, response.unsqueeze(-1)).squeeze(-1)
+        lengths = self.response_lengths(response, params.stop)
+        mask = torch.arange(response.shape[1], device=response.device)[None, :] < lengths[:, None].to(response.device)
+        return TokenSamples(inputs, response.cpu(), (log_probs * mask).cpu(), mask.cpu(), lengths)
+
+    def response_lengths(self, response: torch.Tensor, stop: tuple[str, ...] = ()) -> torch.Tensor:
+        """(B,) tokens up to and including the first EOS token or the token that completes a stop string; what
+        generate appends after that is padding."""
+        lengths = []
+        for row in response.tolist():
+            length = len(row)
+            for t, token in enumerate(row):
+                if token in self.eos_token_ids:
+                    length = t + 1
+                    break
+            if stop:
+                for t in range(length):
+                    if any(s in self.tokenizer.decode(row[: t + 1]) for s in stop):
+                        length = t + 1
+                        break
+            lengths.append(length)
+        return torch.tensor(lengths)
+
+    def log_probs(self, prompts: PromptInputs, response_ids: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+        """(B, T) teacher-forced log-probs of the responses (fp32; differentiable when grad is on): the replay."""
+        response_ids = response_ids.to(self.device)
+        inputs = self._model_inputs(prompts)
+        prompt_len = prompts.input_ids.shape[1]
+        inputs["input_ids"] = torch.cat([inputs["input_ids"], response_ids], dim=1)
+        # generate attends to every generated token; the padding after a response's end affects no earlier token
+        attention = torch.cat([prompts.attention_mask.to(self.device), torch.ones_like(response_ids)], dim=1)
+        logits = self.model(**inputs, attention_mask=attention).logits[:, prompt_len - 1 : -1].float()
+        return torch.log_softmax(logits / temperature, dim=-1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def _eos_ids(model: nn.Module, tokenizer) -> list[int]:
+    """The ids that end a response: the generation config's EOS ids, else the tokenizer's."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    return [eos] if isinstance(eos, int) else list(eos)
