@@ -56,6 +56,7 @@ FORWARDED_ENV = (
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_OFFLINE",
     "TOKENIZERS_PARALLELISM",
+    "DIFFRL_INJECT_FAULT",  # fault drills reach the stages in the actors (set when the actors start)
 )
 
 

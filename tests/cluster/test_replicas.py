@@ -37,6 +37,23 @@ def _full_weights(checkpoint, tmp) -> dict:
     return torch.load(tmp)["model"]
 
 
+def _task_states(flow_run: str, like: str) -> dict[str, list[str]]:
+    """The state names of the task runs named like `like` in the flow runs named `flow_run`, oldest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, TaskRunFilter, TaskRunFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run])),
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=like)),
+            limit=200,
+        )
+    states: dict[str, list[str]] = {}
+    for run in sorted(runs, key=lambda r: r.created):
+        states.setdefault(run.name, []).append(run.state.name)
+    return states
+
+
 def _task_names(url: str, like: str) -> list[str]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
@@ -118,6 +135,29 @@ def test_two_replicas_fine_tune_fully_as_one(ray_cluster, workdir):
     assert two["sync/num_tensors"][0] > 0 and one["sync/num_tensors"] == [0.0, 0.0]  # gathered into each copy
     cluster.stop_actors("full1")
     cluster.stop_actors("full2")
+
+
+@pytest.mark.slow
+def test_a_failed_replica_generates_again_and_the_others_come_back_cached(ray_cluster, workdir, monkeypatch):
+    """Replica 1's generate of step 2 fails (an injected fault in its actor): the run stops; rerun with fresh
+    actors, step 2 resumes with replica 0's chunk Cached and only replica 1's generated again, each stored once."""
+    from diffrl.engines import cluster
+    from diffrl.engines.store.trajectories import TrajectoryStore
+    from diffrl.flows.train import train
+
+    overrides = TINY + RAY + ["run.steps=2", "cluster.gpus=2", "run.name=retry", "data.num_val_prompts=0"]
+    monkeypatch.setenv("DIFFRL_INJECT_FAULT", "generate@2.1")  # step 2, chunk 1: replica 1's
+    with pytest.raises(Exception, match="injected fault in stage 'generate'"):
+        train(config=None, overrides=overrides)
+    cluster.stop_actors("retry")  # the actors took the fault spec with them: fresh ones without it
+    monkeypatch.delenv("DIFFRL_INJECT_FAULT")
+    train(config=None, overrides=overrides)
+    states = _task_states("retry-step-2", "generate-step2-replica")
+    assert states["generate-step2-replica0-chunk0"] == ["Completed", "Cached"]
+    assert states["generate-step2-replica1-chunk1"] == ["Failed", "Completed"]
+    store = TrajectoryStore(workdir / "runs/retry/trajectories.lance")
+    assert store.committed_chunks(1) == {0, 1} and store.num_rows(1) == 8  # each chunk of step 2 once
+    cluster.stop_actors("retry")
 
 
 def test_gpus_auto_counts_the_clusters_gpus_less_the_reward_actors(ray_cluster):

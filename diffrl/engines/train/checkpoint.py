@@ -418,7 +418,10 @@ def load(trainer, path: str) -> int:
         )
     model = trainer.adapter.transformer
     if trainer.cfg.lora:
-        load_opts = StateDictOptions(full_state_dict=True, strict=False)
+        # Every rank reads the same full state, yet without broadcast_from_rank0 set_model_state_dict and
+        # set_optimizer_state_dict left most FSDP2 ranks' LoRA weights and Adam moments as initialised (torch 2.13,
+        # sharded or replicated; tests/engines/train/test_fsdp.py): rank 0's state goes to every rank
+        load_opts = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=world()[1] > 1)
         trainable = _load_tensors(f"{path}/trainable.safetensors")
         osd = _join_optimizer(_load_tensors(f"{path}/optimizer.safetensors"), _load_json(f"{path}/optimizer.json"))
         set_model_state_dict(model, trainable, options=load_opts)

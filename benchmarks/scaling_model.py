@@ -1,0 +1,145 @@
+"""Engine replicas on paper (issue 38, item 6): images/s of three recipes at 1, 2, 4 and 8 GPUs (`cluster.gpus`),
+predicted from measured one-GPU stage times and the bytes each replica exchanges per step. Nothing here runs a model;
+the real-size LoRA sizes are counted with peft on the published configs (meta device, no weights).
+
+Strong scaling: the recipe's own global batch B (its prompts x group size), split over N replicas (b = B / N each).
+One step of one replica, in Ray mode (what `cluster.gpus` runs), in seconds:
+
+    generate      b x g                              g: one GPU's rollout seconds per image (measured)
+    write         b x (L + P) / write_bw             each replica writes its rows inline (latents L, image P bytes)
+    reward        min(chunk, b) x r                  scoring overlaps the next chunk's generation, on one reward
+                                                     actor per replica (cluster.reward_actors = N), all but the last
+    exchange      (N-1)/N x B x L / link             the update's all-gather of the step's latents
+    update        b x u + n_opt x 2(N-1)/N x G / link    u: one GPU's update seconds per image; G the fp32 LoRA
+                                                     gradients all-reduced at each of the step's n_opt optimizer steps
+                                                     (not overlapped with the backward: conservative)
+    orchestration (rounds + 4) x task_s              the Prefect tasks on the critical path (a generate round per
+                                                     chunk of a replica, score, advantages, update, sync)
+
+Weight sync: 0 bytes (LoRA replicas sample with the trainer's module). images/s = B / (sum of the above).
+Weak scaling (each replica keeps the recipe's whole batch, the global batch grows N-fold) is predicted beside it.
+
+    python benchmarks/scaling_model.py --out benchmarks/results/scaling_model.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402  (also puts the repository root on sys.path)
+from trainer_fsdp import QWEN_IMAGE, SD35_MEDIUM  # noqa: E402
+
+RESULTS = os.path.join(HERE, "results")
+REAL_SIZE = {"sd3": SD35_MEDIUM, "qwen_image": QWEN_IMAGE}  # the published transformer configs
+
+
+def _result(name: str) -> dict:
+    with open(os.path.join(RESULTS, name)) as f:
+        return json.load(f)
+
+
+def lora_params(arch: str, rank: int) -> int:
+    """Trainable parameters of the recipe's LoRA on the real-size denoiser (meta device) or the shipped shapes model."""
+    import torch
+    from diffusers import QwenImageTransformer2DModel, SD3Transformer2DModel
+
+    from diffrl.engines.train.config import TrainConfig
+    from diffrl.engines.train.setup import lora_config
+    from diffrl.flows.build import resolve_model_path
+    from diffrl.models.base import adapter_class, load_adapter
+
+    if arch == "shapes":
+        model = load_adapter(resolve_model_path("reference:shapes")).transformer
+        targets = adapter_class("sd3").default_lora_targets
+    else:
+        cls, conf = {"sd3": SD3Transformer2DModel, "qwen_image": QwenImageTransformer2DModel}[arch], REAL_SIZE[arch]
+        with torch.device("meta"):
+            model = cls(**conf)
+        targets = adapter_class(arch).default_lora_targets
+    model.add_adapter(lora_config(TrainConfig(lora_rank=rank, lora_alpha=2 * rank), tuple(targets)))
+    return sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+
+
+def recipes() -> dict[str, dict]:
+    """Measured one-GPU seconds per image (g rollout, u update, r reward) and per-step sizes of each recipe."""
+    shapes = _result("train_e2e_shapes_h100.json")["flow_stage_medians_s"]  # `diffrl train`, local mode, 512/step
+    sd3 = _result("sd35m_flow_grpo_h200.json")["stage_ms_per_image"]  # benchmarks/rl_step.py, compiled, bf16 LoRA
+    qwen = _result("qwen_image_ocr_lora_h200.json")["stage_ms_per_image"]
+    latent_512 = 3 * 16 * 64 * 64 * 4  # fp32 latents of a 512x512 sample: 16 x 64 x 64, a 2-step window + x0
+    return {
+        "shapes_flow_grpo (H100)": dict(
+            B=512, chunk=512, n_opt=1, arch="shapes", rank=32, L=134e6 / 512, P=64 * 64 * 3,
+            g=shapes["timing_s/generate"] / 512, u=shapes["timing_s/update_actor"] / 512,
+            r=shapes["timing_s/reward"] / 512, one_gpu_local=512 / _result("train_e2e_shapes_h100.json")[
+                "flow_seconds_per_step"],
+        ),
+        "sd35m_flow_grpo_ocr (H200)": dict(
+            B=48 * 24, chunk=96, n_opt=2, arch="sd3", rank=32, L=latent_512, P=512 * 512 * 3,
+            g=sd3["rollout"] / 1e3, u=sd3["update"] / 1e3, r=sd3["reward"] / 1e3,
+            one_gpu_local=_result("sd35m_flow_grpo_h200.json")["images_per_gpu_s"],
+        ),
+        "qwen_image_ocr_lora (H200)": dict(
+            B=32 * 16, chunk=64, n_opt=2, arch="qwen_image", rank=64, L=latent_512, P=512 * 512 * 3,
+            g=qwen["rollout"] / 1e3, u=qwen["update"] / 1e3, r=qwen["reward"] / 1e3,
+            one_gpu_local=_result("qwen_image_ocr_lora_h200.json")["images_per_gpu_s"],
+        ),
+    }  # fmt: skip
+
+
+def step_seconds(rec: dict, n: int, link: float, task_s: float, write_bw: float, weak: bool) -> dict[str, float]:
+    """The parts of one step at n replicas (link and write_bw in bytes/s); `weak`: each replica keeps the recipe's
+    whole batch (the global batch grows n-fold) instead of its n-th."""
+    b = rec["B"] if weak else rec["B"] / n
+    total = b * n
+    chunk = min(rec["chunk"], b)
+    rounds = max(1, round(b / chunk))
+    gradients = 4 * rec["lora_params"]  # fp32 gradient all-reduce
+    parts = {
+        "generate": b * rec["g"],
+        "write": b * (rec["L"] + rec["P"]) / write_bw,
+        "reward": chunk * rec["r"],
+        "exchange": (n - 1) / n * total * rec["L"] / link,
+        "update": b * rec["u"] + rec["n_opt"] * 2 * (n - 1) / n * gradients / link,
+        "orchestration": (rounds + 4) * task_s,
+    }
+    parts["seconds"] = sum(parts.values())
+    parts["images_per_s"] = total / parts["seconds"]
+    parts["bytes"] = {  # what one replica sends or receives per step
+        "gradient_all_reduce": rec["n_opt"] * 2 * (n - 1) / n * gradients,
+        "latents_received": (n - 1) / n * total * rec["L"],
+        "rows_written": b * (rec["L"] + rec["P"]),
+        "weight_sync": 0.0,
+    }
+    return parts
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--links", default="300,20", help="GB/s between replicas, one column each")
+    parser.add_argument("--task-s", type=float, default=0.087, help="seconds per Prefect task on the critical path")
+    parser.add_argument("--write-gbps", type=float, default=0.6, help="GB/s of one replica's inline row writes")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    out = {"assumptions": vars(args), "recipes": {}}
+    for name, rec in recipes().items():
+        rec["lora_params"] = lora_params(rec["arch"], rec["rank"])
+        rows = {}
+        for gbps in [float(x) for x in args.links.split(",")]:
+            for weak in (False, True):
+                for n in (1, 2, 4, 8):
+                    parts = step_seconds(rec, n, gbps * 1e9, args.task_s, args.write_gbps * 1e9, weak)
+                    rows[f"{gbps:g}GB/s {'weak' if weak else 'strong'} x{n}"] = parts
+        out["recipes"][name] = {"inputs": rec, "predicted": rows}
+        line = ", ".join(f"{k}: {v['images_per_s']:.1f}" for k, v in rows.items() if "strong" in k)
+        print(f"{name}: one GPU measured {rec['one_gpu_local']:.2f} images/s; predicted images/s {line}")
+    common.write_json(args.out, out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
