@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -85,60 +86,67 @@ def main(argv: list[str] | None = None) -> dict:
     overrides = [*args.overrides, f"run.steps={args.steps}", "run.validate_every=0"]
     cfg = load_experiment(config, overrides)
     device, short = device_name(cfg.model.device)
+    out = args.out or os.path.join(HERE, "results", f"replicas_1gpu_{short}.json")
     workdir = args.keep or tempfile.mkdtemp(prefix="replicas_1gpu_")
     os.makedirs(f"{workdir}/prefect", exist_ok=True)
     server, url = start_prefect_server(f"{workdir}/prefect")
     os.environ["PREFECT_API_URL"] = url  # the runs (subprocesses) and the Ray workers report here
     os.environ.setdefault("DIFFRL_CACHE", f"{workdir}/cache")
+    runs: dict[str, dict] = {}
+    header = dict(config=args.config, overrides=args.overrides, device=device, steps=args.steps, warmup=args.warmup)
+    header["images_per_step"] = cfg.rollout.samples_per_step
+    header["command"] = " ".join(
+        ["python", "benchmarks/replicas_1gpu.py", *(argv if argv is not None else sys.argv[1:])]
+    )
     try:
         os.environ["RAY_ADDRESS"] = start_ray(workdir)
-        runs = {}
-        for mode in modes:
+        for mode in modes:  # each result is written as soon as it is there: a later failure keeps the earlier ones
             folder, name = f"{workdir}/{mode}", f"replicas-1gpu-{mode}"
             os.makedirs(folder, exist_ok=True)
             extra = [*MODES[mode], f"run.root={folder}/runs", f"run.name={name}"]
-            runs[mode] = run_flow(config, [*overrides, *extra], folder, args.timeout)
+            try:
+                runs[mode] = run_flow(config, [*overrides, *extra], folder, args.timeout)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                runs[mode] = {"error": str(e)[-3000:]}
             cluster.stop_actors(name)  # the next run gets the GPU to itself
-            print(f"{mode}: done in {runs[mode]['wall_seconds']:.0f} s", file=sys.stderr, flush=True)
+            common.write_json(out, summary(header, runs, args.warmup, args.steps))
+            print(f"{mode}: {'failed' if 'error' in runs[mode] else 'done'}", file=sys.stderr, flush=True)
     finally:
+        import ray
+
+        ray.shutdown()
         server.terminate()
         server.wait(timeout=30)
-    timed = range(args.warmup + 1, args.steps + 1)  # MLflow steps are 1-based
+    result = summary(header, runs, args.warmup, args.steps)
+    print(json.dumps({k: v for k, v in result.items() if k not in ("seconds_each", "reward_each")}, indent=1))
+    return result
+
+
+def summary(header: dict, runs: dict[str, dict], warmup: int, steps: int) -> dict:
+    """The result file: medians over the steps after `warmup` of each finished run, the two ratios, each step."""
+    timed = range(warmup + 1, steps + 1)  # MLflow steps are 1-based
+    done = {mode: run["per_step"] for mode, run in runs.items() if "error" not in run}
 
     def median(mode: str, key: str) -> float | None:
-        values = [runs[mode]["per_step"][key][s] for s in timed if s in runs[mode]["per_step"][key]]
+        values = [done[mode][key][s] for s in timed if s in done[mode][key]]
         return statistics.median(values) if values else None
 
-    seconds = {mode: median(mode, "perf/time_per_step") for mode in modes}
+    seconds = {mode: median(mode, "perf/time_per_step") for mode in done}
 
     def ratio(a: str, b: str) -> float | None:
-        return seconds[a] / seconds[b] if a in seconds and b in seconds else None
+        return seconds[a] / seconds[b] if seconds.get(a) and seconds.get(b) else None
 
-    result = {
+    return {
         "benchmark": "replicas_1gpu",
-        "config": args.config,
-        "overrides": args.overrides,
-        "device": device,
-        "steps": args.steps,
-        "warmup_steps": args.warmup,
-        "images_per_step": cfg.rollout.samples_per_step,
+        **header,
         "seconds_per_step": seconds,
         "gpus1_over_colocated": ratio("gpus1", "colocated"),
         "gpus1_over_ray_colocated": ratio("gpus1", "ray_colocated"),
-        "stage_medians_s": {mode: {k: median(mode, k) for k in runs[mode]["per_step"]} for mode in modes},
-        "seconds_each": {
-            mode: [runs[mode]["per_step"]["perf/time_per_step"].get(s) for s in range(1, args.steps + 1)]
-            for mode in modes
-        },
-        "reward_each": {
-            mode: [runs[mode]["per_step"]["critic/rewards/mean"].get(s) for s in range(1, args.steps + 1)]
-            for mode in modes
-        },
-        "command": " ".join(["python", "benchmarks/replicas_1gpu.py", *(argv if argv is not None else sys.argv[1:])]),
+        "stage_medians_s": {mode: {k: median(mode, k) for k in per_step} for mode, per_step in done.items()},
+        "seconds_each": {m: [p["perf/time_per_step"].get(s) for s in range(1, steps + 1)] for m, p in done.items()},
+        "reward_each": {m: [p["critic/rewards/mean"].get(s) for s in range(1, steps + 1)] for m, p in done.items()},
+        "errors": {mode: run["error"] for mode, run in runs.items() if "error" in run},
     }
-    common.write_json(args.out or os.path.join(HERE, "results", f"replicas_1gpu_{short}.json"), result)
-    print(json.dumps({k: v for k, v in result.items() if k not in ("seconds_each", "reward_each")}, indent=1))
-    return result
 
 
 if __name__ == "__main__":
