@@ -289,21 +289,16 @@ def add_perf(metrics: dict[str, float], seconds: float) -> dict[str, float]:
     metrics["perf/time_per_step"] = seconds
     metrics["timing_s/step_total"] = seconds
     images = metrics.get("rollout/samples", 0.0)
-    gpus = metrics.get("perf/gpus") or _num_gpus()
+    gpus = metrics.get("perf/gpus") or 1
     metrics["perf/images_per_s"] = images / seconds if seconds > 0 else 0.0
     metrics["perf/throughput"] = images / seconds / gpus if seconds > 0 else 0.0
     return metrics
 
 
 def _engine_gpus(cfg: Any) -> int:
-    """GPUs the run's model engines hold: its replicas (ray, colocated), trainers + rollout (ray, split), or what this
-    process sees (local). The Ray driver's own view of its machine's GPUs says nothing of the run's."""
+    """GPUs the run's model engines hold: its replicas (ray, colocated), trainers + rollout (ray, split), or one
+    (local: one process on one device, however many the machine has). The Ray driver's own view of its machine's
+    GPUs says nothing of the run's."""
     if cfg.cluster.mode != "ray":
-        return _num_gpus()
+        return 1
     return cfg.cluster.replicas if cfg.cluster.placement == "colocated" else cfg.cluster.trainers + 1
-
-
-def _num_gpus() -> int:
-    import torch
-
-    return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
