@@ -1,7 +1,8 @@
 """Reward contracts: the output type, the function protocol, the registry, option parsing.
 
 Legend: B = batch, F = frames, H/W = height/width. Images arrive as uint8 (B, H, W, 3), videos
-as uint8 (B, F, H, W, 3), either as torch tensors or numpy arrays.
+as uint8 (B, F, H, W, 3), either as torch tensors or numpy arrays; the decoded text responses of an
+autoregressive rollout arrive as a list of B str (answer.py's rewards take those).
 
 Conventions every reward follows:
 - `scores` is float32 (B,); `valid` is bool (B,). A sample a reward could not score (a malformed
@@ -36,6 +37,7 @@ _BUILTIN_MODULES = (
     "diffrl.engines.reward.aesthetic",
     "diffrl.engines.reward.http_scorer",
     "diffrl.engines.reward.geneval_lite",
+    "diffrl.engines.reward.answer",
 )
 registry.declare("reward", _BUILTIN_MODULES)
 
@@ -96,12 +98,14 @@ def concat_outputs(outputs: list[RewardOutput]) -> RewardOutput:
 
 @runtime_checkable
 class RewardFunction(Protocol):
-    """Scores a batch: images uint8 (B, H, W, 3) or videos (B, F, H, W, 3)."""
+    """Scores a batch: images uint8 (B, H, W, 3), videos (B, F, H, W, 3) or text responses (a list of B str)."""
 
     name: str
     batch_size: int
 
-    def __call__(self, images: torch.Tensor | np.ndarray, prompts: list[str], metadata: list[dict]) -> RewardOutput: ...
+    def __call__(
+        self, images: torch.Tensor | np.ndarray | list[str], prompts: list[str], metadata: list[dict]
+    ) -> RewardOutput: ...
 
 
 @dataclass
@@ -197,6 +201,21 @@ def to_uint8_numpy(images: torch.Tensor | np.ndarray) -> np.ndarray:
     if images.ndim not in (4, 5) or images.shape[-1] != 3:
         raise ValueError(f"images must be (B, H, W, 3) or (B, F, H, W, 3), got shape {tuple(images.shape)}")
     return images
+
+
+def to_texts(responses: Any) -> list[str]:
+    """Checks a batch of decoded text responses: a list (or tuple) of str."""
+    if not isinstance(responses, (list, tuple)):
+        raise TypeError(f"text responses must be a list of str, got {type(responses).__name__}")
+    for index, response in enumerate(responses):
+        if not isinstance(response, str):
+            raise TypeError(f"text responses must be a list of str; response {index} is a {type(response).__name__}")
+    return list(responses)
+
+
+def to_samples(samples: Any) -> np.ndarray | list[str]:
+    """A batch as rewards take it: text responses when a list or tuple (to_texts), else images/videos."""
+    return to_texts(samples) if isinstance(samples, (list, tuple)) else to_uint8_numpy(samples)
 
 
 def sample_frames(sample: np.ndarray, frame_stride: int) -> list[np.ndarray]:

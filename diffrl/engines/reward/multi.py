@@ -36,7 +36,7 @@ from diffrl.engines.reward.base import (
     build_reward,
     concat_outputs,
     iter_batches,
-    to_uint8_numpy,
+    to_samples,
 )
 
 logger = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ class MultiReward:
 
     def __call__(self, images, prompts: list[str], metadata: list[dict] | None = None) -> RewardOutput:
         """Scores a batch with every component and combines them (see the module docstring)."""
-        array = to_uint8_numpy(images)
+        array = to_samples(images)  # images/videos, or the text responses of a token rollout
         metadata = metadata if metadata is not None else [{} for _ in prompts]
         if not len(array) == len(prompts) == len(metadata):
             raise ValueError(f"got {len(array)} images, {len(prompts)} prompts, {len(metadata)} metadata entries")
