@@ -110,7 +110,6 @@ def run_train(args: argparse.Namespace) -> int:
         server = _start_prefect_server()  # boots in its own process while this one imports torch, diffusers, MLflow
         from diffrl.flows.train import train
 
-        _import_model_code(cfg)
         prepared = _prepare_meanwhile(cfg) if server is not None else {}  # it boots for seconds: load, validate
         os.environ["DIFFRL_PREPARED_S"] = json.dumps(prepared)  # the startup report's parts
         if server is not None:
@@ -129,18 +128,6 @@ def _prepare_meanwhile(cfg) -> dict[str, float]:
 
     fresh = latest_checkpoint(cfg.run_dir) is None  # a resumed run validates after loading its checkpoint
     return early.prepare(cfg, validation_outputs, fresh=fresh)
-
-
-def _import_model_code(cfg) -> None:
-    """Import the model's adapter (diffusers, transformers: seconds) while the Prefect server boots; a path that
-    does not resolve is left to the flow, which reports it."""
-    from diffrl.flows.build import resolve_model_path
-    from diffrl.models.base import detect_architecture
-
-    try:
-        detect_architecture(resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed))
-    except (ValueError, OSError):
-        pass
 
 
 def _start_prefect_server():
