@@ -58,10 +58,6 @@ def token_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tens
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (values * mask).sum() / mask.sum().clamp_min(1.0)
-
-
 def token_clip_loss(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
@@ -104,11 +100,11 @@ def token_clip_loss(
         lower = (ratio < 1.0 - clip_ratio_low).to(dtype)
         metrics = {
             "actor/pg_loss": loss.detach(),
-            "actor/pg_clipfrac": _masked_mean(higher + lower, mask),
-            "actor/pg_clipfrac_higher": _masked_mean(higher, mask),
-            "actor/pg_clipfrac_lower": _masked_mean(lower, mask),
-            "actor/ppo_kl": _masked_mean(-log_ratio, mask),
-            "actor/ratio_mean": _masked_mean(ratio, mask),
+            "actor/pg_clipfrac": aggregate_tokens(higher + lower, mask, "token-mean"),
+            "actor/pg_clipfrac_higher": aggregate_tokens(higher, mask, "token-mean"),
+            "actor/pg_clipfrac_lower": aggregate_tokens(lower, mask, "token-mean"),
+            "actor/ppo_kl": aggregate_tokens(-log_ratio, mask, "token-mean"),
+            "actor/ratio_mean": aggregate_tokens(ratio, mask, "token-mean"),
         }
     return loss, metrics
 
