@@ -16,7 +16,7 @@ import torch
 
 from diffrl.algorithms.base import Metrics, Needs, check_advantage_fields, check_fields
 from diffrl.algorithms.batches import TokenBatch
-from diffrl.algorithms.losses_pg import _check_positive
+from diffrl.algorithms.losses_pg import _check_positive, _dtype
 
 
 def gspo_loss(
@@ -46,7 +46,7 @@ def gspo_loss(
             f"log_probs, old_log_probs and mask must be (B, T) of one shape; got {tuple(log_probs.shape)}, "
             f"{tuple(old_log_probs.shape)}, {tuple(mask.shape)}"
         )
-    dtype = torch.float64 if torch.float64 in (log_probs.dtype, old_log_probs.dtype) else torch.float32
+    dtype = _dtype(log_probs, old_log_probs)
     mask = mask.to(dtype)
     advantages = torch.as_tensor(advantages, dtype=dtype, device=log_probs.device).reshape(-1).detach()
     if advantages.shape[0] != log_probs.shape[0]:
