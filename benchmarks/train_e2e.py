@@ -100,16 +100,21 @@ def read_flow(workdir: str) -> dict:
     return {"wall_seconds": wall, "per_step": per_step, "startup_s": startup, "log_tail": tail[-1500:]}
 
 
-def run_engines(config: str, overrides: list[str], steps: int, *, durable: bool = False) -> dict:
+def run_engines(
+    config: str, overrides: list[str], steps: int, *, durable: bool = False, trace_path: str | None = None
+) -> dict:
     """The engines-only loop: the flow's engines without a store (with `durable`: with the run's Lance store, its
     background writer and checkpoints, still without Prefect and MLflow), stepped through the same step core."""
     import torch
 
     from diffrl.configs.schema import load_experiment
+    from diffrl.engines import trace
     from diffrl.engines.step.run import DirectStages, StepClock, add_perf, run_step
     from diffrl.flows.build import build_engines
 
     cfg = load_experiment(config, overrides)
+    if trace_path:
+        trace.enable(trace_path)
     torch.manual_seed(cfg.run.seed)
     started = time.perf_counter()
     engines = build_engines(cfg, durable=durable)
@@ -119,8 +124,10 @@ def run_engines(config: str, overrides: list[str], steps: int, *, durable: bool 
         metrics = add_perf(run_step(engines, step, stages).metrics, clock.lap())
         per_step.append({k: metrics.get(k) for k in STAGE_KEYS})
         print(f"engines step {step + 1}/{steps}: {metrics['perf/time_per_step']:.3f} s", file=sys.stderr, flush=True)
+        trace.flush()
     engines.memory.drain()
     engines.memory.close()
+    trace.disable()
     return {"build_seconds": build_s, "per_step": per_step}
 
 
@@ -159,12 +166,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--flow-from", default=None, help="read the flow run a --flow-only call kept in this folder; run the engines"
     )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="record both runs' timelines (run.trace): the flow's in its run folder's trace/, the engines' in "
+        "engines-trace.json beside it",
+    )
     args = parser.parse_args(argv)
     if args.flow_only and not args.keep:
         raise SystemExit("--flow-only needs --keep DIR (where the next call's --flow-from finds the run)")
     if args.steps <= args.warmup:
         raise SystemExit(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     overrides = [*args.overrides, f"run.steps={args.steps}", "run.validate_every=0", "run.name=train-e2e"]
+    if args.trace:
+        overrides.append("run.trace=true")
     workdir = args.keep or tempfile.mkdtemp(prefix="train_e2e_")
     os.makedirs(workdir, exist_ok=True)
     config = args.config if not os.path.exists(args.config) else os.path.abspath(args.config)
@@ -177,7 +192,12 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         flow = read_flow(args.flow_from)
         workdir = args.flow_from
-    engines = run_engines(config, [*overrides, f"run.root={workdir}/engines-runs"], args.steps)
+    engines = run_engines(
+        config,
+        [*overrides, f"run.root={workdir}/engines-runs"],
+        args.steps,
+        trace_path=os.path.join(workdir, "engines-trace.json") if args.trace else None,
+    )
     durable = (
         run_engines(config, [*overrides, f"run.root={workdir}/durable-runs"], args.steps, durable=True)
         if args.durable
@@ -245,6 +265,8 @@ def main(argv: list[str] | None = None) -> dict:
         "engine_seconds_each": [e["perf/time_per_step"] for e in engines["per_step"]],
         "flow_reward_each": [flow["per_step"]["critic/rewards/mean"].get(s) for s in range(1, args.steps + 1)],
         "engine_reward_each": [e["critic/rewards/mean"] for e in engines["per_step"]],
+        "flow_stages_each": {k: [v.get(s) for s in range(1, args.steps + 1)] for k, v in flow["per_step"].items()},
+        "engine_stages_each": {k: [e.get(k) for e in engines["per_step"]] for k in STAGE_KEYS},
         "flow_log_tail": flow["log_tail"],
         "command": " ".join(["python", "benchmarks/train_e2e.py", *(argv if argv is not None else sys.argv[1:])]),
     }

@@ -143,6 +143,8 @@ class RunConfig:
     # (rows, rewards, images always stay); -1 keeps every step's. Resume needs only the step in flight.
     keep_latents_steps: int = 2
     compact_every: int = 10  # every k steps merge the run's Lance fragments (reads slow with their count); 0 = never
+    # record where the time goes: runs/<name>/trace/<pid>.json, a timeline of every thread for ui.perfetto.dev
+    trace: bool = False
     storage_options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from prefect import flow
 from prefect.runtime import flow_run
 
-from diffrl.engines import cluster
+from diffrl.engines import cluster, trace
 from diffrl.engines.numbering import step_number
 from diffrl.engines.step.run import run_step
 from diffrl.tasks.stages import PrefectStages
@@ -30,4 +30,5 @@ def step_run_name() -> str:
 def rl_step(run_name: str, step: int) -> dict:
     """Run step `step` of run `run_name` on its registered engines; returns the step's metrics."""
     engines = cluster.get(run_name)  # cluster.mode ray: each stage runs as a Ray task calling the run's actors
-    return run_step(engines, step, PrefectStages(run_name, engines.config)).metrics
+    with trace.span("run_step", step=step):
+        return run_step(engines, step, PrefectStages(run_name, engines.config)).metrics

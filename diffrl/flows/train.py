@@ -25,7 +25,7 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 
 from diffrl.configs.loader import to_dict
 from diffrl.configs.schema import ExperimentConfig, load_experiment
-from diffrl.engines import cluster
+from diffrl.engines import cluster, trace
 from diffrl.engines.numbering import step_index, step_number
 from diffrl.engines.step.generate import rollout_examples
 from diffrl.engines.step.plan import validation_due, validation_rollout
@@ -171,6 +171,8 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
         engines = early.take_engines(cfg) or build_engines(cfg)
         startup.mark("engines")
         store_ready.result()
+    if cfg.run.trace:  # a timeline of the run's threads (diffrl/engines/trace.py)
+        trace.enable(os.path.join(cfg.run_dir, "trace", f"{os.getpid()}.json"))
     engines.set_run_uid(_run_state(cfg)["uid"])  # ray mode: also the actors (the Ray workers running tasks ask them)
     if engines.store is not None and cfg.data.sample_source == "online":
         _say(describe_disk(cfg, engines.run("rollout", latent_numel)))
@@ -250,6 +252,7 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
     finally:
         if engines.memory is not None:
             engines.memory.close()
+        trace.disable()
     console.close()
     final = latest_checkpoint(cfg.run_dir)
     log_final_weights(engines, tracker, final)
@@ -395,8 +398,10 @@ def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: i
     for step in range(start, cfg.run.steps):
         pin_step_key(step_flow, step)
         check_step_results(engines, step, _results_dir(cfg))
-        metrics = step_flow(cfg.run.name, step)
-        _log_rollout_images(engines, tracker, step)
+        with trace.span("step subflow", step=step):
+            metrics = step_flow(cfg.run.name, step)
+        with trace.span("rollout images", step=step):
+            _log_rollout_images(engines, tracker, step)
         retain(engines, step)
         metrics = add_perf(metrics, clock.lap())
         times.append(metrics["perf/time_per_step"])
@@ -404,7 +409,9 @@ def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: i
             with clock.excluded():
                 val = validate(engines, tracker, step + 1)
             metrics.update(val)
-        tracker.log_metrics(metrics, step + 1)
+        with trace.span("mlflow metrics", step=step):
+            tracker.log_metrics(metrics, step + 1)
+        trace.flush()
         console.step(  # a live line on a terminal, one plain line per step elsewhere
             step + 1,
             cfg.run.steps,

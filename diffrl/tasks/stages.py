@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from prefect import task
 
-from diffrl.engines import cluster
+from diffrl.engines import cluster, trace
 from diffrl.engines.numbering import step_number
 from diffrl.engines.step.generate import step_chunks
 from diffrl.engines.step.records import as_record, from_record
@@ -138,7 +138,8 @@ class PrefectStages:
 
     def call(self, name: str, step: int, chunk: int = 0, replica: int | None = None) -> Any:
         args = self._args(name, step, chunk, replica)
-        return from_record(STAGES[name][1], call_stage(self.cfg, TASKS[name], *args))
+        with trace.span(f"task {name}", step=step, chunk=chunk):  # the stage's own span inside; the rest is Prefect
+            return from_record(STAGES[name][1], call_stage(self.cfg, TASKS[name], *args))
 
     def submit(self, name: str, step: int, chunk: int = 0, replica: int | None = None) -> Any:
         args = self._args(name, step, chunk, replica)

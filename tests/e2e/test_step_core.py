@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import glob
 import os
+from collections import Counter
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from diffrl.configs.schema import load_experiment
-from diffrl.engines import cluster
+from diffrl.engines import cluster, trace
 from diffrl.engines.step.run import DirectStages, StepClock, add_perf, run_step
 from diffrl.engines.train.checkpoint import trainable_state
 from diffrl.flows.build import build_engines
@@ -38,7 +40,7 @@ def _engines_only(overrides: list[str], name: str) -> tuple[list[dict], dict[str
 def test_the_flow_and_the_engines_only_loop_run_the_same_steps(workdir):
     """Rewards of every step (so the samples, and the weights that sampled them) and the final LoRA weights are
     bit-identical between `diffrl train`'s flow and the engines-only loop; only the flow writes anything."""
-    train(config=None, overrides=TINY + ["run.name=flow"])
+    train(config=None, overrides=TINY + ["run.name=flow", "run.trace=true"])
     client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     run = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])[0]
     flow_rewards = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "critic/rewards/mean")}
@@ -55,6 +57,31 @@ def test_the_flow_and_the_engines_only_loop_run_the_same_steps(workdir):
     # every step after the first found its rollout started right after the previous step's weight sync
     assert [m["rollout/prefetched_chunks"] for m in engine_metrics] == [2, 2, 0]  # none after the last step
     assert all(m["perf/time_per_step"] > 0 and m["perf/throughput"] > 0 for m in engine_metrics)
+    _check_trace(glob.glob("runs/flow/trace/*.json"), steps=3, chunks=2)
+
+
+def _check_trace(paths: list[str], steps: int, chunks: int) -> None:
+    """run.trace: the flow's timeline holds each stage run once per step (and chunk), by whichever thread ran it
+    first (the flow's task or the run-ahead worker), each inside a Prefect task of that stage, and each step's
+    subflow."""
+    assert len(paths) == 1  # one process, one file
+    bars = [e for e in trace.read(paths[0]) if e["ph"] == "X"]
+    ran = Counter((e["name"], e["args"]["step"]) for e in bars if "step" in e.get("args", {}))
+    for step in range(steps):
+        assert ran[("step subflow", step)] == 1
+        assert ran[("generate", step)] == ran[("score", step)] == ran[("task generate", step)] == chunks
+        for stage in ("advantages", "update_actor", "sync_weights"):
+            assert ran[(stage, step)] == ran[(f"task {stage}", step)] == 1, (stage, step)
+    subflows = [e for e in bars if e["name"] == "step subflow"]
+    for update in (e for e in bars if e["name"] == "update_actor"):
+        step = update["args"]["step"]
+        task = next(e for e in bars if e["name"] == "task update_actor" and e["args"]["step"] == step)
+        # the stage ends before its task does (the task waits for it, wherever it ran), inside the step's subflow
+        assert update["ts"] + update["dur"] <= task["ts"] + task["dur"]
+        assert (
+            subflows[step]["ts"] <= task["ts"]
+            and task["ts"] + task["dur"] <= subflows[step]["ts"] + subflows[step]["dur"]
+        )
 
 
 def test_prefetched_rollouts_equal_rollouts_on_demand(workdir):

@@ -24,6 +24,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Hashable
 
+from diffrl.engines import trace
 from diffrl.engines.step.background import run_into
 
 
@@ -48,7 +49,9 @@ class RunAhead:
                 self._runs[key] = future
         if owner:
             run_into(future, run, ())
-        return future.result()
+            return future.result()
+        with trace.span(f"wait {key[0]}", step=key[1]):  # the record another thread makes (or made)
+            return future.result()
 
     def start(self, step: int, run: Callable[[], Any]) -> None:
         """Run step `step`'s stages (`run()`) on the worker. Its errors are not raised here: each reaches the flow

@@ -19,6 +19,8 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable
 
+from diffrl.engines import trace
+
 
 class BackgroundError(RuntimeError):
     """A background call failed; raised in the stage that next touches the worker."""
@@ -106,7 +108,8 @@ class Background:
                     return
                 tag, what, fn, args, future = self._queue.popleft()
                 self._busy_tag = tag
-            run_into(future, fn, args)
+            with trace.span(f"{self.name}: {what}"):
+                run_into(future, fn, args)
             with self._cond:
                 self._busy_tag = None
                 if future.exception() is not None and self._failure is None:

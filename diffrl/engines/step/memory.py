@@ -29,6 +29,7 @@ from typing import Callable
 
 import torch
 
+from diffrl.engines import trace
 from diffrl.engines.step.ahead import RunAhead
 from diffrl.engines.step.background import Background, run_into
 from diffrl.engines.trajectories import Trajectories
@@ -76,10 +77,12 @@ class StepMemory:
             if (step, chunk) in self._chunks:
                 return
             if self.asynchronous:
-                self._chunks[(step, chunk)] = self._rollouts.submit(_timed, rollout)
+                self._chunks[(step, chunk)] = self._rollouts.submit(_timed, rollout, "rollout", step, chunk)
                 return
         future: Future = Future()
-        run_into(future, _timed, (rollout,))  # a failure is raised by chunk(), as a worker's would be
+        run_into(
+            future, _timed, (rollout, "rollout", step, chunk)
+        )  # a failure is raised by chunk(), as a worker's would be
         with self._lock:
             self._chunks[(step, chunk)] = future
 
@@ -133,7 +136,7 @@ class StepMemory:
     def start_snapshot(self, take: Callable[[], object]) -> None:
         """Run `take()` (a checkpoint snapshot) on the rollout worker ahead of the next step's rollout: it overlaps
         the flow's work between steps; `wait_snapshot` must return before the weights change again."""
-        self._snapshot = self._rollouts.submit(take)
+        self._snapshot = self._rollouts.submit(_timed, take, "checkpoint snapshot", -1, 0)
 
     def wait_snapshot(self) -> None:
         """Block until the last snapshot is taken (raises its error)."""
@@ -144,7 +147,9 @@ class StepMemory:
     def stream_reward(self, step: int, chunk: int, score: Callable[[], object]) -> None:
         """Score one decoded sub-batch of a chunk on the reward worker (while the rollout goes on)."""
         with self._lock:
-            self._streamed.setdefault((step, chunk), []).append(self._rewards.submit(_timed, score))
+            self._streamed.setdefault((step, chunk), []).append(
+                self._rewards.submit(_timed, score, "reward", step, chunk)
+            )
 
     def reset_stream(self, step: int, chunk: int) -> None:
         """Forget a chunk's streamed sub-batches (its rollout starts again)."""
@@ -214,7 +219,8 @@ class StepMemory:
         self.writer.close()
 
 
-def _timed(fn: Callable[[], object]) -> tuple[object, float]:
+def _timed(fn: Callable[[], object], name: str, step: int, chunk: int) -> tuple[object, float]:
     started = time.perf_counter()
-    out = fn()
+    with trace.span(name, step=step, chunk=chunk):
+        out = fn()
     return out, time.perf_counter() - started

@@ -26,6 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Protocol
 
+from diffrl.engines import trace
 from diffrl.engines.step import generate as sample_stages
 from diffrl.engines.step import update as learn_stages
 from diffrl.engines.step.plan import num_chunks, replica_chunks
@@ -73,10 +74,12 @@ def _once(name: str, call: Callable) -> Callable:
     diffrl/engines/step/ahead.py): a second caller of the same stage run gets the first one's record."""
 
     def staged(engines: Any, step: int, chunk: int = 0, replica: int | None = None):
+        def run():
+            with trace.span(name, step=step, chunk=chunk, replica=replica):
+                return call(engines, step, chunk, replica)
+
         ahead = _run_ahead(engines)
-        if ahead is None:
-            return call(engines, step, chunk, replica)
-        return ahead.once((name, step, chunk, replica), lambda: call(engines, step, chunk, replica))
+        return run() if ahead is None else ahead.once((name, step, chunk, replica), run)
 
     staged.__name__ = getattr(call, "__name__", name)
     return staged

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from diffrl.algorithms.advantages import advantage_stats, group_advantages, reward_stats
+from diffrl.engines import trace
 from diffrl.engines.numbering import step_index, step_number
 from diffrl.engines.reward.multi import drop_partial_components
 from diffrl.engines.step.generate import (
@@ -145,7 +146,8 @@ def update(engines: Any, step: int, chunk: int = 0) -> Updated:
         metrics["timing_s/checkpoint"] = time.perf_counter() - committed
     engines.memory.release_before(step - 1)
     waited = time.perf_counter()
-    engines.memory.writer.wait(step - WRITER_LAG_STEPS)  # memory stays bounded if the disk falls behind
+    with trace.span("writer_wait", step=step):
+        engines.memory.writer.wait(step - WRITER_LAG_STEPS)  # memory stays bounded if the disk falls behind
     # how long the step waited for the background writer (rows, rewards, checkpoints two steps back): where the
     # disk, not the GPU, sets the pace
     metrics["timing_s/writer_wait"] = time.perf_counter() - waited
