@@ -37,7 +37,8 @@ class TokenPrompt:
 class SamplingParams:
     """How responses are sampled (names as vLLM's SamplingParams).
 
-    n: samples per prompt. max_tokens: new tokens at most. temperature > 0; top_p in (0, 1].
+    n: samples per prompt. max_tokens: new tokens at most. temperature > 0 samples; 0 decodes greedily (its
+    log-probs are those of the untempered distribution). top_p in (0, 1].
     stop: strings that end a response (kept in it, as the EOS token is). seed: the sampling RNG seed.
     """
 
@@ -51,8 +52,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.n < 1 or self.max_tokens < 1:
             raise ValueError(f"SamplingParams.n and max_tokens must be >= 1; got {self.n}, {self.max_tokens}")
-        if not self.temperature > 0:
-            raise ValueError(f"SamplingParams.temperature must be > 0; got {self.temperature}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0 (0: greedy); got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1]; got {self.top_p}")
 
@@ -99,7 +100,15 @@ class TokenSamples:
 
 class CausalLMPolicy:
     """A causal LM / VLM policy: `model` is the module the trainer updates; `sample` and `log_probs` are the rollout
-    and the replay. Loads weights only from safetensors."""
+    and the replay. Loads weights only from safetensors.
+
+    It also answers what the trainer's shared helpers (engines/train/setup.py, checkpoint.py) ask of a model
+    adapter: `transformer` (the trained module: here the whole causal LM), `dtype`, `denoisers()`,
+    `default_lora_targets` and `fsdp_wrap_units()`, so LoRA, FSDP2 and checkpoints exist once for both families.
+    """
+
+    kind = "autoregressive"  # what the step core builds for it (diffusion adapters: "diffusion")
+    default_lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj")  # attention, as verl's LoRA recipes
 
     def __init__(self, model: nn.Module, tokenizer, image_processor=None, *, source: str = ""):
         self.model = model
@@ -108,6 +117,23 @@ class CausalLMPolicy:
         self.image_processor = image_processor
         self.source = source
         self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.dtype = next(model.parameters()).dtype
+        self.arch = type(model).__name__
+
+    @property
+    def transformer(self) -> nn.Module:
+        """The trained module, under the name the trainer's helpers give a diffusion adapter's denoiser."""
+        return self.model
+
+    def denoisers(self) -> list[nn.Module]:
+        return [self.model]
+
+    def fsdp_wrap_units(self) -> list[nn.Module]:
+        """The decoder layers (FSDP2 shards each, then the whole model)."""
+        layers = [
+            m for name, m in self.model.named_modules() if name.endswith("layers") and isinstance(m, nn.ModuleList)
+        ]
+        return [layer for module_list in layers for layer in module_list]
 
     @classmethod
     def from_pretrained(cls, path: str, *, device="cpu", dtype=torch.float32) -> CausalLMPolicy:
@@ -161,15 +187,15 @@ class CausalLMPolicy:
     def sample(self, prompts: list[TokenPrompt], params: SamplingParams) -> TokenSamples:
         """n responses per prompt (rows prompt-major), with the per-token log-probs of the sampling distribution."""
         inputs = self.encode(prompts).repeat(params.n)
+        greedy = params.temperature == 0
+        sampling = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             torch.manual_seed(params.seed)
             out = self.model.generate(
                 **self._model_inputs(inputs),
                 attention_mask=inputs.attention_mask.to(self.device),
-                do_sample=True,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                top_k=0,
+                do_sample=not greedy,
+                **sampling,
                 max_new_tokens=params.max_tokens,
                 stop_strings=list(params.stop) or None,
                 tokenizer=self.tokenizer if params.stop else None,
@@ -179,7 +205,7 @@ class CausalLMPolicy:
                 return_dict_in_generate=True,
             )
         response = out.sequences[:, inputs.input_ids.shape[1] :]
-        logits = torch.stack(out.logits, dim=1).float() / params.temperature
+        logits = torch.stack(out.logits, dim=1).float() / (params.temperature or 1.0)
         log_probs = torch.log_softmax(logits, dim=-1).gather(-1, response.unsqueeze(-1)).squeeze(-1)
         lengths = self.response_lengths(response, params.stop)
         mask = torch.arange(response.shape[1], device=response.device)[None, :] < lengths[:, None].to(response.device)
@@ -203,8 +229,32 @@ class CausalLMPolicy:
             lengths.append(length)
         return torch.tensor(lengths)
 
+    def inputs_from_ids(self, prompt_ids: list[torch.Tensor], images: list[tuple[str, ...]]) -> PromptInputs:
+        """PromptInputs of stored prompts: their token ids left-padded, their images (by path) preprocessed again."""
+        width = max(len(ids) for ids in prompt_ids)
+        input_ids = torch.full((len(prompt_ids), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+        for i, ids in enumerate(prompt_ids):
+            input_ids[i, width - len(ids) :], attention[i, width - len(ids) :] = ids, 1
+        vision: dict[str, torch.Tensor] = {}
+        paths = [p for row in images for p in row]
+        if paths:
+            if self.image_processor is None:
+                raise ValueError(f"{self.source!r}: prompts show images but the model folder has no image processor")
+            vision = dict(
+                self.image_processor(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt")
+            )
+            vision["images_per_row"] = torch.tensor([len(row) for row in images])
+        return PromptInputs(input_ids, attention, vision)
+
     def log_probs(self, prompts: PromptInputs, response_ids: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
         """(B, T) teacher-forced log-probs of the responses (fp32; differentiable when grad is on): the replay."""
+        return self.replay(prompts, response_ids, temperature=temperature)[0]
+
+    def replay(
+        self, prompts: PromptInputs, response_ids: torch.Tensor, *, temperature: float = 1.0, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log-probs (B, T), entropy (B, T) of the temperature-scaled distribution or None): one forward."""
         response_ids = response_ids.to(self.device)
         inputs = self._model_inputs(prompts)
         prompt_len = prompts.input_ids.shape[1]
@@ -212,7 +262,12 @@ class CausalLMPolicy:
         # generate attends to every generated token; the padding after a response's end affects no earlier token
         attention = torch.cat([prompts.attention_mask.to(self.device), torch.ones_like(response_ids)], dim=1)
         logits = self.model(**inputs, attention_mask=attention).logits[:, prompt_len - 1 : -1].float()
-        return torch.log_softmax(logits / temperature, dim=-1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
+        log_softmax = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+        picked = log_softmax.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
+        if not entropy:
+            return picked, None
+        with torch.no_grad():  # a metric (verl's actor/entropy), never a loss term here
+            return picked, -(log_softmax.exp() * log_softmax).sum(-1)
 
 
 def _eos_ids(model: nn.Module, tokenizer) -> list[int]:

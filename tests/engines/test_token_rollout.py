@@ -1,6 +1,6 @@
-"""Token rollout (diffrl.engines.rollout.tokens) into the token trajectory table (diffrl.engines.store.tokens): the
-tiny Qwen3-Omni Thinker samples with images into a real Lance table; rows read back padded equal what was sampled,
-and the stored log-probs equal the replay of the stored tokens."""
+"""Token rollout (diffrl.engines.rollout.tokens) into the token trajectory store (diffrl.engines.store.tokens): the
+tiny Qwen3-Omni Thinker samples with images; the chunk written to a real Lance table reads back equal to what was
+sampled, and the stored log-probs equal the replay of the stored tokens."""
 
 from __future__ import annotations
 
@@ -9,58 +9,59 @@ import pytest
 import torch
 from PIL import Image
 
-from diffrl.engines.rollout.tokens import TransformersTokenEngine
-from diffrl.engines.store.tokens import TokenTrajectoryTable
-from diffrl.models.causal_lm import CausalLMPolicy, PromptInputs, SamplingParams, TokenPrompt
+from diffrl.engines.rollout.tokens import TokenSampling, TransformersTokenEngine
+from diffrl.engines.store.tokens import TokenStore
+from diffrl.models.causal_lm import CausalLMPolicy
 from diffrl.models.tiny import build_tiny
 
 
-def test_rollout_rows_round_trip_and_replay(tmp_path):
-    policy = CausalLMPolicy.from_pretrained(build_tiny("qwen3_omni", str(tmp_path / "thinker"), seed=0))
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    return CausalLMPolicy.from_pretrained(build_tiny("qwen3_omni", str(tmp_path_factory.mktemp("thinker")), seed=0))
+
+
+def test_rollout_rows_round_trip_and_replay(policy, tmp_path):
     image = str(tmp_path / "scene.png")
     Image.fromarray(np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(image)
-    table = TokenTrajectoryTable(str(tmp_path / "tokens.lance"))
-    engine = TransformersTokenEngine(policy, table)
-    engine.update_weights(3)
-    prompts = [TokenPrompt("how many circles?", (image,)), TokenPrompt("a red square")]
-    params = SamplingParams(n=2, max_tokens=5, seed=7)
-    result = engine.generate(4, prompts, ["q1", "q0"], params)
-    assert (result.step, result.rows, result.policy_version) == (4, 4, 3)
-    assert 1 <= result.metrics["response_length/mean"] <= 5 and 0 <= result.metrics["response_length/clip_ratio"] <= 1
+    engine = TransformersTokenEngine(policy)
+    sampling = TokenSampling(max_new_tokens=5, batch_size=3)
+    meta = [{"images": [image], "ground_truth": "2"}] * 2 + [{"ground_truth": "x"}] * 2
+    traj = engine.generate(
+        ["how many circles?"] * 2 + ["a red square"] * 2,
+        ["q1", "q1", "q0", "q0"],
+        [0, 1, 0, 1],
+        [7, 8, 9, 10],
+        sampling,
+        policy_version=3,
+        metadata=meta,
+    )
+    assert len(traj) == 4 and traj.policy_version == 3 and traj.image_paths == [(image,), (image,), (), ()]
+    assert all(1 <= n <= 5 for n in traj.lengths.tolist())
+    assert traj.responses == policy.tokenizer.batch_decode(traj.response_ids, skip_special_tokens=True)
 
-    rows = table.read(4)
-    assert rows.group_ids == ["q0", "q0", "q1", "q1"] and rows.sample_index == [0, 1, 0, 1]
-    assert rows.policy_version == [3] * 4 and rows.images == [(), (), (image,), (image,)]
-    again = policy.sample(prompts, params)  # seeded: the same samples, rows q1 first
-    order = [2, 3, 0, 1]
-    for i, j in enumerate(order):
-        n = int(again.lengths[j])
-        assert rows.lengths[i] == n
-        assert rows.response_ids[i, :n].tolist() == again.response_ids[j, :n].tolist()
-        torch.testing.assert_close(rows.log_probs[i, :n], again.log_probs[j, :n])
-        prompt = rows.prompt_ids[i][rows.prompt_mask[i]]
-        assert prompt.tolist() == again.prompts.input_ids[j][again.prompts.attention_mask[j].bool()].tolist()
-    # replay the stored q1 rows (the image prompt): inputs rebuilt from the stored ids and image path
-    encoded = policy.encode([TokenPrompt(rows.prompts[2], rows.images[2])]).repeat(2)
-    inputs = PromptInputs(rows.prompt_ids[2:], rows.prompt_mask[2:].long(), encoded.vision)
+    store = TokenStore(str(tmp_path / "trajectories.lance"))
+    assert store.append(traj, run="r", step=4, chunk=0) and not store.append(traj, run="r", step=4, chunk=0)
+    back = store.read_chunk(4, 0)
+    assert back.group_ids == traj.group_ids and back.metadata == traj.metadata and back.responses == traj.responses
+    for a, b in zip(back.response_ids + back.prompt_ids, traj.response_ids + traj.prompt_ids):
+        assert a.tolist() == b.tolist()
+    for a, b in zip(back.log_probs, traj.log_probs):
+        torch.testing.assert_close(a, b)
+    # rewards and advantages key on the token rows as on diffusion rows
+    store.write_rewards(4, back, torch.tensor([1.0, 0.0, 0.5, 0.5]), {}, torch.ones(4, dtype=torch.bool))
+    assert store.read_rewards(4)[0].tolist() == [1.0, 0.0, 0.5, 0.5]
+
+    # replay of the stored rows from their ids and image paths: the rollout's log-probs
+    response_ids, log_probs, mask = back.padded()
     with torch.no_grad():
-        replay = policy.log_probs(inputs, rows.response_ids[2:])
-    torch.testing.assert_close(replay * rows.mask[2:], rows.log_probs[2:], rtol=0, atol=1e-5)
+        replay = policy.log_probs(policy.inputs_from_ids(back.prompt_ids, back.image_paths), response_ids)
+    torch.testing.assert_close(replay * mask, log_probs, rtol=0, atol=1e-5)
 
 
-def test_table_checks_its_rows(tmp_path):
-    table = TokenTrajectoryTable(str(tmp_path / "t.lance"))
-    with pytest.raises(ValueError, match="one value per response token"):
-        table.write(
-            0,
-            ["g"],
-            [0],
-            policy_version=0,
-            prompts=["p"],
-            images=[()],
-            prompt_ids=[[1]],
-            response_ids=[[2, 3]],
-            log_probs=[[-1.0]],
-        )
-    with pytest.raises(ValueError, match="no token trajectories for step 0"):
-        table.read(0)
+def test_greedy_sampling_is_deterministic(policy):
+    engine = TransformersTokenEngine(policy)
+    greedy = TokenSampling(max_new_tokens=4, temperature=0.0)
+    a = engine.generate(["hello"] * 2, ["g", "g"], [0, 1], [1, 2], greedy)
+    b = engine.generate(["hello"] * 2, ["g", "g"], [0, 1], [3, 4], greedy)
+    assert [r.tolist() for r in a.response_ids] == [r.tolist() for r in b.response_ids]
+    assert a.response_ids[0].tolist() == a.response_ids[1].tolist()

@@ -1,63 +1,95 @@
 """Token rollout: the interface every autoregressive rollout engine implements, and the in-process transformers one.
 
-An engine samples n responses per prompt with per-token log-probs under the policy version it holds and appends them
-to the token trajectory table (engines/store/tokens.py); it returns a small summary, never tensors. The vLLM engine
-(a separate server process, its own issue) implements the same protocol; ``update_weights`` is where it would load
-the trainer's weights of a version, which the in-process engine shares already.
+The step core's generate stage calls an engine exactly as it calls the diffusion RolloutEngine -- the chunk's prompts,
+group ids, sample indices, seeds and the run's sampling settings -- and gets TokenTrajectories back, which it hands to
+the reward in memory and writes to the token store behind the stage (diffrl/engines/step/generate.py). A prompt's
+images come by path from its dataset row (metadata["images"]). The vLLM engine (a separate server process, its own
+issue) implements the same protocol; `update_weights` is where it would load the trainer's weights of a version,
+which the in-process engine shares already.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
-from diffrl.engines.store.tokens import TokenTrajectoryTable
-from diffrl.models.causal_lm import CausalLMPolicy, SamplingParams, TokenPrompt, TokenSamples
+from diffrl.engines.token_trajectories import TokenTrajectories
+from diffrl.models.causal_lm import CausalLMPolicy, SamplingParams, TokenPrompt
 
 
 @dataclass(frozen=True)
-class TokenRollout:
-    """What a rollout wrote: step, rows, the policy version that sampled them and verl's length metrics."""
+class TokenSampling:
+    """How an autoregressive rollout samples (the run's rollout section; names as vLLM's SamplingParams).
 
-    step: int
-    rows: int
-    policy_version: int
-    metrics: dict[str, float]
+    max_new_tokens: response tokens at most. temperature: > 0 samples, 0 decodes greedily (validation).
+    top_p in (0, 1]. stop: strings that end a response. batch_size: sequences per generate call.
+    """
+
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ValueError(
+                f"max_new_tokens and batch_size must be >= 1; got {self.max_new_tokens}, {self.batch_size}"
+            )
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0: greedy); got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
 
 
 class TokenRolloutEngine(Protocol):
-    """Samples token trajectories into a table; `policy_version` names the weights it samples with."""
+    """Samples token trajectories; `policy_version` names the weights it samples with."""
 
     policy_version: int
 
     def generate(
-        self, step: int, prompts: list[TokenPrompt], group_ids: list[str], params: SamplingParams
-    ) -> TokenRollout: ...
+        self,
+        prompts: list[str],
+        group_ids: list[str],
+        sample_index: list[int],
+        seeds: list[int],
+        cfg: TokenSampling,
+        *,
+        step: int = 0,
+        policy_version: int = 0,
+        metadata: list[dict] | None = None,
+        on_batch: Callable[[int, int, list[str]], None] | None = None,
+    ) -> TokenTrajectories: ...
 
     def update_weights(self, version: int) -> None: ...
 
 
-def length_metrics(samples: TokenSamples, max_tokens: int, eos_token_ids: list[int]) -> dict[str, float]:
-    """verl's response_length/{mean,max,min,clip_ratio}; clip_ratio: responses cut at max_tokens (no end token)."""
-    lengths = samples.lengths
-    last = samples.response_ids.gather(1, (lengths - 1).clamp_min(0)[:, None]).squeeze(1)
-    clipped = (lengths >= max_tokens) & ~torch.isin(last, torch.tensor(eos_token_ids))
+def length_metrics(lengths: torch.Tensor, clipped: torch.Tensor) -> dict[str, float]:
+    """verl's response_length/{mean,max,min,clip_ratio}; clip_ratio: responses cut at max_new_tokens."""
+    lengths = lengths.float()
     return {
-        "response_length/mean": float(lengths.float().mean()),
+        "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "response_length/min": float(lengths.min()),
         "response_length/clip_ratio": float(clipped.float().mean()),
     }
 
 
-class TransformersTokenEngine:
-    """In-process rollout with a CausalLMPolicy (transformers ``generate``); shares its weights with the trainer."""
+def clipped_responses(traj: TokenTrajectories, max_new_tokens: int, eos_token_ids: list[int]) -> torch.Tensor:
+    """(B,) bool: responses that hit max_new_tokens without an end token."""
+    last = torch.tensor([int(r[-1]) if len(r) else -1 for r in traj.response_ids])
+    return (traj.lengths >= max_new_tokens) & ~torch.isin(last, torch.tensor(eos_token_ids))
 
-    def __init__(self, policy: CausalLMPolicy, table: TokenTrajectoryTable):
+
+class TransformersTokenEngine:
+    """In-process rollout with a CausalLMPolicy (transformers `generate`); shares its module with the trainer, so
+    `adapter` is the policy the trainer trains."""
+
+    def __init__(self, policy: CausalLMPolicy):
         self.policy = policy
-        self.table = table
+        self.adapter = policy
         self.policy_version = 0
 
     def update_weights(self, version: int) -> None:
@@ -65,24 +97,56 @@ class TransformersTokenEngine:
         self.policy_version = version
 
     def generate(
-        self, step: int, prompts: list[TokenPrompt], group_ids: list[str], params: SamplingParams
-    ) -> TokenRollout:
-        """n samples of each prompt (group `group_ids[i]`, sample_index 0..n-1) appended to the table."""
-        if len(group_ids) != len(prompts):
-            raise ValueError(f"group_ids must hold one id per prompt ({len(prompts)}); got {len(group_ids)}")
-        samples = self.policy.sample(prompts, params)
-        prompt_mask = samples.prompts.attention_mask.bool()
-        rows = range(samples.response_ids.shape[0])
-        self.table.write(
-            step,
-            [group_ids[i // params.n] for i in rows],
-            [i % params.n for i in rows],
-            policy_version=self.policy_version,
-            prompts=[prompts[i // params.n].text for i in rows],
-            images=[prompts[i // params.n].images for i in rows],
-            prompt_ids=[samples.prompts.input_ids[i][prompt_mask[i]].tolist() for i in rows],
-            response_ids=[samples.response_ids[i, : samples.lengths[i]].tolist() for i in rows],
-            log_probs=[samples.log_probs[i, : samples.lengths[i]].tolist() for i in rows],
+        self,
+        prompts: list[str],
+        group_ids: list[str],
+        sample_index: list[int],
+        seeds: list[int],
+        cfg: TokenSampling,
+        *,
+        step: int = 0,
+        policy_version: int = 0,
+        metadata: list[dict] | None = None,
+        on_batch: Callable[[int, int, list[str]], None] | None = None,
+    ) -> TokenTrajectories:
+        """One response per row, cfg.batch_size rows per generate call, each call seeded by its first row's seed
+        (rows of one prompt may share a call: the call's RNG draws them in turn). `on_batch(start, stop,
+        responses)` gets each call's decoded responses as soon as they are there (streamed rewards)."""
+        metadata = metadata if metadata is not None else [{} for _ in prompts]
+        if not len(prompts) == len(group_ids) == len(sample_index) == len(seeds) == len(metadata):
+            raise ValueError("prompts, group_ids, sample_index, seeds and metadata must have one entry per sample")
+        rows = [TokenPrompt(p, tuple(m.get("images") or ())) for p, m in zip(prompts, metadata)]
+        parts = []
+        for start in range(0, len(rows), cfg.batch_size):
+            stop = min(start + cfg.batch_size, len(rows))
+            part = self._sample(rows[start:stop], cfg, int(seeds[start]) % (2**63 - 1))
+            parts.append(part)
+            if on_batch is not None:
+                on_batch(start, stop, part[3])
+        return TokenTrajectories(
+            prompts=list(prompts),
+            group_ids=list(group_ids),
+            sample_index=torch.as_tensor(sample_index, dtype=torch.long),
+            seeds=torch.as_tensor(seeds, dtype=torch.long),
+            image_paths=[r.images for r in rows],
+            prompt_ids=[ids for p in parts for ids in p[0]],
+            response_ids=[ids for p in parts for ids in p[1]],
+            log_probs=[lp for p in parts for lp in p[2]],
+            responses=[text for p in parts for text in p[3]],
+            metadata=list(metadata),
+            policy_version=policy_version,
         )
-        metrics = length_metrics(samples, params.max_tokens, self.policy.eos_token_ids)
-        return TokenRollout(step, len(rows), self.policy_version, metrics)
+
+    def _sample(self, rows: list[TokenPrompt], cfg: TokenSampling, seed: int) -> tuple[list, list, list, list[str]]:
+        """(prompt ids, response ids, log-probs, texts) of one generate call, each a per-row list, unpadded."""
+        params = SamplingParams(
+            n=1, max_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, stop=cfg.stop, seed=seed
+        )
+        samples = self.policy.sample(rows, params)
+        prompt_mask = samples.prompts.attention_mask.bool()
+        lengths = samples.lengths.tolist()
+        prompt_ids = [samples.prompts.input_ids[i][prompt_mask[i]].clone() for i in range(len(rows))]
+        response_ids = [samples.response_ids[i, :n].clone() for i, n in enumerate(lengths)]
+        log_probs = [samples.log_probs[i, :n].float().clone() for i, n in enumerate(lengths)]
+        texts = self.policy.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+        return prompt_ids, response_ids, log_probs, texts

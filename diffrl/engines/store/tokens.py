@@ -1,128 +1,151 @@
-"""Token trajectories in Lance: one row per sampled response of an autoregressive policy.
+"""Token trajectories in Lance: the trajectory store of an autoregressive run, one row per sampled response.
 
-Row: (step, group_id, sample_index) key, policy_version (the weights that sampled it), prompt text, images by
-reference (paths, never pixels), prompt_ids (unpadded), response_ids and per-token log_probs (the response's own
-tokens, up to and including its end token; no padding stored). Masks and lengths follow from the list lengths, so
-what is stored cannot disagree with itself. Append-only; the first committed row of a key wins.
+The same store as the diffusion runs' (diffrl/engines/store/trajectories.py: `runs/<run>/trajectories.lance` with the
+rewards.lance and advantages.lance siblings, one commit per (step, chunk), the first committed write of a chunk wins,
+steps stored by their step number), with token rows instead of latent rows:
+
+    run, step, chunk, chunk_row, group_id, sample_index   the row's identity, as in every trajectory table
+    prompt, images                                        the user text and its images by path (never pixels)
+    prompt_ids, response_ids, log_probs                   the prompt's tokens, the response's own tokens (up to and
+                                                          including its end token, no padding) and their rollout
+                                                          log-probs: masks and lengths follow from the list lengths
+    response, seed, metadata (JSON), policy_version, write_id
+
+There are no latents: retention has nothing to drop, and a row is a few hundred bytes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
-from diffrl.engines.store.samples import SAMPLE_KEY, key_table
-from diffrl.engines.store.tables import LanceTable, first_rows, new_write_id
+from diffrl.engines.numbering import step_number
+from diffrl.engines.store.samples import key_table
+from diffrl.engines.store.tables import sql_in
+from diffrl.engines.store.trajectories import SampleKeys, TrajectoryStore
+from diffrl.engines.token_trajectories import TokenTrajectories
 
 TOKEN_SCHEMA = pa.schema(
     [
+        pa.field("run", pa.string()),
         pa.field("step", pa.int64()),
+        pa.field("chunk", pa.int64()),
+        pa.field("chunk_row", pa.int64()),
         pa.field("group_id", pa.string()),
         pa.field("sample_index", pa.int64()),
-        pa.field("policy_version", pa.int64()),
         pa.field("prompt", pa.string()),
         pa.field("images", pa.list_(pa.string())),
         pa.field("prompt_ids", pa.list_(pa.int32())),
         pa.field("response_ids", pa.list_(pa.int32())),
         pa.field("log_probs", pa.list_(pa.float32())),
+        pa.field("response", pa.string()),
+        pa.field("seed", pa.int64()),
+        pa.field("metadata", pa.string()),
+        pa.field("policy_version", pa.int64()),
         pa.field("write_id", pa.string()),
-    ]
+    ],
+    metadata={"diffrl.rows": "tokens"},
 )
 
 
-@dataclass
-class TokenRows:
-    """Rows of one step, in key order, padded for a forward: prompt_ids (B, P) left-padded with prompt_mask;
-    response_ids, log_probs, mask (B, T) right-padded; lengths (B,)."""
-
-    group_ids: list[str]
-    sample_index: list[int]
-    policy_version: list[int]
-    prompts: list[str]
-    images: list[tuple[str, ...]]
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
-    response_ids: torch.Tensor
-    log_probs: torch.Tensor
-    mask: torch.Tensor
-    lengths: torch.Tensor
-
-
-def _pad(rows: list[list], *, left: bool, dtype: torch.dtype, value=0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, max len) values and mask from ragged lists."""
-    width = max((len(r) for r in rows), default=0)
-    out = torch.full((len(rows), width), value, dtype=dtype)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        cols = slice(width - len(r), width) if left else slice(0, len(r))
-        out[i, cols] = torch.tensor(r, dtype=dtype)
-        mask[i, cols] = True
-    return out, mask
+def token_rows(traj: TokenTrajectories, *, run: str, step: int, chunk: int, write_id: str) -> pa.Table:
+    """One chunk's samples as Arrow rows of TOKEN_SCHEMA (`step` is the step number the table holds)."""
+    n = len(traj)
+    columns = {
+        "run": pa.array([run] * n, pa.string()),
+        "step": pa.array([step] * n, pa.int64()),
+        "chunk": pa.array([chunk] * n, pa.int64()),
+        "chunk_row": pa.array(np.arange(n, dtype=np.int64)),
+        "group_id": pa.array(traj.group_ids, pa.string()),
+        "sample_index": pa.array(traj.sample_index.numpy().astype(np.int64)),
+        "prompt": pa.array(traj.prompts, pa.string()),
+        "images": pa.array([list(p) for p in traj.image_paths], pa.list_(pa.string())),
+        "prompt_ids": pa.array([t.tolist() for t in traj.prompt_ids], pa.list_(pa.int32())),
+        "response_ids": pa.array([t.tolist() for t in traj.response_ids], pa.list_(pa.int32())),
+        "log_probs": pa.array([t.float().tolist() for t in traj.log_probs], pa.list_(pa.float32())),
+        "response": pa.array(traj.responses, pa.string()),
+        "seed": pa.array(traj.seeds.numpy().astype(np.int64)),
+        "metadata": pa.array([json.dumps(m, sort_keys=True) for m in traj.metadata], pa.string()),
+        "policy_version": pa.array([traj.policy_version] * n, pa.int64()),
+        "write_id": pa.array([write_id] * n, pa.string()),
+    }
+    return pa.table(columns, schema=TOKEN_SCHEMA)
 
 
-class TokenTrajectoryTable:
-    """The append-only Lance table of token trajectories."""
+def from_token_rows(rows: pa.Table) -> TokenTrajectories:
+    """Arrow rows (already in sample order) back to TokenTrajectories."""
+    data = rows.to_pydict()
+    versions = set(data["policy_version"])
+    return TokenTrajectories(
+        prompts=data["prompt"],
+        group_ids=data["group_id"],
+        sample_index=torch.tensor(data["sample_index"], dtype=torch.long),
+        seeds=torch.tensor(data["seed"], dtype=torch.long),
+        image_paths=[tuple(p) for p in data["images"]],
+        prompt_ids=[torch.tensor(p, dtype=torch.long) for p in data["prompt_ids"]],
+        response_ids=[torch.tensor(r, dtype=torch.long) for r in data["response_ids"]],
+        log_probs=[torch.tensor(lp, dtype=torch.float32) for lp in data["log_probs"]],
+        responses=data["response"],
+        metadata=[json.loads(m) for m in data["metadata"]],
+        policy_version=min(versions) if versions else 0,
+    )
 
-    def __init__(self, uri: str, *, storage_options: dict | None = None):
-        self.table = LanceTable(uri, storage_options=storage_options)
 
-    def write(
-        self,
-        step: int,
-        group_ids: list[str],
-        sample_index: list[int],
-        *,
-        policy_version: int,
-        prompts: list[str],
-        images: list[tuple[str, ...]],
-        prompt_ids: list[list[int]],
-        response_ids: list[list[int]],
-        log_probs: list[list[float]],
-    ) -> None:
-        """Append one write of rows (one per response); ragged lists are unpadded."""
-        keys = key_table(group_ids, np.asarray(sample_index))
-        n = keys.num_rows
-        lists = {"prompts": prompts, "images": images, "prompt_ids": prompt_ids, "response_ids": response_ids}
-        for name, values in {**lists, "log_probs": log_probs}.items():
-            if len(values) != n:
-                raise ValueError(f"{name} must hold one entry per row ({n}); got {len(values)}")
-        if any(len(r) != len(lp) for r, lp in zip(response_ids, log_probs)):
-            raise ValueError("log_probs must hold one value per response token")
-        columns = {
-            "step": pa.array([step] * n, pa.int64()),
-            **{name: keys.column(name) for name in SAMPLE_KEY},
-            "policy_version": pa.array([policy_version] * n, pa.int64()),
-            "prompt": pa.array(prompts, pa.string()),
-            "images": pa.array([list(i) for i in images], pa.list_(pa.string())),
-            "prompt_ids": pa.array(prompt_ids, pa.list_(pa.int32())),
-            "response_ids": pa.array(response_ids, pa.list_(pa.int32())),
-            "log_probs": pa.array(log_probs, pa.list_(pa.float32())),
-            "write_id": pa.array([new_write_id()] * n, pa.string()),
-        }
-        self.table.append(pa.table(columns, schema=TOKEN_SCHEMA))
+class TokenStore(TrajectoryStore):
+    """The trajectory store of token rows: the diffusion store's chunks, keys, reward and advantage tables and
+    retention, with the row codec above. The latent methods have nothing to do here."""
 
-    def read(self, step: int) -> TokenRows:
-        """The rows of one step (first write per key wins), sorted by (group_id, sample_index)."""
-        rows = self.table.scan([f.name for f in TOKEN_SCHEMA], filter=f"step = {int(step)}")
-        if rows is None or rows.num_rows == 0:
-            raise ValueError(f"{self.table.uri}: no token trajectories for step {step}")
-        rows = first_rows(rows, SAMPLE_KEY).sort_by([(k, "ascending") for k in SAMPLE_KEY]).to_pylist()
-        prompt_ids, prompt_mask = _pad([r["prompt_ids"] for r in rows], left=True, dtype=torch.long)
-        response_ids, mask = _pad([r["response_ids"] for r in rows], left=False, dtype=torch.long)
-        log_probs, _ = _pad([r["log_probs"] for r in rows], left=False, dtype=torch.float32, value=0.0)
-        return TokenRows(
-            group_ids=[r["group_id"] for r in rows],
-            sample_index=[r["sample_index"] for r in rows],
-            policy_version=[r["policy_version"] for r in rows],
-            prompts=[r["prompt"] for r in rows],
-            images=[tuple(r["images"]) for r in rows],
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            response_ids=response_ids,
-            log_probs=log_probs,
-            mask=mask,
-            lengths=mask.sum(dim=1),
-        )
+    def latent_shape(self) -> tuple[int, ...] | None:
+        return None  # token rows hold no latents
+
+    def _check_layout(self, traj, step: int, chunk: int) -> None:
+        if not isinstance(traj, TokenTrajectories):
+            raise ValueError(f"{self.uri}: a token store takes TokenTrajectories; got {type(traj).__name__}")
+        meta = self._table.schema_metadata()
+        if meta and meta.get("diffrl.rows") != "tokens":
+            raise ValueError(f"{self.uri}: this table holds diffusion rows, not token rows. Nothing was written.")
+
+    def _rows(self, traj, *, run: str, step: int, chunk: int, write_id: str) -> pa.Table:
+        return token_rows(traj, run=run, step=step_number(step), chunk=chunk, write_id=write_id)
+
+    def _read_rows(
+        self, step: int, keys: pa.Table, where_extra: str, *, with_latents: bool, with_images: bool
+    ) -> TokenTrajectories:
+        """Scan the committed rows `keys` of `step` (narrowed by `where_extra`) into TokenTrajectories."""
+        winners = pc.unique(keys.column("write_id")).to_pylist()
+        where = f"step = {step_number(step)} AND {sql_in('write_id', winners)}" + where_extra
+        data = self._table.scan([f.name for f in TOKEN_SCHEMA], filter=where)
+        if data is None or data.num_rows != keys.num_rows:
+            raise ValueError(
+                f"{self.uri}: step {step} changed while being read ({0 if data is None else data.num_rows} rows, "
+                f"expected {keys.num_rows}); retry the read"
+            )
+        order = pc.sort_indices(data, sort_keys=[("chunk", "ascending"), ("chunk_row", "ascending")])
+        return from_token_rows(data.take(order))
+
+    def _keys(self, step: int, keys: SampleKeys) -> pa.Table:
+        if isinstance(keys, TokenTrajectories):
+            return key_table(keys.group_ids, keys.sample_index.numpy())
+        return super()._keys(step, keys)
+
+    def _prompts(self, step: int, keys: SampleKeys, table: pa.Table) -> pa.Array:
+        if isinstance(keys, TokenTrajectories):
+            return pa.array(keys.prompts, pa.string())
+        return super()._prompts(step, keys, table)
+
+    def image(self, step: int, group_id: str, sample_index: int):
+        raise ValueError(f"{self.uri}: token rows hold no generated image (their prompts' images are files)")
+
+    def drop_latents(self, keep_latents_steps: int, current_step: int) -> list[int]:
+        return []  # nothing to drop: token rows are small and stay
+
+    def compact(self) -> None:
+        """Merge the per-append fragments of the three tables and drop raced duplicates physically."""
+        self._delete_losers()
+        self._table.compact()
+        self._rewards.table.compact()
+        self._advantages.table.compact()

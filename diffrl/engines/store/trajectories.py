@@ -186,16 +186,7 @@ class TrajectoryStore:
                 f"{chunk} is already stored in chunk {c}. Nothing was written."
             )
         write_id = new_write_id()
-        self._table.append(
-            to_arrow(
-                traj,
-                run=run,
-                step=step_number(step),
-                chunk=chunk,
-                write_id=write_id,
-                compress_level=self.png_compress_level,
-            )
-        )
+        self._table.append(self._rows(traj, run=run, step=step, chunk=chunk, write_id=write_id))
         # Check after commit: if a racing writer committed this chunk first, readers ignore our
         # rows already; delete them so they do not take space.
         committed = self._step_keys(step)
@@ -204,6 +195,17 @@ class TrajectoryStore:
             self._table.delete(f"write_id = {sql_str(write_id)}")
             return False
         return True
+
+    def _rows(self, traj: Trajectories, *, run: str, step: int, chunk: int, write_id: str) -> pa.Table:
+        """One chunk's samples as the table's Arrow rows (a token store's rows: diffrl/engines/store/tokens.py)."""
+        return to_arrow(
+            traj,
+            run=run,
+            step=step_number(step),
+            chunk=chunk,
+            write_id=write_id,
+            compress_level=self.png_compress_level,
+        )
 
     # ----------------------------------------------------------------------------- read
     def read_step(
