@@ -18,9 +18,11 @@ from diffrl.configs.loader import ConfigError, apply_overrides, build, coerce, p
 from diffrl.engines.reward.multi import RewardComponent, RewardConfig
 from diffrl.engines.rollout.config import SamplingConfig
 from diffrl.engines.train.config import TrainConfig
+from diffrl.engines.vllm_server import VllmRolloutOptions
 from diffrl.models.base import ATTENTION_BACKENDS
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
+ROLLOUT_ENGINES = ("transformers", "vllm")
 
 
 @dataclass
@@ -69,8 +71,14 @@ class RolloutConfig:
     prompts_per_step: int = 32  # prompts per RL step (x group_size images)
     chunk_size: int = 64  # samples per generate chunk (scored while the next chunk generates)
     same_noise_per_group: bool = False
+    # autoregressive policies: "transformers" samples in-process with the trainer's module; "vllm" with a vLLM server
+    # started from diffrl's vLLM venv (rollout.vllm: its options and how weights reach it; docs/operations.md)
+    engine: str = "transformers"
+    vllm: VllmRolloutOptions = field(default_factory=VllmRolloutOptions)
 
     def __post_init__(self) -> None:
+        if self.engine not in ROLLOUT_ENGINES:
+            raise ValueError(f"rollout.engine must be one of {list(ROLLOUT_ENGINES)}; got {self.engine!r}")
         for name in ("group_size", "prompts_per_step", "chunk_size", "batch_size", "num_inference_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")

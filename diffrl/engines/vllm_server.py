@@ -80,6 +80,33 @@ class VllmServerOptions:
         self.extra_args = tuple(self.extra_args)
 
 
+WEIGHT_SYNC = ("lora", "full")
+
+
+@dataclass
+class VllmRolloutOptions(VllmServerOptions):
+    """The server's options (VllmServerOptions) plus: weight_sync "lora" (PEFT adapter per version, loaded at run
+    time) or "full" (merged weights reloaded in place); concurrency: completion requests in flight; keep_versions:
+    adapters / weight folders kept on disk and loaded in the server."""
+
+    weight_sync: str = "lora"
+    concurrency: int = 16
+    keep_versions: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.weight_sync not in WEIGHT_SYNC:
+            raise ValueError(f"rollout.vllm.weight_sync must be one of {list(WEIGHT_SYNC)}; got {self.weight_sync!r}")
+        if self.concurrency < 1 or self.keep_versions < 1:
+            raise ValueError("rollout.vllm.concurrency and keep_versions must be >= 1")
+        if self.weight_sync == "full" and self.enable_lora:
+            # vLLM 0.24 wraps every linear layer of a LoRA-enabled model (`...gate_up_proj.base_layer.weight`), and
+            # reload_weights then finds no parameter for the checkpoint's names (KeyError, measured on Qwen3)
+            raise ValueError("rollout.vllm.weight_sync=full needs enable_lora=false (vLLM cannot reload LoRA-wrapped)")
+        self.enable_lora = self.weight_sync == "lora"
+        self.dev_mode = self.dev_mode or self.weight_sync == "full"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

