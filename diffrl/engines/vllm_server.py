@@ -154,8 +154,10 @@ class VllmServer:
     def environment(self) -> dict[str, str]:
         o = self.options
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-        if os.environ.get("DIFFRL_VLLM_PYTHON") and os.environ.get("PYTHONPATH"):
-            env["PYTHONPATH"] = os.environ["PYTHONPATH"]  # the GPU machine's bundle lives on PYTHONPATH
+        if os.environ.get("DIFFRL_VLLM_PYTHONPATH"):  # the GPU machine: the offline vLLM bundle's folder
+            env["PYTHONPATH"] = os.environ["DIFFRL_VLLM_PYTHONPATH"]
+        elif os.environ.get("DIFFRL_VLLM_PYTHON") and os.environ.get("PYTHONPATH"):
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(o.kv_cache_gib))))
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # the offline GPU bundle has no flashinfer
         env["VLLM_LOGGING_LEVEL"] = env.get("VLLM_LOGGING_LEVEL", "WARNING")
