@@ -127,6 +127,7 @@ class VllmServer:
         self.process: subprocess.Popen | None = None
         self.session = requests.Session()
         self.started_s: float | None = None
+        self.pid: int | None = None
 
     @property
     def base_url(self) -> str:
@@ -177,6 +178,7 @@ class VllmServer:
             self.process = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(), start_new_session=True
             )
+        self.pid = self.process.pid  # also the process group of its engine core and workers
         with _LIVE_LOCK:
             _LIVE.add(self)
         logger.info("vLLM server pid %d starting on %s (log %s)", self.process.pid, self.base_url, self.log_path)
