@@ -7,10 +7,17 @@ it stops itself (SIGTERM to its own uvicorn, then a hard exit). A watcher in the
 signal fires when the *thread* that started the child ends, and diffrl starts the server from a short-lived thread.
 
     python -m diffrl.flows.prefect_server PARENT_PID UVICORN_ARGS...   (what ParentBoundServer runs)
+
+The server's app is Prefect's own, behind `RetryWhenBusy`: on its SQLite database Prefect answers 503 when a
+write finds the database locked by another writer (its task-run recorder, writing the states of the previous step's
+tasks), and Prefect's client then waits 2 s (2**1, its fixed first back-off) before trying again. That was the
+start of most step subflows in a run on an H200 (2.0-2.6 s instead of 0.15 s, diffrl/engines/trace.py timelines).
+The server now retries such a request itself after a few milliseconds: the same request the client would resend.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import signal
@@ -18,7 +25,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable
+
+Message = dict[str, Any]
+ASGIApp = Callable[[dict, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+# waits (s) between the server's own tries of a request answered 503 (1.6 s in all; then the client's back-off)
+BUSY_RETRY_S = (0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.5, 0.5)
 
 POLL_S = 0.25  # how often the server checks its parent
 STOP_S = 5.0  # how long a graceful stop may take before the server exits hard
@@ -40,6 +52,68 @@ def main(argv: list[str]) -> None:
     from uvicorn.main import main as uvicorn
 
     uvicorn(args=argv[1:], prog_name="uvicorn")  # exits with uvicorn's code (3: the port is taken)
+
+
+class RetryWhenBusy:
+    """ASGI middleware: an HTTP request the app answers with 503 (Service Unavailable: Prefect's answer to a locked
+    database, which its client retries after 2 s) is run again here after BUSY_RETRY_S waits; the first other answer,
+    or the last 503, goes to the client. The request body is kept to replay it (Prefect's API bodies are small JSON);
+    any other answer streams through untouched, and websockets pass by."""
+
+    def __init__(self, app: ASGIApp, waits: tuple[float, ...] = BUSY_RETRY_S):
+        self.app, self.waits = app, waits
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left
+                return
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        for wait in (*self.waits, None):
+            if not await self._try(scope, body, receive, send, last=wait is None):
+                return
+            await asyncio.sleep(wait)
+
+    async def _try(self, scope: dict, body: bytes, receive: Callable, send: Callable, *, last: bool) -> bool:
+        """Run the request once; True when it was answered 503 (and nothing was sent) and may be tried again."""
+        replayed = False
+        busy = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the client's disconnect, when it comes
+
+        async def answer(message: Message) -> None:
+            nonlocal busy
+            if message["type"] == "http.response.start" and message["status"] == 503 and not last:
+                busy = True
+            if not busy:
+                await send(message)
+
+        # a fresh copy of the request's scope: the app's routing writes into the one it gets (FastAPI keeps the
+        # request's closed exit stacks there, and a second run on the same dict failed with 500)
+        try:
+            await self.app(dict(scope), replay, answer)
+        except Exception:
+            # Starlette's outermost middleware raises the error again after its handler answered (503 here): a
+            # swallowed answer's error is this middleware's to drop; any other goes on to uvicorn as before
+            if not busy:
+                raise
+        return busy
+
+
+def create_app() -> ASGIApp:
+    """uvicorn's factory: Prefect's server app behind RetryWhenBusy."""
+    from prefect.server.api.server import create_app as prefect_app
+
+    return RetryWhenBusy(prefect_app())
 
 
 @functools.cache
@@ -66,7 +140,7 @@ def server_class() -> type:
                     "--app-dir",
                     str(prefect.__module_path__.parent),
                     "--factory",
-                    "prefect.server.api.server:create_app",
+                    "diffrl.flows.prefect_server:create_app",  # Prefect's app, retrying on a busy database
                     "--host",
                     "127.0.0.1",
                     "--port",
