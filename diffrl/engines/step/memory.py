@@ -54,6 +54,9 @@ class StepMemory:
         self.asynchronous = asynchronous
         # nice 10: the writer's CPU work (PNG, Arrow) yields to the reward and the rollout's kernel launches
         self.writer = Background("writer", inline=not asynchronous, nice=10)
+        # retention (diffrl/engines/step/retention.py) rewrites and merges whole tables, seconds every few steps: on its
+        # own worker, which the writer hands it to in order, so the next steps' rows never queue behind it
+        self.janitor = Background("janitor", inline=not asynchronous, nice=10)
         self._rollouts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diffrl-rollout")
         self._rewards = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diffrl-reward")
         self._lock = threading.Lock()
@@ -196,7 +199,7 @@ class StepMemory:
 
     def drain(self) -> None:
         """Wait for the run-ahead, running rollouts and rewards (their errors are the stages' to raise), then the
-        writer."""
+        writer and the retention it handed on."""
         if self.ahead is not None:
             self.ahead.wait()
         with self._lock:
@@ -209,6 +212,7 @@ class StepMemory:
                 pass
         self.release_writes()
         self.writer.flush()
+        self.janitor.flush()
 
     def close(self) -> None:
         """End the worker threads (after drain: nothing queued is dropped by the writer)."""
@@ -217,6 +221,7 @@ class StepMemory:
         self._rollouts.shutdown(wait=True, cancel_futures=True)
         self._rewards.shutdown(wait=True, cancel_futures=True)
         self.writer.close()
+        self.janitor.close()
 
 
 def _timed(fn: Callable[[], object], name: str, step: int, chunk: int) -> tuple[object, float]:

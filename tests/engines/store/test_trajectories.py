@@ -195,3 +195,42 @@ def test_read_chunk_returns_that_chunk_only(tmp_path):
     assert torch.equal(small.images, a.images) and small.latents.shape[-1] == 0
     with pytest.raises(ValueError, match="chunk 5 is not committed"):
         store.read_chunk(2, 5)
+
+
+def test_retention_on_its_own_handle_while_the_writer_appends(tmp_path):
+    """The janitor's retention (diffrl/engines/step/retention.py: drop, merge, delete old versions on a handle of its
+    own) runs while the writer appends the next steps: every append commits, every row stays readable, the kept
+    steps' latents are exact and the dropped steps' are gone."""
+    import threading
+
+    from diffrl.engines.step.retention import _retain_apart
+
+    uri = str(tmp_path / "trajectories.lance")
+    writer = TrajectoryStore(uri)
+    chunks = {s: random_trajectories(2, 2, latent_shape=(4, 16, 16), seed=s) for s in range(12)}
+    for s in range(4):
+        writer.append(chunks[s], run="r", step=s, chunk=0)
+    failures: list[BaseException] = []
+
+    def janitor():
+        try:
+            for step in (3, 5, 7):  # a rewrite and a merge of the table, three times, while the appends go on
+                _retain_apart(TrajectoryStore, uri, None, 2, step, True, 1)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+
+    thread = threading.Thread(target=janitor)
+    thread.start()
+    for s in range(4, 12):
+        writer.append(chunks[s], run="r", step=s, chunk=0)
+        writer.write_rewards(s, chunks[s], torch.arange(4.0) + s, {}, torch.ones(4, dtype=torch.bool))
+    thread.join()
+    assert not failures, failures
+    assert writer.num_rows() == 12 * 4 and writer.steps() == list(range(12))
+    for s in range(6):  # dropped by the last retention (after step 7, two steps kept: 6 and 7)
+        assert_same(writer.read_step(s, with_latents=False), chunks[s], tensors=[n for n in TENSORS if n != "latents"])
+        with pytest.raises(ValueError, match="were dropped"):
+            writer.read_step(s)
+    for s in range(6, 12):
+        assert_same(writer.read_step(s), chunks[s])
+    assert torch.equal(writer.read_rewards(11)[0], torch.arange(4.0) + 11)
