@@ -44,6 +44,10 @@ class Needs:
     samples_with_old_adapter: rollouts sample with that adapter instead of the policy.
     pairs: trains on (chosen, rejected) pairs -- per group the best and the worst valid sample -- instead of every
         valid sample weighted by its advantage.
+    varied_groups: trains only on the groups whose rewards differ (DAPO's dynamic sampling: a constant group has
+        zero advantages and only dilutes a token-mean loss).
+    overlong_shaping: the step's rewards get the algorithm's length penalty before the advantages
+        (``algorithm.shape_rewards(rewards, lengths, max_response_length)``: DAPO's overlong reward shaping).
     """
 
     data: str
@@ -53,6 +57,8 @@ class Needs:
     old_adapter: bool = False
     samples_with_old_adapter: bool = False
     pairs: bool = False
+    varied_groups: bool = False
+    overlong_shaping: bool = False
 
     def __post_init__(self) -> None:
         if self.data not in DATA:
@@ -61,6 +67,8 @@ class Needs:
             raise ValueError("Needs.samples_with_old_adapter needs old_adapter: the rollout samples with that adapter")
         if self.old_means and self.data != "denoising_steps":
             raise ValueError("Needs.old_means are transition means of denoising steps (data 'denoising_steps')")
+        if self.overlong_shaping and self.data != "tokens":
+            raise ValueError("Needs.overlong_shaping penalises response lengths: it needs data 'tokens'")
 
 
 class Algorithm(Protocol):

@@ -13,10 +13,12 @@ import dataclasses
 from diffrl import registry
 from diffrl.algorithms.base import Algorithm, DiffusionAlgorithm, Needs
 from diffrl.algorithms.direct_preference import AWM, DiffusionDPO, DiffusionNFT
+from diffrl.algorithms.gspo import GSPO
 from diffrl.algorithms.policy_gradient import FlowDPPO, FlowGRPO, GRPOGuard
+from diffrl.algorithms.token_pg import DAPO, SequenceDPO, TokenGRPO
 from diffrl.algorithms.windows import WindowPolicy
 
-__all__ = ["Algorithm", "DiffusionAlgorithm", "Needs", "algorithms", "get_algorithm", "register"]
+__all__ = ["Algorithm", "DiffusionAlgorithm", "Needs", "algorithms", "get_algorithm", "names_for", "register"]
 
 registry.declare("algorithm", ())  # the bundles below register when this module is imported
 
@@ -59,6 +61,19 @@ register(FlowDPPO("flow_dppo", kl_threshold=1e-5))
 register(DiffusionDPO("dpo", beta=5000.0))
 register(DiffusionNFT("diffusion_nft", ref_coef=1e-4, old_policy_decay_ramp=0.001, old_policy_decay_max=0.5))
 register(AWM("awm", ref_coef=0.1))
+
+# On an autoregressive model's tokens (Needs.data "tokens"); names distinct from the diffusion bundles above
+# ("dpo" is Diffusion-DPO; DPO on token sequences is "sequence_dpo").
+register(TokenGRPO("grpo"))
+register(TokenGRPO("dr_grpo", norm_by_std=False, aggregation="seq-mean-token-sum-norm"))
+register(DAPO("dapo"))
+register(GSPO("gspo"))
+register(SequenceDPO("sequence_dpo"))
+
+
+def names_for(tokens: bool) -> list[str]:
+    """The bundles that train on tokens (an autoregressive model) or, tokens=False, on a diffusion model's samples."""
+    return sorted(name for name, a in algorithms().items() if (a.needs.data == "tokens") == tokens)
 
 
 def get_algorithm(name: str, **overrides) -> Algorithm:

@@ -95,8 +95,8 @@ class DAPO(TokenGRPO):
     overlong_buffer: L_cache in tokens (the paper: 4096 of L_max 20480); 0 = no shaping.
     overlong_penalty_factor: scale of the shaping penalty (1 in the paper).
     dynamic_sampling: whether the rollout drops groups of equal rewards (and samples more).
-    Deviation: the paper resamples until a batch is full; our filter only says which groups pass, and how many
-    rounds to sample is the rollout's setting.
+    Deviation: the paper resamples until a batch is full; the step core trains on the groups that pass
+    (Needs.varied_groups) and does not sample more, so a step may train on fewer samples than it drew.
     """
 
     clip_ratio_high: float = 0.28
@@ -108,6 +108,16 @@ class DAPO(TokenGRPO):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_fields(self, non_negative=("overlong_buffer", "overlong_penalty_factor"))
+
+    @property
+    def needs(self) -> Needs:
+        return Needs(
+            "tokens",
+            old_log_probs=True,
+            reference=self.kl_coef > 0,
+            varied_groups=self.dynamic_sampling,
+            overlong_shaping=self.overlong_buffer > 0,
+        )
 
     def shape_rewards(self, rewards: torch.Tensor, lengths: torch.Tensor, max_response_length: int) -> torch.Tensor:
         """(B,) rewards plus the overlong penalty of each response length (unchanged when overlong_buffer is 0)."""

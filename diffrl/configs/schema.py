@@ -17,9 +17,11 @@ from diffrl.algorithms.catalog import Algorithm, get_algorithm
 from diffrl.configs.loader import ConfigError, apply_overrides, build, coerce, parse_override, to_dict
 from diffrl.engines.reward.multi import RewardComponent, RewardConfig
 from diffrl.engines.rollout.config import SamplingConfig
+from diffrl.engines.rollout.tokens import TokenSampling
 from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.vllm_server import VllmRolloutOptions
 from diffrl.models.base import ATTENTION_BACKENDS
+from diffrl.models.kind import data_kind, model_kind
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 ROLLOUT_ENGINES = ("transformers", "vllm")
@@ -57,7 +59,9 @@ class ModelConfig:
 
 @dataclass
 class RolloutConfig:
-    """Sampling settings; the stochastic parts (sde_type, noise_level, window) come from the algorithm."""
+    """Sampling settings; the stochastic parts (sde_type, noise_level, window) come from the algorithm. An
+    autoregressive model (an algorithm on tokens) reads group_size, prompts_per_step, chunk_size, batch_size and the
+    token fields (max_new_tokens, temperature, top_p, stop); a diffusion model the others."""
 
     num_inference_steps: int = 10
     height: int = 512
@@ -75,6 +79,11 @@ class RolloutConfig:
     # started from diffrl's vLLM venv (rollout.vllm: its options and how weights reach it; docs/operations.md)
     engine: str = "transformers"
     vllm: VllmRolloutOptions = field(default_factory=VllmRolloutOptions)
+    # autoregressive policies: how responses are sampled (validation decodes greedily)
+    max_new_tokens: int = 32  # response tokens at most
+    temperature: float = 1.0  # > 0
+    top_p: float = 1.0  # nucleus sampling, in (0, 1]
+    stop: tuple[str, ...] = ()  # strings that end a response (besides the model's end token)
 
     def __post_init__(self) -> None:
         if self.engine not in ROLLOUT_ENGINES:
@@ -93,10 +102,25 @@ class RolloutConfig:
                 f"rollout.same_noise_per_group needs whole groups per chunk: rollout.chunk_size "
                 f"({self.chunk_size}) must be a multiple of rollout.group_size ({self.group_size})"
             )
+        if self.max_new_tokens < 1 or not self.temperature > 0 or not 0 < self.top_p <= 1:
+            raise ValueError(
+                "rollout.max_new_tokens must be >= 1, rollout.temperature > 0 and rollout.top_p in (0, 1]; got "
+                f"{self.max_new_tokens}, {self.temperature}, {self.top_p}"
+            )
 
     @property
     def samples_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
+
+    def token_sampling(self) -> TokenSampling:
+        """The token rollout's sampling settings."""
+        return TokenSampling(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stop=tuple(self.stop),
+            batch_size=self.batch_size,
+        )
 
     def sampling(self, algorithm: Algorithm) -> SamplingConfig:
         """The engine's sampling config: these settings plus the algorithm's stochastic parts."""
@@ -255,8 +279,12 @@ class ExperimentConfig:
             if not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value}")
 
+        check_model_kind(self)
         try:  # the algorithm's window must fit the number of denoising steps: fail now, not mid-run
-            sample_windows(self.algorithm.window, self.rollout.num_inference_steps, torch.zeros(1, dtype=torch.long), 0)
+            if self.algorithm.needs.data != "tokens":
+                sample_windows(
+                    self.algorithm.window, self.rollout.num_inference_steps, torch.zeros(1, dtype=torch.long), 0
+                )
         except ValueError as e:
             raise ValueError(
                 f"algorithm.window {self.algorithm.window.kind!r} does not fit "
@@ -280,12 +308,29 @@ class ExperimentConfig:
             )
 
     @property
-    def sampling(self) -> SamplingConfig:
+    def sampling(self) -> SamplingConfig | TokenSampling:
+        """What the rollout samples with: the algorithm's SDE settings for a diffusion model, the token settings for
+        an algorithm on tokens."""
+        if self.algorithm.needs.data == "tokens":
+            return self.rollout.token_sampling()
         return self.rollout.sampling(self.algorithm)
 
     @property
     def run_dir(self) -> str:
         return os.path.join(self.run.root, self.run.name)
+
+
+def check_model_kind(cfg: ExperimentConfig) -> None:
+    """ValueError when the algorithm trains the other model family than model.path is (known without loading it:
+    tiny:, reference: and local folders; a Hub id is checked when it loads), naming the algorithms that fit."""
+    from diffrl.algorithms.catalog import names_for
+
+    kind, wanted = model_kind(cfg.model.path), data_kind(cfg.algorithm.needs.data)
+    if kind is not None and kind != wanted:
+        raise ValueError(
+            f"algorithm {cfg.algorithm.name!r} trains {wanted} models, but model.path {cfg.model.path!r} is {kind}; "
+            f"for it choose algorithm one of {names_for(kind == 'autoregressive')}"
+        )
 
 
 def check_data_parallel(cfg: ExperimentConfig) -> None:

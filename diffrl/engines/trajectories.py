@@ -48,6 +48,11 @@ class Trajectories:
         return len(self.prompts)
 
     @property
+    def outputs(self) -> torch.Tensor:
+        """What a reward scores: the decoded images (a token rollout's are its response texts)."""
+        return self.images
+
+    @property
     def window_size(self) -> int:
         return self.log_probs.shape[1]
 

@@ -14,13 +14,17 @@ from diffrl.engines.rollout.engine import RolloutEngine
 from diffrl.engines.step.memory import StepMemory
 from diffrl.engines.store.embeddings import EmbeddingCache
 from diffrl.engines.store.prompts import PromptDataset, PromptSampler, compositional_prompts, ocr_prompts
+from diffrl.engines.store.scene_qa import HELDOUT_SEED, HELDOUT_SIZE, scene_questions
 from diffrl.engines.store.scenes import shapes_prompts
+from diffrl.engines.store.tokens import TokenStore
 from diffrl.engines.store.trajectories import TrajectoryStore
 from diffrl.engines.train.setup import world
 from diffrl.engines.train.sync import rollout_copy, send_weights
 from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.flows.build_preference import build_preference_cache, check_preference_config, train_prompts
+from diffrl.flows.build_tokens import build_token_model, check_token_config
 from diffrl.models.base import load_adapter, set_tf32
+from diffrl.models.kind import folder_kind
 
 log = logging.getLogger("diffrl")
 
@@ -40,12 +44,8 @@ def resolve_model_path(path: str, *, seed: int = 0) -> str:
     if path.startswith("reference:"):
         name = path.split(":", 1)[1]
         folder = os.path.join(REFERENCE_DIR, name)
-        if not os.path.isfile(os.path.join(folder, "model_index.json")):
-            shipped = sorted(
-                d
-                for d in os.listdir(REFERENCE_DIR)
-                if os.path.isfile(os.path.join(REFERENCE_DIR, d, "model_index.json"))
-            )
+        if folder_kind(folder) is None:
+            shipped = sorted(d for d in os.listdir(REFERENCE_DIR) if folder_kind(os.path.join(REFERENCE_DIR, d)))
             raise ValueError(f"model.path {path!r}: no shipped reference model {name!r}; shipped: {shipped}")
         return folder
     if not path.startswith("tiny:"):
@@ -59,12 +59,12 @@ def resolve_model_path(path: str, *, seed: int = 0) -> str:
             f"{['tiny:' + a for a in tiny_architectures()]}"
         )
     out = os.path.join(cache_dir(), "tiny", f"{arch}-seed{seed}")
-    if os.path.exists(os.path.join(out, "model_index.json")):
+    if folder_kind(out) is not None:  # model_index.json (diffusers) or config.json (a causal LM)
         return out
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two processes building the same tiny model wait for one
-        if not os.path.exists(os.path.join(out, "model_index.json")):
+        if folder_kind(out) is None:
             log.info("building tiny %s model in %s", arch, out)
             tmp = out + ".tmp"
             build_tiny(arch, tmp, seed=seed)
@@ -76,13 +76,27 @@ def load_prompts(source: str, data: DataConfig, *, seed: int) -> PromptDataset:
     """A prompt dataset from a file or a `generator:<name>` source."""
     if source.startswith("generator:"):
         name = source.split(":", 1)[1]
-        generators = {"ocr": ocr_prompts, "compositional": compositional_prompts, "shapes": shapes_prompts}
+        generators = {
+            "ocr": ocr_prompts,
+            "compositional": compositional_prompts,
+            "shapes": shapes_prompts,
+            # questions about drawn scenes (diffrl/engines/store/scene_qa.py): shown as PNGs under the cache, or told
+            # in words (_text); *_heldout: the fixed held-out set, whatever the run's seed
+            "shapes_qa": lambda n, seed: scene_questions(n, seed, _scene_dir(seed)),
+            "shapes_qa_heldout": lambda n, seed: scene_questions(HELDOUT_SIZE, HELDOUT_SEED, _scene_dir(HELDOUT_SEED)),
+            "shapes_qa_text": lambda n, seed: scene_questions(n, seed, None),
+            "shapes_qa_text_heldout": lambda n, seed: scene_questions(HELDOUT_SIZE, HELDOUT_SEED, None),
+        }
         if name not in generators:
             raise ValueError(
                 f"data source {source!r}: unknown generator; choose one of {['generator:' + g for g in generators]}"
             )
         return generators[name](data.num_generated, seed=seed)
     return PromptDataset.load(prompt_file(source), storage_options=data.storage_options or None)
+
+
+def _scene_dir(seed: int) -> str:
+    return os.path.join(cache_dir(), "scenes", f"shapes_qa-seed{seed}")
 
 
 def prompt_file(source: str) -> str:
@@ -108,7 +122,9 @@ def build_engines(
     durable=False (the engines-only benchmarks): no trajectory store and no embedding cache on disk; the
     step core hands everything over in memory and writes nothing.
     """
-    check_preference_config(cfg)  # a direct-preference setting that cannot train fails before any work
+    tokens = cfg.algorithm.needs.data == "tokens"  # an autoregressive policy: diffrl/flows/build_tokens.py
+    # a setting that cannot train fails before any work
+    check_token_config(cfg) if tokens else check_preference_config(cfg)
     if actor == "local" and cfg.cluster.mode == "ray":
         return _start_ray(cfg)
     if not durable and (cfg.cluster.mode != "local" or cfg.data.sample_source == "offline"):
@@ -116,7 +132,7 @@ def build_engines(
             "engines without a store (durable=False) run in one process on online rollouts: "
             "cluster.mode local, data.sample_source online"
         )
-    needs_model = actor in ("local", "engine", "rollout", "trainer")
+    needs_model = actor in ("local", "engine", "rollout", "trainer") and not tokens
     replica = actor == "engine" and world()[1] > 1  # one of several engine replicas (cluster.gpus > 1)
     offline = cfg.data.sample_source == "offline"
     train_set = train_prompts(cfg) if offline else load_prompts(cfg.data.train, cfg.data, seed=cfg.run.seed)
@@ -127,9 +143,13 @@ def build_engines(
     reward = MultiReward(cfg.reward) if actor in ("local", "reward") else None
     run_dir = cfg.run_dir
     storage = cfg.run.storage_options or None
-    store = TrajectoryStore(os.path.join(run_dir, "trajectories.lance"), storage_options=storage) if durable else None
+    store_class = TokenStore if tokens else TrajectoryStore  # token rows or latent rows, the same tables otherwise
+    store = store_class(os.path.join(run_dir, "trajectories.lance"), storage_options=storage) if durable else None
     adapter = rollout = trainer = preferences = None
     model_path = ""
+    if tokens and actor == "local":
+        model_path = resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed)
+        adapter, rollout, trainer = build_token_model(cfg, model_path)
     if needs_model:
         device, dtype = cfg.model.device_and_dtype()
         model_path = resolve_model_path(cfg.model.path, seed=cfg.model.tiny_seed)
@@ -146,7 +166,7 @@ def build_engines(
         )
         sampler_adapter = rollout_copy(adapter) if replica and not cfg.train.lora else adapter
         rollout = RolloutEngine(sampler_adapter, cache=embed_cache, progress=sys.stderr.isatty())
-    if actor in ("local", "engine", "trainer"):
+    if actor in ("local", "engine", "trainer") and not tokens:
         trainer = PolicyTrainer(  # every diffusion algorithm: the trainer asks it what to prepare
             adapter,
             cfg.algorithm,
@@ -162,7 +182,7 @@ def build_engines(
             send_weights(trainer, rollout.adapter)
         if offline:  # offline DPO: the pairs' VAE latents, encoded once (runs/<name>/preferences.lance)
             preferences = build_preference_cache(cfg, adapter)
-    if adapter is not None and cfg.model.compile:  # after LoRA and FSDP have wrapped the blocks
+    if adapter is not None and cfg.model.compile and not tokens:  # after LoRA and FSDP have wrapped the blocks
         adapter.compile_blocks()
         if rollout.adapter is not adapter:
             rollout.adapter.compile_blocks()

@@ -172,6 +172,14 @@ class Tracker:
     def _log_images(self, images_BHW3: np.ndarray, captions: list[str], key: str, step: int) -> None:
         self.client.log_image(self.run_id, image_grid(images_BHW3, captions), key=key, step=step)
 
+    def log_responses(
+        self, prompts: list[str], responses: list[str], rewards: list[float], key: str, step: int
+    ) -> None:
+        """A token run's samples at `step` as the text artifact `<key>/step_<k>.txt`: reward, prompt, response."""
+        lines = [f"{caption(p, r)}\n    -> {text!r}" for p, text, r in zip(prompts, responses, rewards)]
+        name = f"{key}/step_{step:06d}.txt"
+        self._writes.submit(step, f"MLflow {name}", self.client.log_text, self.run_id, "\n".join(lines) + "\n", name)
+
     def log_inputs(self, datasets: list) -> None:
         """The run's input datasets (mlflow.entities.DatasetInput; MLflow keeps one of each per run)."""
         self._writes.submit(0, "MLflow inputs", self.client.log_inputs, self.run_id, datasets)

@@ -78,7 +78,7 @@ def validation_samples(engines: cluster.Engines, step: int):
 def validation_scores(engines: cluster.Engines, traj) -> tuple[dict, list[float]]:
     """val/reward and val/<component> of validation samples, and each sample's reward (NaN where excluded) (runs
     where the reward pool lives)."""
-    out = engines.reward(traj.images, traj.prompts, traj.metadata)
+    out = engines.reward(traj.outputs, traj.prompts, traj.metadata)
     valid = out.valid
     metrics = {"val/reward": float(out.scores[valid].mean()) if valid.any() else float("nan")}
     for name, values in out.info.items():
@@ -113,20 +113,27 @@ def validate(engines: cluster.Engines, tracker: Tracker, step: int) -> dict:
         return {}
     prepared = early.take_validation(engines.config.run.name) if step == 0 else None
     traj, metrics, scores = prepared if prepared is not None else validation_outputs(engines, step)
-    images = traj.images.numpy() if isinstance(traj.images, torch.Tensor) else traj.images
-    shown = min(len(images), 16)
-    captions = [caption(p, r) for p, r in zip(traj.prompts[:shown], scores[:shown])]
-    tracker.log_images(images[:shown], captions, "validation", step)
+    _log_samples(engines, tracker, traj.outputs, traj.prompts, scores, "validation", step)
     return metrics
+
+
+def _log_samples(engines: cluster.Engines, tracker: Tracker, outputs, prompts, rewards, key: str, step: int) -> None:
+    """Up to 16 samples into MLflow: a captioned image grid, or a token run's responses as a text table."""
+    shown = min(len(outputs), 16)
+    if engines.config.algorithm.needs.data == "tokens":
+        tracker.log_responses(list(prompts[:shown]), list(outputs[:shown]), list(rewards[:shown]), key, step)
+        return
+    images = outputs.numpy() if isinstance(outputs, torch.Tensor) else np.asarray(outputs)
+    captions = [caption(p, float(r)) for p, r in zip(prompts[:shown], rewards[:shown])]
+    tracker.log_images(images[:shown], captions, key, step)
 
 
 def _log_rollout_images(engines: cluster.Engines, tracker: Tracker, step: int) -> None:
     n = engines.config.run.log_images
     if n <= 0:
         return
-    images, prompts, rewards = engines.run("rollout", rollout_examples, step, n)
-    images = images.numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
-    tracker.log_images(images, [caption(p, float(r)) for p, r in zip(prompts, rewards)], "rollout", step + 1)
+    outputs, prompts, rewards = engines.run("rollout", rollout_examples, step, n)
+    _log_samples(engines, tracker, outputs, prompts, rewards.tolist(), "rollout", step + 1)
 
 
 def _ui_url(url: str | None) -> str:
@@ -174,7 +181,7 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
     if cfg.run.trace:  # a timeline of the run's threads (diffrl/engines/trace.py)
         trace.enable(os.path.join(cfg.run_dir, "trace", f"{os.getpid()}.json"))
     engines.set_run_uid(_run_state(cfg)["uid"])  # ray mode: also the actors (the Ray workers running tasks ask them)
-    if engines.store is not None and cfg.data.sample_source == "online":
+    if engines.store is not None and cfg.data.sample_source == "online" and cfg.algorithm.needs.data != "tokens":
         _say(describe_disk(cfg, engines.run("rollout", latent_numel)))
     tracker = Tracker(
         experiment=cfg.run.experiment, run_name=cfg.run.name, state_path=os.path.join(cfg.run_dir, "run.json")

@@ -29,8 +29,32 @@ NEEDS = {
 }
 
 
+# The token bundles: (old_log_probs, reference, pairs, varied_groups); all train on "tokens".
+TOKEN_NEEDS = {
+    "grpo": (True, False, False, False),
+    "dr_grpo": (True, False, False, False),
+    "dapo": (True, False, False, True),
+    "gspo": (True, False, False, False),
+    "sequence_dpo": (False, True, True, False),
+}
+
+
 def test_all_named_bundles_exist_and_declare_their_needs():
-    assert sorted(algorithms()) == sorted(NEEDS)
+    assert sorted(algorithms()) == sorted({**NEEDS, **TOKEN_NEEDS})
+    for name, (old_log_probs, reference, pairs, varied) in TOKEN_NEEDS.items():
+        needs = get_algorithm(name).needs
+        assert (needs.data, needs.old_log_probs, needs.reference, needs.pairs) == (
+            "tokens",
+            old_log_probs,
+            reference,
+            pairs,
+        )
+        assert needs.varied_groups == varied and not needs.overlong_shaping, name
+    assert get_algorithm("grpo", kl_coef=0.04).needs.reference
+    assert get_algorithm("dapo", overlong_buffer=4).needs.overlong_shaping
+    assert not get_algorithm("dapo", dynamic_sampling=False).needs.varied_groups
+    dr = get_algorithm("dr_grpo")  # Dr.GRPO: no std normalisation, constant-length token sum
+    assert (dr.norm_by_std, dr.aggregation) == (False, "seq-mean-token-sum-norm")
     for name, (data, old_means, reference, old_adapter, pairs) in NEEDS.items():
         algo = get_algorithm(name)
         assert algo.name == name and isinstance(algo, DiffusionAlgorithm)

@@ -167,7 +167,7 @@ def score(engines: Any, step: int, chunk: int) -> Scored:
         out, seconds = concat_outputs(streamed[0]), streamed[1]
     else:
         started = time.perf_counter()
-        out = engines.reward(traj.images, traj.prompts, traj.metadata)
+        out = engines.reward(traj.outputs, traj.prompts, traj.metadata)
         seconds = time.perf_counter() - started
     if not bool(out.valid.any()):  # nothing to learn from: the stage fails, nothing is kept, a rerun scores again
         raise engines.reward.nothing_scored(out, f"step {step_number(step)} chunk {chunk}")
@@ -267,7 +267,7 @@ def step_trajectories(engines: Any, step: int, *, with_latents: bool = True, wit
     """The step's samples in (chunk, row) order: from memory, else from the store."""
     parts = engines.memory.chunks(step, step_chunks(engines.config))
     if parts is not None:
-        return Trajectories.cat(parts)
+        return type(parts[0]).cat(parts)  # Trajectories or TokenTrajectories
     return store_call(
         engines,
         step,
@@ -315,9 +315,10 @@ def step_reward_info(engines: Any, step: int, kept: torch.Tensor) -> dict[str, f
     return out
 
 
-def rollout_examples(engines: Any, step: int, count: int) -> tuple[torch.Tensor, list[str], torch.Tensor]:
-    """The first `count` samples of a step's first chunk as (images, prompts, rewards) (what the flow logs to
-    MLflow): from memory while the step is held there, else from the store. A reward is NaN where excluded."""
+def rollout_examples(engines: Any, step: int, count: int) -> tuple[Any, list[str], torch.Tensor]:
+    """The first `count` samples of a step's first chunk as (outputs: images, or a token rollout's response texts;
+    prompts; rewards) (what the flow logs to MLflow): from memory while the step is held there, else from the store.
+    A reward is NaN where excluded."""
     held = engines.memory.chunk(step, 0) if engines.memory is not None else None
     if held is not None:
         traj = held[0]
@@ -326,4 +327,4 @@ def rollout_examples(engines: Any, step: int, count: int) -> tuple[torch.Tensor,
     count = min(count, len(traj))
     rewards, _, valid = step_rewards(engines, step)  # chunk 0's rows come first
     rewards = torch.where(valid[:count], rewards[:count], torch.full_like(rewards[:count], float("nan")))
-    return traj.images[:count], list(traj.prompts[:count]), rewards
+    return traj.outputs[:count], list(traj.prompts[:count]), rewards

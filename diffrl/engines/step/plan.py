@@ -65,13 +65,16 @@ def validation_batch(records: list, run_seed: int, copies: int = 1) -> dict:
 def validation_rollout(rollout, cfg, records: list, *, step: int = 0, **sampling):
     """ODE samples (noise level 0) of the validation `records`, `cfg.data.val_samples_per_prompt` each
     (validation_batch's seeds), with the config's sampling; `sampling` overrides its fields (guidance_scale,
-    num_inference_steps). An SDE window longer than the steps is cut to them: at noise 0 it only marks steps."""
+    num_inference_steps). An SDE window longer than the steps is cut to them: at noise 0 it only marks steps.
+    A token rollout (an algorithm on tokens) decodes greedily instead (temperature 0)."""
+    batch = validation_batch(records, cfg.run.seed, cfg.data.val_samples_per_prompt)
+    if cfg.algorithm.needs.data == "tokens":
+        return rollout.generate(cfg=dataclasses.replace(cfg.sampling, temperature=0.0, **sampling), step=step, **batch)
     ode = dataclasses.replace(cfg.sampling, noise_level=0.0, **sampling)
     if ode.window.size > ode.num_inference_steps:
         ode = dataclasses.replace(
             ode, window=dataclasses.replace(ode.window, size=ode.num_inference_steps, start_range=(0, None))
         )
-    batch = validation_batch(records, cfg.run.seed, cfg.data.val_samples_per_prompt)
     return rollout.generate(cfg=ode, step=step, **batch)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from diffrl.algorithms.advantages import advantage_stats, group_advantages, reward_stats
+from diffrl.algorithms.losses_token import nonconstant_groups
 from diffrl.engines import trace
 from diffrl.engines.numbering import step_index, step_number
 from diffrl.engines.reward.multi import drop_partial_components
@@ -31,6 +32,7 @@ from diffrl.engines.step.generate import (
 from diffrl.engines.step.plan import inject_fault
 from diffrl.engines.step.records import Advantaged, Synced, Updated
 from diffrl.engines.step.replicas import training_samples
+from diffrl.engines.step.tokens import shape_rewards, token_metrics
 from diffrl.engines.train import checkpoint
 from diffrl.engines.train.preference import preference_pairs
 from diffrl.engines.train.setup import barrier, world
@@ -50,8 +52,12 @@ def advantages(engines: Any, step: int, chunk: int = 0) -> Advantaged:
     weights = {c.name: c.weight for c in engines.config.reward.components}
     rewards, left_out = drop_partial_components(rewards, components, valid, weights)  # an optional one was down
     keys = step_trajectories(engines, step, with_latents=False)
-    advantages_B = torch.full_like(rewards, float("nan"))  # excluded samples: marked, never a silent 0
     kept = valid.nonzero().squeeze(1)
+    extra = {}
+    if algo.needs.data == "tokens":  # verl's language-RL metrics; DAPO's length shaping of the rewards
+        extra = token_metrics(engines, keys, rewards, kept)
+        rewards = shape_rewards(engines, rewards, keys)
+    advantages_B = torch.full_like(rewards, float("nan"))  # excluded samples: marked, never a silent 0
     kept_groups = [keys.group_ids[i] for i in kept.tolist()]
     advantages_B[kept] = group_advantages(
         rewards[kept],
@@ -70,6 +76,7 @@ def advantages(engines: Any, step: int, chunk: int = 0) -> Advantaged:
         stats[f"reward/{name}"] = scores[kept].float().nanmean()
     stats.update({f"reward/left_out/{name}": 1.0 for name in left_out})
     stats.update(step_reward_info(engines, step, kept))
+    stats.update(extra)
     # where the reward has its own process, nothing else releases it; the step before stays (the flow may still be
     # logging its rollout images while the run-ahead worker is here: diffrl/engines/step/ahead.py)
     engines.memory.release_before(step - 1)
@@ -97,14 +104,18 @@ def training_rows(
 
     As the algorithm's needs say: every valid sample (weighted by its advantage in the loss), or for a pair algorithm
     (DPO) per group the best and the worst valid sample, as a (chosen, rejected) pair (rows come out chosen, rejected,
-    chosen, ...; groups whose samples all tie are skipped). dp/* statistics for final-sample algorithms.
+    chosen, ...; groups whose samples all tie are skipped); with needs.varied_groups (DAPO) only the groups whose
+    rewards differ. dp/* statistics for final-sample algorithms.
     """
     kept = valid.nonzero().squeeze(1).tolist()
     needs = algorithm.needs
-    if needs.data != "final_samples":
-        return kept, {}
+    stats = {}
+    if needs.varied_groups:  # DAPO's dynamic sampling: groups whose rewards all tie teach nothing
+        varied = nonconstant_groups(rewards[kept], [group_ids[i] for i in kept]).tolist()
+        stats["actor/varied_group_samples"] = float(sum(varied))
+        kept = [i for i, keep in zip(kept, varied) if keep]
     if not needs.pairs:
-        return kept, {"dp/num_samples": float(len(kept))}
+        return kept, {**stats, "dp/num_samples": float(len(kept))} if needs.data == "final_samples" else stats
     pairs = [
         (kept[win], kept[lose]) for win, lose in preference_pairs(advantages_B[kept], [group_ids[i] for i in kept])
     ]

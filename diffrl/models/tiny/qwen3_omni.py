@@ -98,21 +98,35 @@ def tiny_thinker_config(
     )
 
 
-def build_thinker_folder(out_dir: str, seed: int, *, extra_texts: Sequence[str] = ()) -> None:
-    """Write the tiny Thinker folder; `extra_texts` (a task's prompts and answers) become single BPE tokens."""
+def tiny_thinker(seed: int, *, extra_texts: Sequence[str] = (), hidden_size: int = 32):
+    """(model, tokenizer, image processor) of a tiny Thinker, in memory; `extra_texts` (a task's prompts and
+    answers) become single BPE tokens."""
     tokenizer = qwen_tokenizer(chat_template=CHAT_TEMPLATE, extra_texts=extra_texts, named_specials=OMNI_SPECIALS)
     token_ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in OMNI_SPECIALS.items()}
+    config = tiny_thinker_config(len(tokenizer), token_ids, hidden_size=hidden_size)
     with torch.random.fork_rng(devices=[]):  # seed the weights without touching the caller's RNG
         torch.manual_seed(seed)
-        model = Qwen3OmniMoeThinkerForConditionalGeneration(tiny_thinker_config(len(tokenizer), token_ids)).eval()
+        model = Qwen3OmniMoeThinkerForConditionalGeneration(config).eval()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pixels = IMAGE_SIZE * IMAGE_SIZE
+    processor = Qwen2VLImageProcessorPil(
+        patch_size=16, merge_size=2, temporal_patch_size=2, min_pixels=pixels, max_pixels=pixels
+    )
+    return model, tokenizer, processor
+
+
+def save_thinker_folder(out_dir: str, model, tokenizer, processor) -> str:
+    """A Hugging Face folder of the Thinker (safetensors weights) that diffrl.models.causal_lm loads."""
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    pixels = IMAGE_SIZE * IMAGE_SIZE
-    Qwen2VLImageProcessorPil(
-        patch_size=16, merge_size=2, temporal_patch_size=2, min_pixels=pixels, max_pixels=pixels
-    ).save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
+    return out_dir
+
+
+def build_thinker_folder(out_dir: str, seed: int, *, extra_texts: Sequence[str] = (), hidden_size: int = 32) -> None:
+    """Write the tiny Thinker folder (random weights)."""
+    save_thinker_folder(out_dir, *tiny_thinker(seed, extra_texts=extra_texts, hidden_size=hidden_size))
 
 
 @register_tiny("qwen3_omni")

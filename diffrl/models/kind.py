@@ -1,0 +1,37 @@
+"""Which family a model path belongs to, read without loading it: "diffusion" (a diffusers pipeline folder with
+model_index.json; the adapters of diffrl/models/base.py) or "autoregressive" (a Hugging Face model folder with
+config.json; diffrl/models/causal_lm.py). The step core builds its engines by this kind, and a config whose algorithm
+trains the other family is refused before anything loads.
+"""
+
+from __future__ import annotations
+
+import os
+
+KINDS = ("diffusion", "autoregressive")
+AUTOREGRESSIVE_TINY = ("qwen3_omni",)  # `tiny:<arch>` builders (diffrl/models/tiny/) that write a causal LM folder
+REFERENCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference")
+
+
+def folder_kind(folder: str) -> str | None:
+    """The kind of a local model folder, or None when it is neither (or does not exist)."""
+    if os.path.isfile(os.path.join(folder, "model_index.json")):
+        return "diffusion"
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        return "autoregressive"
+    return None
+
+
+def model_kind(path: str) -> str | None:
+    """The kind of `model.path` as a config names it (`tiny:<arch>`, `reference:<name>`, a local folder); None for
+    what cannot be told without loading it (a Hub id, a folder not there yet)."""
+    if path.startswith("tiny:"):
+        return "autoregressive" if path.split(":", 1)[1] in AUTOREGRESSIVE_TINY else "diffusion"
+    if path.startswith("reference:"):
+        return folder_kind(os.path.join(REFERENCE_DIR, path.split(":", 1)[1]))
+    return folder_kind(path) if os.path.isdir(path) else None
+
+
+def data_kind(needs_data: str) -> str:
+    """The model kind an algorithm trains, from its Needs.data: tokens are autoregressive, the rest diffusion."""
+    return "autoregressive" if needs_data == "tokens" else "diffusion"
