@@ -35,7 +35,7 @@ def _server(pid: int) -> tuple[int, int] | None:
                 args = f.read().split("\0")
         except OSError:
             continue
-        if "prefect.server.api.server:create_app" in args:
+        if "diffrl.flows.prefect_server:create_app" in args:  # Prefect's app behind RetryWhenBusy
             return child, int(args[args.index("--port") + 1])
     return None
 
