@@ -34,6 +34,10 @@ def build_token_model(cfg, model_path: str) -> tuple[CausalLMPolicy, Transformer
             f"model.path {cfg.model.path!r} ({model_path}) is not a Hugging Face causal LM folder (config.json), "
             f"which algorithm {cfg.algorithm.name!r} trains"
         )
+    if os.environ.get("DIFFRL_VERBOSE") != "1":  # `diffrl -v` shows transformers' "Loading weights" bar
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
     device, dtype = cfg.model.device_and_dtype()
     policy = CausalLMPolicy.from_pretrained(os.path.abspath(model_path), device=device, dtype=dtype)
     rollout = TransformersTokenEngine(policy)

@@ -75,6 +75,7 @@ class TokenTrainer:
                 self.reference.to("cpu")
         self.params = [p for p in policy.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, cfg)
+        init_optimizer_state(self.optimizer)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.optimizer_steps = 0
         self.updates = 0
@@ -244,6 +245,24 @@ class TokenTrainer:
         if rollout is not None:
             rollout.update_weights(self._version)
         return {"timing_s/sync_weights": time.perf_counter() - started, "sync/policy_version": float(self._version)}
+
+
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Every parameter's optimizer state now, as AdamW makes it at a parameter's first update (zero moments, step
+    0), instead of at that update: a checkpoint then holds the state of every trained parameter, also of those no
+    update reached (a text-only run never reaches the Thinker's vision and audio towers), and a resumed optimizer
+    loads into the same keys (torch's DCP otherwise finds the towers' state missing from the checkpoint)."""
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0  # the step below must not move a weight (AdamW's decay is lr x weight_decay too)
+        for p in group["params"]:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    for state in optimizer.state.values():
+        state["step"].zero_()  # the zero-gradient step above does not count
 
 
 def _add_gap(sums, counts, replayed: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> None:
