@@ -11,7 +11,7 @@ import os
 from diffrl.engines.rollout.tokens import TransformersTokenEngine
 from diffrl.engines.train.tokens import TokenTrainer
 from diffrl.models.causal_lm import CausalLMPolicy
-from diffrl.models.kind import folder_kind
+from diffrl.models.kind import RANDOM, folder_kind
 
 
 def check_token_config(cfg) -> None:
@@ -28,7 +28,11 @@ def check_token_config(cfg) -> None:
 
 
 def build_token_model(cfg, model_path: str) -> tuple[CausalLMPolicy, TransformersTokenEngine, TokenTrainer]:
-    """(policy, rollout, trainer) of `model_path` (a local Hugging Face folder, loaded from safetensors)."""
+    """(policy, rollout, trainer) of `model_path`: a local Hugging Face folder loaded from safetensors, or
+    `random:<folder>`, its config.json built with random weights on the run's device (benchmarks at real size:
+    diffrl/models/thinker_config.py)."""
+    random_weights = model_path.startswith(RANDOM)
+    model_path = model_path.removeprefix(RANDOM)
     if folder_kind(model_path) != "autoregressive":
         raise ValueError(
             f"model.path {cfg.model.path!r} ({model_path}) is not a Hugging Face causal LM folder (config.json), "
@@ -39,7 +43,9 @@ def build_token_model(cfg, model_path: str) -> tuple[CausalLMPolicy, Transformer
 
         transformers_logging.disable_progress_bar()
     device, dtype = cfg.model.device_and_dtype()
-    policy = CausalLMPolicy.from_pretrained(os.path.abspath(model_path), device=device, dtype=dtype)
+    policy = CausalLMPolicy.from_pretrained(
+        os.path.abspath(model_path), device=device, dtype=dtype, random_weights=random_weights
+    )
     rollout = TransformersTokenEngine(policy)
     trainer = TokenTrainer(
         policy, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size, device=device

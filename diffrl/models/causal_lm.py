@@ -12,6 +12,7 @@ rollout correction sees). Images come by reference (file paths in the prompt) an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -19,10 +20,18 @@ from dataclasses import dataclass, field
 import torch
 from PIL import Image
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3OmniMoeThinkerForConditionalGeneration
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    Qwen3OmniMoeThinkerForConditionalGeneration,
+)
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 THINKER_TYPES = ("qwen3_omni_moe_thinker",)
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+TOWERS = ("audio_tower", "visual")  # the Thinker's encoders: not trained by default
 
 
 @dataclass(frozen=True)
@@ -108,7 +117,6 @@ class CausalLMPolicy:
     """
 
     kind = "autoregressive"  # what the step core builds for it (diffusion adapters: "diffusion")
-    default_lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj")  # attention, as verl's LoRA recipes
 
     def __init__(self, model: nn.Module, tokenizer, image_processor=None, *, source: str = ""):
         self.model = model
@@ -125,6 +133,13 @@ class CausalLMPolicy:
         """The trained module, under the name the trainer's helpers give a diffusion adapter's denoiser."""
         return self.model
 
+    @property
+    def default_lora_targets(self) -> tuple[str, ...]:
+        """The language model's attention projections (q, k, v, o), as verl's LoRA recipes target, named in full:
+        the Thinker's audio tower has projections of the same names, which stay frozen."""
+        names = [name for name, _ in self.model.named_modules() if name.rsplit(".", 1)[-1] in ATTENTION_PROJECTIONS]
+        return tuple(n for n in names if not n.startswith(TOWERS) and ".audio_tower." not in n and ".visual." not in n)
+
     def denoisers(self) -> list[nn.Module]:
         return [self.model]
 
@@ -136,14 +151,19 @@ class CausalLMPolicy:
         return [layer for module_list in layers for layer in module_list]
 
     @classmethod
-    def from_pretrained(cls, path: str, *, device="cpu", dtype=torch.float32) -> CausalLMPolicy:
-        """Load a local folder: a Qwen3-Omni Thinker (config model_type qwen3_omni_moe_thinker) or a causal LM."""
+    def from_pretrained(cls, path: str, *, device="cpu", dtype=torch.float32, random_weights: bool = False):
+        """Load a local folder: a Qwen3-Omni Thinker (config model_type qwen3_omni_moe_thinker) or a causal LM.
+        random_weights: build the model from config.json alone, random weights made on `device` (a config-only
+        folder, diffrl/models/thinker_config.py; seeded, the same weights on every run)."""
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise ValueError(f"{path!r} has no config.json: not a Hugging Face model folder")
         with open(os.path.join(path, "config.json")) as f:
             model_type = json.load(f).get("model_type")
         loader = Qwen3OmniMoeThinkerForConditionalGeneration if model_type in THINKER_TYPES else AutoModelForCausalLM
-        model = loader.from_pretrained(path, dtype=dtype, use_safetensors=True).to(device).eval()
+        if random_weights:
+            model = _random_model(loader, path, device, dtype)
+        else:
+            model = loader.from_pretrained(path, dtype=dtype, use_safetensors=True).to(device).eval()
         image_processor = None
         if os.path.isfile(os.path.join(path, "preprocessor_config.json")) and model_type in THINKER_TYPES:
             image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
@@ -189,7 +209,14 @@ class CausalLMPolicy:
         inputs = self.encode(prompts).repeat(params.n)
         greedy = params.temperature == 0
         sampling = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+        # generate in eval mode: in train mode transformers drops the KV cache under gradient checkpointing, and its
+        # cache-less decoding of left-padded prompts gave log-probs 0.18 off the replay (tiny Thinker)
+        was_training = self.model.training
+        self.model.eval()
+        with (
+            torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []),
+            _restore_mode(self.model, was_training),
+        ):
             torch.manual_seed(params.seed)
             out = self.model.generate(
                 **self._model_inputs(inputs),
@@ -268,6 +295,28 @@ class CausalLMPolicy:
             return picked, None
         with torch.no_grad():  # a metric (verl's actor/entropy), never a loss term here
             return picked, -(log_softmax.exp() * log_softmax).sum(-1)
+
+
+@contextlib.contextmanager
+def _restore_mode(model: nn.Module, training: bool):
+    try:
+        yield
+    finally:
+        model.train(training)
+
+
+def _random_model(loader, path: str, device, dtype) -> nn.Module:
+    """The model of `path`'s config.json with random weights, built on `device` in `dtype`."""
+    config = AutoConfig.from_pretrained(path)
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(0)
+        if loader is AutoModelForCausalLM:
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        else:
+            model = loader._from_config(config, dtype=dtype)
+    if os.path.isfile(os.path.join(path, "generation_config.json")):
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    return model.eval()
 
 
 def _eos_ids(model: nn.Module, tokenizer) -> list[int]:

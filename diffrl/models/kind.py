@@ -10,6 +10,7 @@ import os
 
 KINDS = ("diffusion", "autoregressive")
 AUTOREGRESSIVE_TINY = ("qwen3_omni",)  # `tiny:<arch>` builders (diffrl/models/tiny/) that write a causal LM folder
+RANDOM = "random:"  # model.path prefix: build the folder's config with random weights (autoregressive models only)
 REFERENCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference")
 
 
@@ -23,10 +24,13 @@ def folder_kind(folder: str) -> str | None:
 
 
 def model_kind(path: str) -> str | None:
-    """The kind of `model.path` as a config names it (`tiny:<arch>`, `reference:<name>`, a local folder); None for
+    """The kind of `model.path` as a config names it (`tiny:<arch>`, `reference:<name>`, `random:<folder>`, a local
+    folder); None for
     what cannot be told without loading it (a Hub id, a folder not there yet)."""
     if path.startswith("tiny:"):
         return "autoregressive" if path.split(":", 1)[1] in AUTOREGRESSIVE_TINY else "diffusion"
+    if path.startswith(RANDOM):  # a config-only causal LM folder, random weights (diffrl/models/thinker_config.py)
+        return folder_kind(path.removeprefix(RANDOM))
     if path.startswith("reference:"):
         return folder_kind(os.path.join(REFERENCE_DIR, path.split(":", 1)[1]))
     return folder_kind(path) if os.path.isdir(path) else None

@@ -2,7 +2,7 @@
 one update on sampled responses moves the policy towards the responses with the higher advantage (the sequence
 log-prob of each group's best response rises against its worst's), as the needs say (a reference forward for KL and
 DPO, by a frozen copy or with the LoRA adapter off; pairs; DAPO's varied groups), and the replay of the rollout's own
-tokens reproduces its log-probs (rollout_corr)."""
+tokens reproduces its log-probs (rollout_corr), with gradient checkpointing too."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def _sequence_log_probs(policy: CausalLMPolicy, traj) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "name, overrides, lora",
-    [(n, {}, False) for n in names_for(tokens=True)] + [("grpo", {"kl_coef": 0.04}, False), ("sequence_dpo", {}, True)],
+    [(n, {}, False) for n in names_for(tokens=True)]
+    + [("grpo", {"kl_coef": 0.04}, False), ("sequence_dpo", {}, True), ("gspo", {}, True)],
 )
 def test_one_update_prefers_the_higher_advantage_responses(name, overrides, lora):
     policy = CausalLMPolicy(*tiny_thinker(0))
@@ -45,6 +46,7 @@ def test_one_update_prefers_the_higher_advantage_responses(name, overrides, lora
         mini_batch_prompts=2,
         micro_batch_size=8,
         max_grad_norm=10.0,
+        gradient_checkpointing=lora,  # as the real-size recipe: the rollout must still match the replay (0.18 off once)
     )
     trainer = TokenTrainer(policy, algorithm, cfg, SAMPLING, group_size=4)
     rollout = TransformersTokenEngine(policy)
