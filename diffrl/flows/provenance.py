@@ -145,13 +145,14 @@ def prompt_inputs(engines: Any) -> list[DatasetInput]:
 
 
 def log_final_weights(engines: Any, tracker: Any, step: int) -> None:
-    """The final weights into MLflow: a LoRA run's LoRA as the run's logged model "lora" (registrable, base model
-    recorded); a full fine-tuning run's checkpoint folder (DCP shards) as the artifact final_checkpoint."""
+    """The final weights into MLflow: a diffusion LoRA run's LoRA as the run's logged model "lora" (registrable, base
+    model recorded); a full fine-tuning run's checkpoint folder (DCP shards), or an autoregressive LoRA run's (its
+    PEFT adapter under lora/), as the artifact final_checkpoint."""
     cfg = engines.config
     path = checkpoint_dir(cfg.run_dir, step)
     if not os.path.isdir(path):  # a remote run folder (s3://...): the weights stay there
         return
-    if cfg.train.lora:
+    if cfg.train.lora and cfg.algorithm.needs.data != "tokens":  # a causal LM's LoRA: a PEFT folder, logged below
         tracker.log_lora(path, base_model=base_model(cfg), step=step_number(step))  # MLflow's step of that step
     else:
         tracker.log_artifact(path, "final_checkpoint")

@@ -1,7 +1,8 @@
 """Trainer checkpoints on any fsspec path: safetensors / JSON / torch.distributed.checkpoint, no pickle.
 
 Layout of one checkpoint folder:
-    lora/pytorch_lora_weights.safetensors   LoRA only: diffusers format (`pipe.load_lora_weights(folder/lora)`)
+    lora/pytorch_lora_weights.safetensors   LoRA only: diffusers format (`pipe.load_lora_weights(folder/lora)`); a
+                                            causal LM's: lora/adapter_model.safetensors + adapter_config.json (PEFT)
     trainable.safetensors                   LoRA only: the trainable tensors under the module's own names
     optimizer.safetensors, optimizer.json   LoRA only: AdamW state tensors / param-group hyper-parameters
     dcp/                                    full fine-tuning: model + optimizer, sharded (torch DCP)
@@ -282,7 +283,7 @@ class LoraSnapshot:
     optimizer_groups: list
     lora_layers: dict[str, torch.Tensor]
     lora_metadata: dict
-    pipe_cls: type
+    pipe_cls: type | None  # None: a causal LM's LoRA, written as a PEFT adapter folder
     trainer_state: dict
     rng: dict[str, torch.Tensor]
 
@@ -300,9 +301,7 @@ def snapshot(trainer, *, step: int, meta: tuple[dict, dict] | None = None) -> Lo
             "checkpoint.snapshot: only a single-process LoRA trainer is snapshotted; "
             "use save() for full fine-tuning or several ranks"
         )
-    pipe_cls = type(trainer.adapter.pipe)
-    if not hasattr(pipe_cls, "save_lora_weights"):
-        raise TypeError(f"{pipe_cls.__name__} has no save_lora_weights: diffusers cannot load LoRAs for it")
+    pipe_cls = _lora_pipeline(trainer)
     # One process, unsharded: the parameters and the optimizer state are read directly (copies: the next update
     # changes them), not through torch.distributed's state-dict helpers, which walk every module and cost
     # ~80 ms even for the CPU quickstart's 126 LoRA tensors. Names and layout are the ones those helpers give.
@@ -321,11 +320,37 @@ def snapshot(trainer, *, step: int, meta: tuple[dict, dict] | None = None) -> Lo
         optimizer={k: v.detach().clone() for k, v in optim_tensors.items()},
         optimizer_groups=copy.deepcopy(optim_groups),
         lora_layers=lora_state(trainer, trainable),
-        lora_metadata=lora_config(trainer.cfg, targets).to_dict(),
+        lora_metadata=_lora_metadata(trainer, targets, pipe_cls),
         pipe_cls=pipe_cls,
         trainer_state=trainer_state,
         rng=rng,
     )
+
+
+def _lora_pipeline(trainer) -> type | None:
+    """The diffusers pipeline class whose save_lora_weights writes the LoRA, or None for a model without a pipeline
+    (a causal LM: its LoRA is written as a PEFT adapter folder)."""
+    pipe = getattr(trainer.adapter, "pipe", None)
+    if pipe is None:
+        return None
+    if not hasattr(type(pipe), "save_lora_weights"):
+        raise TypeError(f"{type(pipe).__name__} has no save_lora_weights: diffusers cannot load LoRAs for it")
+    return type(pipe)
+
+
+def _lora_metadata(trainer, targets: tuple[str, ...], pipe_cls: type | None) -> dict:
+    """The LoraConfig as a dict; a PEFT adapter folder's also names its base model (the causal LM's folder)."""
+    metadata = lora_config(trainer.cfg, targets).to_dict()
+    if pipe_cls is None:
+        metadata["base_model_name_or_path"] = getattr(trainer.adapter, "source", None)
+    return metadata
+
+
+def _json_value(value):
+    """JSON for what a LoraConfig's dict holds besides plain values (target_modules may be a set)."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _optimizer_state(model, optimizer) -> dict:
@@ -348,12 +373,16 @@ def _optimizer_state(model, optimizer) -> dict:
 def write(state: LoraSnapshot, path: str) -> str:
     """Write a snapshot as the checkpoint folder `path` (the layout `save` writes; any thread)."""
     files = _Files(path.rstrip("/"), state.step)
-    with tempfile.TemporaryDirectory() as tmp:
-        state.pipe_cls.save_lora_weights(
-            tmp, transformer_lora_layers=state.lora_layers, transformer_lora_adapter_metadata=state.lora_metadata
-        )
-        for name in os.listdir(tmp):
-            files.put(f"lora/{name}", open(os.path.join(tmp, name), "rb").read())
+    if state.pipe_cls is None:  # a causal LM: the LoRA as a PEFT adapter folder (PeftModel / vLLM load it)
+        files.put("lora/adapter_model.safetensors", st_save(state.lora_layers))
+        files.put("lora/adapter_config.json", json.dumps(state.lora_metadata, default=_json_value).encode())
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            state.pipe_cls.save_lora_weights(
+                tmp, transformer_lora_layers=state.lora_layers, transformer_lora_adapter_metadata=state.lora_metadata
+            )
+            for name in os.listdir(tmp):
+                files.put(f"lora/{name}", open(os.path.join(tmp, name), "rb").read())
     files.put("trainable.safetensors", st_save(state.trainable))
     files.put("optimizer.safetensors", st_save(state.optimizer))
     files.put("optimizer.json", json.dumps(state.optimizer_groups).encode())

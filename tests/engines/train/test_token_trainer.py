@@ -74,3 +74,48 @@ def test_one_update_prefers_the_higher_advantage_responses(name, overrides, lora
     assert float(gain[[5, 7]].mean() - gain[[4, 6]].mean()) > 0, (name, gain)
     assert trainer.policy_version == 0 and trainer.sync_weights(rollout)["sync/policy_version"] == 1.0
     assert rollout.policy_version == 1
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_checkpoint_resumes_the_next_update_exactly_and_lora_is_a_peft_folder(tmp_path, lora):
+    """Save after one update, update again; a fresh trainer that loads the checkpoint makes the same second update
+    (weights, optimizer moments, schedule and RNG restored). A LoRA checkpoint's lora/ loads with PEFT."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    cfg = TrainConfig(lora=lora, lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=2, micro_batch_size=8)
+    algorithm = get_algorithm("grpo")
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.0, 1.0, -1.0, 0.0])
+
+    def trainer_and_batch():
+        policy = CausalLMPolicy(*tiny_thinker(0))
+        trainer = TokenTrainer(policy, algorithm, cfg, SAMPLING, group_size=4)
+        rollout = TransformersTokenEngine(policy)
+        traj = rollout.generate(
+            [p for p in PROMPTS for _ in range(4)], ["a"] * 4 + ["b"] * 4, [0, 1, 2, 3] * 2, [5] * 8, SAMPLING
+        )
+        return trainer, rollout, traj
+
+    trainer, rollout, traj = trainer_and_batch()
+    trainer.update(traj, advantages, rollout)
+    trainer.save_checkpoint(str(tmp_path / "ckpt"), step=1)
+    trainer.update(traj, advantages, rollout)
+    expected = {n: p.detach().clone() for n, p in trainer.adapter.model.named_parameters() if p.requires_grad}
+
+    again, rollout2, _ = trainer_and_batch()
+    assert again.load_checkpoint(str(tmp_path / "ckpt")) == 1
+    again.update(traj, advantages, rollout2)
+    for name, p in again.adapter.model.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(p.detach(), expected[name], rtol=0, atol=0)
+    if lora:
+        saved = load_file(str(tmp_path / "ckpt" / "lora" / "adapter_model.safetensors"))
+        peft = dict(
+            PeftModel.from_pretrained(
+                CausalLMPolicy(*tiny_thinker(0)).model, str(tmp_path / "ckpt" / "lora")
+            ).named_parameters()
+        )
+        assert saved and all(
+            torch.equal(peft["base_model.model." + k.replace(".weight", ".default.weight")], v)
+            for k, v in saved.items()
+        )
