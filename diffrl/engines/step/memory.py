@@ -64,7 +64,6 @@ class StepMemory:
         self._streamed: dict[tuple[int, int], list[Future]] = {}  # (step, chunk) -> Futures[(RewardOutput, s)]
         self._rewards_done: dict[tuple[int, int], ChunkRewards] = {}
         self._advantages: dict[int, torch.Tensor] = {}
-        self._snapshot: Future | None = None  # the last checkpoint snapshot, taken on the rollout worker
         self._held: list[tuple] = []  # the step's durable writes, until the update releases them
         # The first step of this process: earlier-or-equal steps may have durable state from a previous
         # process (resume), later ones cannot, so only those check the store before sampling.
@@ -136,16 +135,6 @@ class StepMemory:
         for tag, what, fn, args in held:
             self.writer.submit(tag, what, fn, *args)
 
-    def start_snapshot(self, take: Callable[[], object]) -> None:
-        """Run `take()` (a checkpoint snapshot) on the rollout worker ahead of the next step's rollout: it overlaps
-        the flow's work between steps; `wait_snapshot` must return before the weights change again."""
-        self._snapshot = self._rollouts.submit(_timed, take, "checkpoint snapshot", -1, 0)
-
-    def wait_snapshot(self) -> None:
-        """Block until the last snapshot is taken (raises its error)."""
-        if self._snapshot is not None:
-            self._snapshot.result()
-
     # ---- rewards ---------------------------------------------------------------------------------------
     def stream_reward(self, step: int, chunk: int, score: Callable[[], object]) -> None:
         """Score one decoded sub-batch of a chunk on the reward worker (while the rollout goes on)."""
@@ -204,7 +193,6 @@ class StepMemory:
             self.ahead.wait()
         with self._lock:
             pending = list(self._chunks.values()) + [f for fs in self._streamed.values() for f in fs]
-        pending += [self._snapshot] if self._snapshot is not None else []
         for future in pending:
             try:
                 future.result()

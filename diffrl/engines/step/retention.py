@@ -40,7 +40,6 @@ def retain(engines: Any, step: int) -> None:
         return
     if engines.store is None:
         return
-    memory.wait_snapshot()  # its job queues the step's checkpoint: retention comes after it
     what = f"retention after step {step_number(step)}"
     # In order behind the step's writes, then on the janitor (its own Lance handles: appends of the next steps commit
     # beside its rewrite and merge): a compaction took 5-6 s on the shapes recipe on an H200, and the update that

@@ -139,7 +139,6 @@ def update(engines: Any, step: int, chunk: int = 0) -> Updated:
         return Updated(step, rows=int(saved.pop("update/rows", 0)), metrics=saved)
     inject_fault("update_actor", step)
     started = time.perf_counter()
-    engines.memory.wait_snapshot()  # the previous step's checkpoint copies its weights before they change
     engines.memory.release_writes()  # the step's rows, rewards and advantages land while the GPU trains
     traj, exchange = training_samples(engines, step)  # engine replicas: every one's chunks, all-gathered
     advantages_B = step_advantages(engines, step)
@@ -188,24 +187,19 @@ def commit_checkpoint(engines: Any, step: int, metrics: dict) -> None:
     rank 0 commits."""
     cfg, trainer, memory = engines.config, engines.trainer, engines.memory
     if memory.asynchronous and trainer.cfg.lora and trainer.world_size == 1:
-        # Counters and RNG now (the weight sync moves them); the tensors on the rollout worker, ahead of the next
-        # step's rollout (the next update waits for it); the files on the writer, after the step's rows.
-        meta = checkpoint.snapshot_meta(trainer, step_number(step))  # trainer_state.json records the step number
-
-        def take() -> None:
-            state = checkpoint.snapshot(trainer, step=step_number(step), meta=meta)
-            memory.writer.submit(
-                step,
-                f"checkpoint of step {step_number(step)}",
-                _write_and_commit,
-                cfg.run_dir,
-                step,
-                cfg.run.checkpoint_every,
-                metrics,
-                lambda path: checkpoint.write(state, path),
-            )
-
-        memory.start_snapshot(take)
+        # The state now, as copies on the trainer's device (no wait for the GPU); the files on the writer, after the
+        # step's rows, which brings the copies to the CPU. trainer_state.json records the step number.
+        state = checkpoint.snapshot(trainer, step=step_number(step))
+        memory.writer.submit(
+            step,
+            f"checkpoint of step {step_number(step)}",
+            _write_and_commit,
+            cfg.run_dir,
+            step,
+            cfg.run.checkpoint_every,
+            metrics,
+            lambda path: checkpoint.write(state, path),
+        )
         return
     rank = world()[0]
     tmp = checkpoint_dir(cfg.run_dir, step) + ".tmp"

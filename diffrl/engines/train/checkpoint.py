@@ -26,6 +26,7 @@ import os
 import random
 import tempfile
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import fsspec
@@ -274,18 +275,20 @@ def _join_optimizer(tensors: dict[str, torch.Tensor], groups: list) -> dict:
 
 @dataclass
 class LoraSnapshot:
-    """A LoRA trainer's whole checkpoint state as CPU copies, taken between updates, written later: the
-    step core writes it on its background writer while the next rollout runs (`snapshot`, then `write`)."""
+    """A LoRA trainer's whole checkpoint state as CPU copies, taken between updates, written later: the step core
+    takes it right after the update (asynchronous copies: nothing on the step's path waits for the GPU) and writes it
+    on its background writer while the next rollout runs (`snapshot`, then `write`, which waits for the copies)."""
 
     step: int
     trainable: dict[str, torch.Tensor]
     optimizer: dict[str, torch.Tensor]
     optimizer_groups: list
-    lora_layers: dict[str, torch.Tensor]
+    lora_keys: dict[str, str]  # peft's saved name -> trainable name (the LoRA file's tensors)
     lora_metadata: dict
     pipe_cls: type | None  # None: a causal LM's LoRA, written as a PEFT adapter folder
     trainer_state: dict
     rng: dict[str, torch.Tensor]
+    copied: torch.cuda.Event | None = None  # the device-to-host copies have landed once this event has
 
 
 def snapshot_meta(trainer, step: int) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -294,37 +297,85 @@ def snapshot_meta(trainer, step: int) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def snapshot(trainer, *, step: int, meta: tuple[dict, dict] | None = None) -> LoraSnapshot:
-    """Copy a single-process LoRA trainer's checkpoint state to the CPU (the next update may start right after).
-    `meta`: snapshot_meta taken earlier, when the tensors are copied later, on another thread."""
+    """Copy a single-process LoRA trainer's checkpoint state to the CPU, asynchronously from a GPU (the next update
+    may start right after; `write` waits for the copies). `meta`: snapshot_meta, when taken earlier."""
     if not trainer.cfg.lora or trainer.world_size != 1:
         raise ValueError(
             "checkpoint.snapshot: only a single-process LoRA trainer is snapshotted; "
             "use save() for full fine-tuning or several ranks"
         )
-    pipe_cls = _lora_pipeline(trainer)
     # One process, unsharded: the parameters and the optimizer state are read directly (copies: the next update
-    # changes them), not through torch.distributed's state-dict helpers, which walk every module and cost
-    # ~80 ms even for the CPU quickstart's 126 LoRA tensors. Names and layout are the ones those helpers give.
-    model = trainer.adapter.transformer
-    trainable = {
-        name: p.detach().to("cpu", copy=True)
-        for name, p in model.named_parameters()
-        if p.requires_grad or "lora_" in name
-    }
-    optim_tensors, optim_groups = _split_optimizer(_optimizer_state(model, trainer.optimizer))
-    targets = trainer.cfg.lora_targets or tuple(trainer.adapter.default_lora_targets)
+    # changes them), not through torch.distributed's state-dict helpers, which walk every module and cost ~80 ms even
+    # for the CPU quickstart's 126 LoRA tensors; the names are the ones those helpers give, found once per trainer.
+    # Asynchronous copies into pinned host memory: a blocking copy waits for the GPU's queue, 40 ms a step on the
+    # shapes recipe's path (H200), where the next rollout waited for it.
+    plan = _snapshot_plan(trainer)
+    trainable = {name: _copy_out(p) for name, p in plan.params}
+    optimizer = {}
+    for fqn, p in plan.params:
+        for key, value in trainer.optimizer.state.get(p, {}).items():
+            optimizer[f"{fqn}/{key}"] = _copy_out(torch.as_tensor(value))
+    copied = None
+    if any(p.is_cuda for _, p in plan.params):
+        copied = torch.cuda.Event()
+        copied.record()
+    groups = [
+        {**{k: v for k, v in group.items() if k != "params"}, "params": fqns}
+        for group, fqns in zip(trainer.optimizer.param_groups, plan.group_fqns)
+    ]
     trainer_state, rng = meta if meta is not None else snapshot_meta(trainer, step)
     return LoraSnapshot(
         step=step,
         trainable=trainable,
-        optimizer={k: v.detach().clone() for k, v in optim_tensors.items()},
-        optimizer_groups=copy.deepcopy(optim_groups),
-        lora_layers=lora_state(trainer, trainable),
-        lora_metadata=_lora_metadata(trainer, targets, pipe_cls),
-        pipe_cls=pipe_cls,
+        optimizer=optimizer,
+        optimizer_groups=copy.deepcopy(groups),
+        lora_keys=plan.lora_keys,
+        lora_metadata=plan.lora_metadata,
+        pipe_cls=plan.pipe_cls,
         trainer_state=trainer_state,
         rng=rng,
+        copied=copied,
     )
+
+
+def _copy_out(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of `tensor`; from a GPU, into pinned memory without waiting (valid once the snapshot's event has
+    passed)."""
+    return tensor.detach().to("cpu", non_blocking=tensor.is_cuda, copy=True)
+
+
+@dataclass(frozen=True)
+class _SnapshotPlan:
+    params: list[tuple[str, torch.nn.Parameter]]  # (name, parameter) of every trained or LoRA parameter
+    group_fqns: list[list[str]]  # the optimizer's parameter groups by name
+    lora_keys: dict[str, str]
+    lora_metadata: dict
+    pipe_cls: type | None
+
+
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _snapshot_plan(trainer) -> _SnapshotPlan:
+    """What a snapshot copies and how its tensors are named, worked out from the modules once per trainer (the
+    trained parameters and the optimizer's groups stay the same objects for the trainer's life)."""
+    plan = _PLANS.get(trainer)
+    if plan is not None:
+        return plan
+    model = trainer.adapter.transformer
+    named = list(model.named_parameters())
+    params = [(name, p) for name, p in named if p.requires_grad or "lora_" in name]
+    names = {id(p): name for name, p in named}
+    group_fqns = [[names[id(p)] for p in group["params"]] for group in trainer.optimizer.param_groups]
+    # peft's saved names of the LoRA tensors: from one run of its own naming, matched back by tensor identity
+    by_id = {id(p): name for name, p in params}
+    saved = lora_state(trainer, {name: p for name, p in params})
+    lora_keys = {key: by_id[id(value)] for key, value in saved.items()}
+    pipe_cls = _lora_pipeline(trainer)
+    targets = trainer.cfg.lora_targets or tuple(trainer.adapter.default_lora_targets)
+    plan = _SnapshotPlan(params, group_fqns, lora_keys, _lora_metadata(trainer, targets, pipe_cls), pipe_cls)
+    _PLANS[trainer] = plan
+    return plan
 
 
 def _lora_pipeline(trainer) -> type | None:
@@ -353,38 +404,25 @@ def _json_value(value):
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def _optimizer_state(model, optimizer) -> dict:
-    """{state: {fqn: {key: CPU tensor}}, param_groups: [{..., params: [fqn]}]} of an unsharded model's optimizer:
-    what get_optimizer_state_dict(full_state_dict) returns for it."""
-    names = {id(p): name for name, p in model.named_parameters()}
-    state, groups = {}, []
-    for group in optimizer.param_groups:
-        fqns = [names[id(p)] for p in group["params"]]
-        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": fqns})
-        for p, fqn in zip(group["params"], fqns):
-            if p in optimizer.state:
-                state[fqn] = {
-                    k: (v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v)
-                    for k, v in optimizer.state[p].items()
-                }
-    return {"state": state, "param_groups": groups}
-
-
 def write(state: LoraSnapshot, path: str) -> str:
     """Write a snapshot as the checkpoint folder `path` (the layout `save` writes; any thread)."""
     files = _Files(path.rstrip("/"), state.step)
+    if state.copied is not None:
+        state.copied.synchronize()
+    trainable, optimizer = state.trainable, state.optimizer
+    lora_layers = {key: trainable[name].contiguous() for key, name in state.lora_keys.items()}
     if state.pipe_cls is None:  # a causal LM: the LoRA as a PEFT adapter folder (PeftModel / vLLM load it)
-        files.put("lora/adapter_model.safetensors", st_save(state.lora_layers))
+        files.put("lora/adapter_model.safetensors", st_save(lora_layers))
         files.put("lora/adapter_config.json", json.dumps(state.lora_metadata, default=_json_value).encode())
     else:
         with tempfile.TemporaryDirectory() as tmp:
             state.pipe_cls.save_lora_weights(
-                tmp, transformer_lora_layers=state.lora_layers, transformer_lora_adapter_metadata=state.lora_metadata
+                tmp, transformer_lora_layers=lora_layers, transformer_lora_adapter_metadata=state.lora_metadata
             )
             for name in os.listdir(tmp):
                 files.put(f"lora/{name}", open(os.path.join(tmp, name), "rb").read())
-    files.put("trainable.safetensors", st_save(state.trainable))
-    files.put("optimizer.safetensors", st_save(state.optimizer))
+    files.put("trainable.safetensors", st_save(trainable))
+    files.put("optimizer.safetensors", st_save(optimizer))
     files.put("optimizer.json", json.dumps(state.optimizer_groups).encode())
     files.put("trainer_state.json", json.dumps(state.trainer_state).encode())
     files.put("rng_rank0.safetensors", st_save(state.rng))
