@@ -187,8 +187,8 @@ def commit_checkpoint(engines: Any, step: int, metrics: dict) -> None:
     rank 0 commits."""
     cfg, trainer, memory = engines.config, engines.trainer, engines.memory
     if memory.asynchronous and trainer.cfg.lora and trainer.world_size == 1:
-        # The state now, as copies on the trainer's device (no wait for the GPU); the files on the writer, after the
-        # step's rows, which brings the copies to the CPU. trainer_state.json records the step number.
+        # The state now, copied to the host without waiting for the GPU; the files on the writer, after the step's
+        # rows, once the copies landed. trainer_state.json records the step number.
         state = checkpoint.snapshot(trainer, step=step_number(step))
         memory.writer.submit(
             step,
