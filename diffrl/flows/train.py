@@ -170,7 +170,8 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
 def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -> dict:
     _say(
         f"run {cfg.run.name!r}: {cfg.run.steps} steps of {cfg.algorithm.name} on {cfg.model.path} "
-        f"({cfg.rollout.samples_per_step} images/step) in {cfg.run_dir}"
+        f"({cfg.rollout.samples_per_step} {'responses' if cfg.algorithm.needs.data == 'tokens' else 'images'}/step) "
+        f"in {cfg.run_dir}"
     )
     with ThreadPoolExecutor(max_workers=1) as pool:  # MLflow's database opens (or is created) while the model loads
         store_ready = pool.submit(open_tracking_store)
