@@ -216,7 +216,7 @@ def test_token_algorithms_defaults_and_errors():
     grpo, dapo = TokenGRPO("grpo"), DAPO("dapo")
     assert (grpo.clip_ratio_low, grpo.clip_ratio_high, grpo.aggregation) == (0.2, 0.2, "seq-mean-token-mean")
     assert (dapo.clip_ratio_low, dapo.clip_ratio_high, dapo.aggregation, dapo.kl_coef) == (0.2, 0.28, "token-mean", 0)
-    assert dapo.needs == Needs("tokens", old_log_probs=True)
+    assert dapo.needs == Needs("tokens", old_log_probs=True, varied_groups=True)  # dynamic sampling on by default
     with pytest.raises(ValueError, match="aggregation must be one of"):
         TokenGRPO("grpo", aggregation="sum")
     with pytest.raises(ValueError, match="kl_coef must be >= 0"):
