@@ -23,6 +23,11 @@ def check_token_config(cfg) -> None:
         )
     if cfg.data.sample_source != "online":
         raise ValueError("data.sample_source 'offline' reads diffusion preference pairs; token runs sample online")
+    if cfg.rollout.engine != "transformers":  # until the vLLM engine is built here, say so rather than ignore it
+        raise ValueError(
+            f"rollout.engine {cfg.rollout.engine!r}: diffrl train samples token runs in-process for now "
+            "(rollout.engine: transformers); the vLLM engine runs engines-only in benchmarks/vllm_ar.py"
+        )
     if cfg.model.compile:
         raise ValueError("model.compile compiles a diffusion denoiser's blocks; set it false for a causal LM")
 
