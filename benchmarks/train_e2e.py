@@ -9,7 +9,8 @@
    durable=False), stepped through the same step core (diffrl/engines/step/run.py run_step, stages called directly):
    no Prefect, no Lance, no MLflow, no checkpoints. Same seeds and prompts.
 
-flow_over_engine = median seconds per step of 1 / median of 2, over the steps after --warmup.
+flow_over_engine = median seconds per step of 1 / median of 2, over the steps after --warmup (of every pair, with
+--repeats N: flow, engines, flow, engines, ...).
 
     python benchmarks/train_e2e.py --config diffrl/configs/shapes_flow_grpo.yaml --steps 30 \\
         --out benchmarks/results/train_e2e_shapes_h200.json
@@ -172,7 +173,16 @@ def main(argv: list[str] | None = None) -> dict:
         help="record both runs' timelines (run.trace): the flow's in its run folder's trace/, the engines' in "
         "engines-trace.json beside it",
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the pair (flow, then engines) this many times; medians over all of them (run-to-run noise was "
+        "+-6 %% on an H200 for the shapes recipe)",
+    )
     args = parser.parse_args(argv)
+    if args.repeats < 1 or (args.repeats > 1 and (args.flow_only or args.flow_from)):
+        raise SystemExit("--repeats must be >= 1, and 1 with --flow-only / --flow-from")
     if args.flow_only and not args.keep:
         raise SystemExit("--flow-only needs --keep DIR (where the next call's --flow-from finds the run)")
     if args.steps <= args.warmup:
@@ -198,6 +208,16 @@ def main(argv: list[str] | None = None) -> dict:
         args.steps,
         trace_path=os.path.join(workdir, "engines-trace.json") if args.trace else None,
     )
+    pairs = [(flow, engines)]
+    for k in range(1, args.repeats):  # flow, engines, flow, engines, ...: drift on the machine hits both alike
+        again = os.path.join(workdir, f"repeat{k}")
+        os.makedirs(again, exist_ok=True)
+        pairs.append(
+            (
+                run_flow(config, [*overrides, f"run.root={again}/runs"], again, args.timeout),
+                run_engines(config, [*overrides, f"run.root={again}/engines-runs"], args.steps),
+            )
+        )
     durable = (
         run_engines(config, [*overrides, f"run.root={workdir}/durable-runs"], args.steps, durable=True)
         if args.durable
@@ -210,8 +230,16 @@ def main(argv: list[str] | None = None) -> dict:
 
     cfg = load_experiment(config, overrides)
     timed = list(range(args.warmup + 1, args.steps + 1))  # MLflow steps are 1-based
-    flow_s = statistics.median(flow["per_step"]["perf/time_per_step"][s] for s in timed)
-    engine_s = statistics.median(engines["per_step"][s - 1]["perf/time_per_step"] for s in timed)
+
+    def flow_times(run: dict) -> list[float]:
+        return [run["per_step"]["perf/time_per_step"][s] for s in timed]
+
+    def engine_times(run: dict) -> list[float]:
+        return [run["per_step"][s - 1]["perf/time_per_step"] for s in timed]
+
+    # medians over the timed steps of every repeat together
+    flow_s = statistics.median(t for f, _ in pairs for t in flow_times(f))
+    engine_s = statistics.median(t for _, e in pairs for t in engine_times(e))
     images = cfg.rollout.samples_per_step
     run_bytes = folder_bytes(os.path.join(workdir, "runs", "train-e2e"))
     device = (
@@ -236,6 +264,12 @@ def main(argv: list[str] | None = None) -> dict:
         "flow_seconds_per_step": flow_s,
         "engine_seconds_per_step": engine_s,
         "flow_over_engine": flow_s / engine_s,
+        "repeats": args.repeats,
+        "flow_over_engine_each": [
+            statistics.median(flow_times(f)) / statistics.median(engine_times(e)) for f, e in pairs
+        ],
+        "flow_mean_seconds_per_step": statistics.mean(t for f, _ in pairs for t in flow_times(f)),
+        "engine_mean_seconds_per_step": statistics.mean(t for _, e in pairs for t in engine_times(e)),
         "durable_engine_seconds_per_step": (
             statistics.median(durable["per_step"][s - 1]["perf/time_per_step"] for s in timed) if durable else None
         ),

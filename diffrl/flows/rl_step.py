@@ -26,7 +26,9 @@ def step_run_name() -> str:
     return f"{parameters['run_name']}-step-{step_number(parameters['step'])}"
 
 
-@flow(name="rl_step", flow_run_name=step_run_name, log_prints=False)
+# validate_parameters=False: Prefect would build a pydantic model of (run_name, step) for every step (~10 ms of the
+# flow thread's GIL a step, which the engines' threads wait for)
+@flow(name="rl_step", flow_run_name=step_run_name, log_prints=False, validate_parameters=False)
 def rl_step(run_name: str, step: int) -> dict:
     """Run step `step` of run `run_name` on its registered engines; returns the step's metrics."""
     engines = cluster.get(run_name)  # cluster.mode ray: each stage runs as a Ray task calling the run's actors

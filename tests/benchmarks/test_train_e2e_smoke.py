@@ -73,3 +73,9 @@ def test_run_bytes_keeps_only_the_last_steps_latents(tmp_path, monkeypatch):
     assert before["bytes"] > 6 * latents_per_step  # every step's latents stay
     assert after["bytes"] < 4 * latents_per_step  # the last 2 steps' (and the step in flight's)
     assert json.loads(out.read_text())["after"] == after
+
+
+def test_repeats_pair_each_flow_run_with_its_engines_run_so_they_cannot_split_over_calls(tmp_path):
+    for args in (["--repeats", "2", "--flow-only", "--keep", str(tmp_path)], ["--repeats", "0"]):
+        with pytest.raises(SystemExit, match="--repeats must be >= 1"):
+            train_e2e.main(["--config", "quickstart", *args])
