@@ -34,10 +34,11 @@ from diffrl.engines.train.policy_loss import correction_weights, lora_disabled
 from diffrl.engines.train.preference import training_units
 from diffrl.engines.train.setup import build_optimizer, build_scheduler, check_offload, prepare_denoiser, world
 from diffrl.engines.train.trainer import _reduce_metrics
+from diffrl.engines.train.versions import PolicyVersions
 from diffrl.models.causal_lm import CausalLMPolicy
 
 
-class TokenTrainer:
+class TokenTrainer(PolicyVersions):
     """Owns the trainable causal LM (LoRA or full), its optimizer/schedule, checkpoints and weight sync; trains every
     algorithm whose needs.data is "tokens". The policy's module is trained in place, so an in-process rollout on the
     same policy samples with the trained weights without a copy."""
@@ -82,22 +83,6 @@ class TokenTrainer:
         self._version = 0
         self._stepped_since_sync = False
         self.last_exported: dict[str, torch.Tensor] = {}
-
-    # ---- versions (as PolicyTrainer's: checkpoint.py saves and restores them) ---------------------------
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    @property
-    def stepped_since_sync(self) -> bool:
-        return self._stepped_since_sync
-
-    def mark_synced(self) -> None:
-        self._version += 1
-        self._stepped_since_sync = False
-
-    def restore_sync_state(self, policy_version: int, stepped_since_sync: bool) -> None:
-        self._version, self._stepped_since_sync = policy_version, stepped_since_sync
 
     @contextlib.contextmanager
     def reference_policy(self):

@@ -59,13 +59,14 @@ from diffrl.engines.train.setup import (
     shard,
     world,
 )
+from diffrl.engines.train.versions import PolicyVersions
 from diffrl.engines.trajectories import Trajectories
 from diffrl.models.base import ModelAdapter, SampleShape
 
 TRAINED_DATA = ("denoising_steps", "final_samples")  # the Needs.data this trainer feeds
 
 
-class PolicyTrainer:
+class PolicyTrainer(PolicyVersions):
     """Owns the trainable denoiser (LoRA or full), its optimizer/schedule, checkpoints and weight sync, and trains
     every diffusion algorithm (its needs.data is "denoising_steps" or "final_samples").
 
@@ -130,25 +131,6 @@ class PolicyTrainer:
         elif self.world_size > 1:
             shard(self.adapter, self.cfg, self.device, module=ref)
         return ref
-
-    @property
-    def policy_version(self) -> int:
-        """Number of weight syncs done; trajectories sampled at this version need no old-policy recompute."""
-        return self._version
-
-    @property
-    def stepped_since_sync(self) -> bool:
-        """Whether the weights changed since the rollout last received them."""
-        return self._stepped_since_sync
-
-    def mark_synced(self) -> None:
-        """The rollout now samples with the current weights: one policy version more."""
-        self._version += 1
-        self._stepped_since_sync = False
-
-    def restore_sync_state(self, policy_version: int, stepped_since_sync: bool) -> None:
-        """The counters a checkpoint saved (engines.train.checkpoint.load)."""
-        self._version, self._stepped_since_sync = policy_version, stepped_since_sync
 
     # ---- the policies the update reads -----------------------------------------------------------
     @contextlib.contextmanager
