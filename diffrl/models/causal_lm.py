@@ -232,8 +232,17 @@ class CausalLMPolicy:
                 return_dict_in_generate=True,
             )
         response = out.sequences[:, inputs.input_ids.shape[1] :]
-        logits = torch.stack(out.logits, dim=1).float() / (params.temperature or 1.0)
-        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, response.unsqueeze(-1)).squeeze(-1)
+        # one generated position at a time: the (B, T, V) logits in fp32 at once were 37 GiB for 64 x 1024 tokens of
+        # the 30B-A3B Thinker's 152k vocabulary (out of memory on an H200); each position's fp32 log-softmax is B x V
+        temperature = params.temperature or 1.0
+        log_probs = torch.stack(
+            [
+                torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, response[:, t, None]).squeeze(-1)
+                for t, logits in enumerate(out.logits)
+            ],
+            dim=1,
+        )
+        del out
         lengths = self.response_lengths(response, params.stop)
         mask = torch.arange(response.shape[1], device=response.device)[None, :] < lengths[:, None].to(response.device)
         return TokenSamples(inputs, response.cpu(), (log_probs * mask).cpu(), mask.cpu(), lengths)
