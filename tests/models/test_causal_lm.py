@@ -69,6 +69,7 @@ def test_lengths_end_at_eos_or_a_stop_string(policy):
 
 def test_sampling_params_check_their_fields():
     with pytest.raises(ValueError, match="temperature"):
-        SamplingParams(temperature=0.0)
+        SamplingParams(temperature=-0.5)
+    assert SamplingParams(temperature=0.0).temperature == 0.0  # 0 decodes greedily (validation, omni_quick)
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=1.5)
