@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import math
 import time
 from collections import defaultdict
 
@@ -28,17 +27,16 @@ from diffrl.algorithms.base import Algorithm
 from diffrl.algorithms.batches import TokenBatch
 from diffrl.engines.rollout.tokens import TokenSampling
 from diffrl.engines.token_trajectories import TokenTrajectories
-from diffrl.engines.train import checkpoint
+from diffrl.engines.train.base import TrainerBase
 from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.policy_loss import correction_weights, lora_disabled
 from diffrl.engines.train.preference import training_units
 from diffrl.engines.train.setup import build_optimizer, build_scheduler, check_offload, prepare_denoiser, world
 from diffrl.engines.train.trainer import _reduce_metrics
-from diffrl.engines.train.versions import PolicyVersions
 from diffrl.models.causal_lm import CausalLMPolicy
 
 
-class TokenTrainer(PolicyVersions):
+class TokenTrainer(TrainerBase):
     """Owns the trainable causal LM (LoRA or full), its optimizer/schedule, checkpoints and weight sync; trains every
     algorithm whose needs.data is "tokens". The policy's module is trained in place, so an in-process rollout on the
     same policy samples with the trained weights without a copy."""
@@ -198,30 +196,6 @@ class TokenTrainer(PolicyVersions):
             idx = list(range(start, min(start + size, len(traj))))
             out[idx] = self._replay(traj.select(idx), response_ids[idx])[0].float().cpu()
         return out * traj.padded()[2]  # padding positions hold 0, as the rollout's padded log-probs do
-
-    def _optimizer_step(self, sums, counts) -> None:
-        """Clip; skip the step (and count it) when the gradient norm is not finite."""
-        norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm))
-        finite = math.isfinite(norm)
-        if finite:
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer_steps += 1
-            self._stepped_since_sync = True
-            sums["actor/grad_norm"] += norm
-            counts["actor/grad_norm"] += 1
-        sums["actor/skipped_steps"] += 0.0 if finite else 1.0
-        counts["actor/skipped_steps"] = 1  # a count, not a mean
-        self.optimizer.zero_grad(set_to_none=True)
-
-    # ---- checkpoints and weight sync --------------------------------------------------------------------
-    def save_checkpoint(self, path: str, *, step: int) -> str:
-        """Write the weights (LoRA tensors, or the full model through DCP), optimizer, schedule, RNG and step."""
-        return checkpoint.save(self, path, step=step)
-
-    def load_checkpoint(self, path: str) -> int:
-        """Restore what :meth:`save_checkpoint` wrote; returns its step."""
-        return checkpoint.load(self, path)
 
     def sync_weights(self, rollout) -> dict[str, float]:
         """The in-process rollout shares this module: the policy version moves (and the rollout learns it)."""

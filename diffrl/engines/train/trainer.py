@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import time
 from collections import defaultdict
 
@@ -31,6 +30,7 @@ from diffrl.algorithms.batches import SampleBatch, StepBatch
 from diffrl.engines.rollout.config import SamplingConfig
 from diffrl.engines.rollout.engine import RolloutEngine
 from diffrl.engines.train import checkpoint, sync
+from diffrl.engines.train.base import TrainerBase
 from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.policy_loss import (
     OldPolicy,
@@ -59,14 +59,13 @@ from diffrl.engines.train.setup import (
     shard,
     world,
 )
-from diffrl.engines.train.versions import PolicyVersions
 from diffrl.engines.trajectories import Trajectories
 from diffrl.models.base import ModelAdapter, SampleShape
 
 TRAINED_DATA = ("denoising_steps", "final_samples")  # the Needs.data this trainer feeds
 
 
-class PolicyTrainer(PolicyVersions):
+class PolicyTrainer(TrainerBase):
     """Owns the trainable denoiser (LoRA or full), its optimizer/schedule, checkpoints and weight sync, and trains
     every diffusion algorithm (its needs.data is "denoising_steps" or "final_samples").
 
@@ -350,33 +349,6 @@ class PolicyTrainer(PolicyVersions):
             old_velocity=old_velocity,
             ref_velocity=ref_velocity,
         )
-
-    def _optimizer_step(self, sums, counts) -> None:
-        """Clip; skip the step (and count it) when the gradient norm is not finite."""
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        norm = float(norm)
-        finite = math.isfinite(norm)
-        if finite:
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer_steps += 1
-            self._stepped_since_sync = True
-            sums["actor/grad_norm"] += norm
-            counts["actor/grad_norm"] += 1
-        sums["actor/skipped_steps"] += 0.0 if finite else 1.0
-        counts["actor/skipped_steps"] = 1  # a count, not a mean
-        self.optimizer.zero_grad(set_to_none=True)
-
-    # ---- checkpoints and weight sync -----------------------------------------------------------
-    def save_checkpoint(self, path: str, *, step: int) -> str:
-        """Write LoRA (diffusers format) or full weights (DCP), optimizer, schedule, RNG and step to `path`."""
-        return checkpoint.save(self, path, step=step)
-
-    def load_checkpoint(self, path: str) -> int:
-        """Restore what :meth:`save_checkpoint` wrote; returns its step."""
-        return checkpoint.load(self, path)
 
     def export_lora(self, path: str) -> str:
         """The LoRA weights as a diffusers `load_lora_weights` folder at `path` (fsspec)."""
