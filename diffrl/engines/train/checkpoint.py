@@ -291,14 +291,9 @@ class LoraSnapshot:
     copied: torch.cuda.Event | None = None  # the device-to-host copies have landed once this event has
 
 
-def snapshot_meta(trainer, step: int) -> tuple[dict, dict[str, torch.Tensor]]:
-    """The counters, schedule and RNG state of a checkpoint (what the weight sync and the next rollout change)."""
-    return copy.deepcopy(_trainer_state(trainer, step)), {k: v.clone() for k, v in _rng_state().items()}
-
-
-def snapshot(trainer, *, step: int, meta: tuple[dict, dict] | None = None) -> LoraSnapshot:
+def snapshot(trainer, *, step: int) -> LoraSnapshot:
     """Copy a single-process LoRA trainer's checkpoint state to the CPU, asynchronously from a GPU (the next update
-    may start right after; `write` waits for the copies). `meta`: snapshot_meta, when taken earlier."""
+    may start right after; `write` waits for the copies)."""
     if not trainer.cfg.lora or trainer.world_size != 1:
         raise ValueError(
             "checkpoint.snapshot: only a single-process LoRA trainer is snapshotted; "
@@ -323,7 +318,9 @@ def snapshot(trainer, *, step: int, meta: tuple[dict, dict] | None = None) -> Lo
         {**{k: v for k, v in group.items() if k != "params"}, "params": fqns}
         for group, fqns in zip(trainer.optimizer.param_groups, plan.group_fqns)
     ]
-    trainer_state, rng = meta if meta is not None else snapshot_meta(trainer, step)
+    # the counters, schedule and RNG now: the weight sync and the next rollout move them
+    trainer_state = copy.deepcopy(_trainer_state(trainer, step))
+    rng = {k: v.clone() for k, v in _rng_state().items()}
     return LoraSnapshot(
         step=step,
         trainable=trainable,
