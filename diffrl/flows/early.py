@@ -3,7 +3,8 @@ training of a run that has no checkpoint yet (issue 25, startup).
 
 The temporary server boots in its own process (7-14 s on the GPU machine); the flow cannot start before it is up.
 The command builds the run's engines (model load) and samples and scores the validation prompts in the meantime, and
-the train flow then takes them instead of doing it again. Only `cluster.mode: local` (Ray builds its engines in its
+the train flow then takes them instead of doing it again. MLflow's tracking store opens on a thread meanwhile (a new
+sqlite database migrates for about 2 s), so the flow's Tracker finds it ready. Only `cluster.mode: local` (Ray builds its engines in its
 actors); only for the config the flow will load (the same config and overrides, compared as a whole); and only when
 preparing works: any error is left for the flow, which builds again and reports it as it always did. A Prefect
 deployment run, which has no command around it, builds inside the flow as before.
@@ -12,11 +13,13 @@ deployment run, which has no command around it, builds inside the flow as before
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from diffrl.configs.loader import to_dict
 from diffrl.engines import cluster
 from diffrl.flows.build import build_engines
+from diffrl.flows.tracking import open_tracking_store
 
 _ENGINES: dict[str, tuple[dict, Any]] = {}  # run name -> (the config as a dict, its engines)
 _VALIDATION: dict[str, Any] = {}  # run name -> what `validate_fn` returned for the engines before training
@@ -29,11 +32,14 @@ def prepare(cfg: Any, validate_fn: Callable[[Any], Any], *, fresh: bool) -> dict
         return {}
     parts: dict[str, float] = {}
     started = time.time()
-    try:
-        engines = build_engines(cfg)
-    except Exception:  # noqa: BLE001 - the flow builds again and reports this error in its own words
-        cluster.drop(cfg.run.name)
-        return {}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # an error opening it is left for the flow's own open, which reports it
+        pool.submit(open_tracking_store)
+        try:
+            engines = build_engines(cfg)
+        except Exception:  # noqa: BLE001 - the flow builds again and reports this error in its own words
+            cluster.drop(cfg.run.name)
+            return {}
     _ENGINES[cfg.run.name] = (to_dict(cfg), engines)
     parts["engines"] = time.time() - started
     if fresh and cfg.data.num_val_prompts:
