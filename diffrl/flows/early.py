@@ -1,13 +1,13 @@
-"""What `diffrl train` prepares while Prefect's temporary server boots: the engines, and the validation before
-training of a run that has no checkpoint yet (issue 25, startup).
+"""What `diffrl train` prepares while Prefect's temporary server boots: the engines, and the validation before training
+of a run that has no checkpoint yet (issue 25, startup).
 
 The temporary server boots in its own process (7-14 s on the GPU machine); the flow cannot start before it is up.
 The command builds the run's engines (model load) and samples and scores the validation prompts in the meantime, and
 the train flow then takes them instead of doing it again. MLflow's tracking store opens on a thread meanwhile (a new
-sqlite database migrates for about 2 s), so the flow's Tracker finds it ready. Only `cluster.mode: local` (Ray builds its engines in its
-actors); only for the config the flow will load (the same config and overrides, compared as a whole); and only when
-preparing works: any error is left for the flow, which builds again and reports it as it always did. A Prefect
-deployment run, which has no command around it, builds inside the flow as before.
+sqlite database migrates for about 2 s), so the flow's Tracker finds it ready. Only `cluster.mode: local` (Ray
+builds its engines in its actors); only for the config the flow will load (the same config and overrides, compared
+as a whole); and only when preparing works: any error is left for the flow, which builds again and reports it as it
+always did. A Prefect deployment run, which has no command around it, builds inside the flow as before.
 """
 
 from __future__ import annotations
