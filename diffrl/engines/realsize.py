@@ -15,13 +15,16 @@ init: the real-size SD3.5-M transformer, T5-XXL, both CLIPs and both VAEs give f
 Qwen2.5-VL's residual stream grows slowly (std 5.7 after 5 of its 28 layers, finite); the Qwen-Image
 blocks (6 of 60 at real width) keep std ~0.58.
 
+`weights=False` (`--configs-only`) writes the same folder without weight files: `model.path: random:<folder>` then
+builds every model component from its config with random weights in memory on the run's device
+(diffrl/models/random_weights.py), which Qwen-Image needs on a 64 GB disk.
+
 `scale` (tests only) maps a component's folder name to config overrides (nested dicts merge), e.g.
 {"transformer": {"num_layers": 2}}: the same code path at toy size.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import inspect
 import json
@@ -34,6 +37,8 @@ from typing import Callable
 
 import torch
 from torch import nn
+
+from diffrl.models.random_weights import default_dtype, seeded
 
 ARCHITECTURES = ("sd35m", "qwen_image")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -390,12 +395,15 @@ def build_random(
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
     scale: dict[str, dict] | None = None,
+    weights: bool = True,
 ) -> str:
     """Write the `arch` pipeline ("sd35m" or "qwen_image") with random weights to out_dir; returns out_dir.
 
     One component at a time: initialised on `device` in `dtype` (seeded), saved as sharded safetensors,
     freed. ValueError (nothing written) for an unknown arch, an existing out_dir, an unusable device or
-    dtype, or too little free disk space for parameters x bytes per value.
+    dtype, or too little free disk space for parameters x bytes per value. `weights=False` writes the configs,
+    tokenizers and scheduler only (built on the meta device: no weights made, a second), for `model.path:
+    random:<out_dir>`, which builds the weights in memory (diffrl/models/random_weights.py).
     """
     start = time.perf_counter()
     if arch not in PLANS:
@@ -408,21 +416,24 @@ def build_random(
         raise ValueError(f"OUT_DIR {out_dir!r} already exists; remove it or choose a new folder")
     plan = plan_for(arch, scale)
     counts = meta_counts(plan)
-    need = sum(stored for _, stored in counts.values()) * _itemsize(dtype) + DISK_MARGIN_BYTES
+    need = (sum(stored for _, stored in counts.values()) * _itemsize(dtype) if weights else 0) + DISK_MARGIN_BYTES
     tmp = out_dir + ".tmp"
     _remove_leftover(tmp)
     free = check_disk_space(tmp, need)
+    what = f"~{need / 1e9:.1f} GB in {_dtype_name(dtype)}" if weights else "configs only, no weights"
     _progress(
-        f"{arch}: {sum(n for n, _ in counts.values()):,} parameters, ~{need / 1e9:.1f} GB in "
-        f"{_dtype_name(dtype)} into {tmp} ({free / 1e9:.1f} GB free)"
+        f"{arch}: {sum(n for n, _ in counts.values()):,} parameters, {what} into {tmp} ({free / 1e9:.1f} GB free)"
     )
     os.makedirs(tmp)
     open(os.path.join(tmp, _MARKER), "w").close()
     index: dict[str, object] = {}
     for i, (name, build) in enumerate(plan.models.items()):
-        index[name] = _write_model(
-            name, build, os.path.join(tmp, name), device=device, dtype=dtype, seed=seed * 100 + i
-        )
+        if weights:
+            index[name] = _write_model(
+                name, build, os.path.join(tmp, name), device=device, dtype=dtype, seed=seed * 100 + i
+            )
+        else:
+            index[name] = _write_config(build, os.path.join(tmp, name), dtype=dtype)
     for name, obj in plan.small.items():
         obj.save_pretrained(os.path.join(tmp, name))
         index[name] = _library_and_class(obj)
@@ -453,7 +464,7 @@ def _write_model(
 ) -> list[str]:
     """Initialise one component on device in dtype, save it sharded, free it; its model_index entry."""
     start = time.perf_counter()
-    with _seeded(seed, device), _default_dtype(dtype), device:
+    with seeded(seed, device), default_dtype(dtype), device:
         model = build()
     # Buffers the constructors make in fp32 on purpose (SD3's sin-cos table) are stored in dtype as well.
     # nn.Module.to: diffusers' ModelMixin.to warns about fp32-kept modules, which these models have none of.
@@ -473,6 +484,18 @@ def _write_model(
         f"{name} ({entry[1]}): {parameters:,} parameters, init {built - start:.1f} s, "
         f"save {time.perf_counter() - built:.1f} s"
     )
+    return entry
+
+
+def _write_config(build: Callable[[], nn.Module], path: str, *, dtype: torch.dtype) -> list[str]:
+    """One component's config alone (the model built on the meta device); its model_index entry."""
+    with default_dtype(dtype), torch.device("meta"):
+        model = build()
+    entry = _library_and_class(model)
+    if entry[0] == "diffusers":
+        model.save_config(path)
+    else:
+        model.config.save_pretrained(path)
     return entry
 
 
@@ -515,27 +538,6 @@ def _remove_leftover(tmp: str) -> None:
     if not os.path.isfile(os.path.join(tmp, _MARKER)):
         raise ValueError(f"{tmp!r} exists and is not an interrupted `diffrl random-model` write; remove it")
     shutil.rmtree(tmp)
-
-
-@contextlib.contextmanager
-def _seeded(seed: int, device: torch.device):
-    """Seed the module inits without touching the caller's RNG state."""
-    devices = (
-        [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    )
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def _itemsize(dtype: torch.dtype) -> int:

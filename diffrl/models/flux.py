@@ -28,8 +28,15 @@ from diffusers import FluxPipeline
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 from diffusers.utils.torch_utils import randn_tensor
 
-from diffrl.models.base import Encoding, ModelAdapter, SampleShape, images_to_uint8, register_adapter
-from diffrl.models.sd3 import load_pipeline, warn_if_truncated
+from diffrl.models.base import (
+    Encoding,
+    ModelAdapter,
+    SampleShape,
+    images_to_uint8,
+    load_pipeline,
+    register_adapter,
+)
+from diffrl.models.sd3 import warn_if_truncated
 
 
 @register_adapter

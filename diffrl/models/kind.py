@@ -10,7 +10,7 @@ import os
 
 KINDS = ("diffusion", "autoregressive")
 AUTOREGRESSIVE_TINY = ("qwen3_omni",)  # `tiny:<arch>` builders (diffrl/models/tiny/) that write a causal LM folder
-RANDOM = "random:"  # model.path prefix: build the folder's config with random weights (autoregressive models only)
+RANDOM = "random:"  # model.path prefix: a folder of configs only, built with random weights in memory
 REFERENCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference")
 
 

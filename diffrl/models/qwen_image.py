@@ -22,7 +22,6 @@ C latent channels (VAE z_dim).
 from __future__ import annotations
 
 import copy
-import os
 import warnings
 from typing import ClassVar
 
@@ -32,7 +31,15 @@ from diffusers import QwenImagePipeline
 from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
 from diffusers.utils.torch_utils import randn_tensor
 
-from diffrl.models.base import Encoding, ModelAdapter, SampleShape, images_to_uint8, pad_and_cat, register_adapter
+from diffrl.models.base import (
+    Encoding,
+    ModelAdapter,
+    SampleShape,
+    images_to_uint8,
+    load_pipeline,
+    pad_and_cat,
+    register_adapter,
+)
 
 # QwenImagePipeline.check_inputs refuses longer text; the tokenizer keeps at most this + the template.
 _MAX_SEQUENCE_LENGTH_LIMIT = 1024
@@ -65,14 +72,9 @@ class QwenImageAdapter(ModelAdapter):
     @classmethod
     def from_pretrained(cls, path: str, *, device="cpu", dtype=torch.float32, **kwargs) -> "QwenImageAdapter":
         """Load a QwenImagePipeline folder with `torch_dtype=dtype` and move it to `device`."""
-        if not os.path.isdir(path):
-            raise ValueError(
-                f"model path {path!r} does not exist or is not a directory "
-                "(expected a diffusers QwenImagePipeline folder)"
-            )
         if kwargs:
             raise ValueError(f"unexpected options for qwen_image: {sorted(kwargs)}; it takes none")
-        pipe = QwenImagePipeline.from_pretrained(path, dtype=dtype).to(device)
+        pipe = load_pipeline(QwenImagePipeline, path, device=device, dtype=dtype)
         if pipe.transformer.config.guidance_embeds:
             raise ValueError(
                 f"{path!r}: guidance-distilled Qwen-Image transformers (guidance_embeds=True) "

@@ -16,8 +16,6 @@ D joint_attention_dim, P pooled dim.
 from __future__ import annotations
 
 import copy
-import os
-import re
 import warnings
 
 import torch
@@ -25,28 +23,14 @@ from diffusers import StableDiffusion3Pipeline
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift, retrieve_timesteps
 from diffusers.utils.torch_utils import randn_tensor
 
-from diffrl.models.base import Encoding, ModelAdapter, SampleShape, images_to_uint8, register_adapter
-
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
-
-
-def load_pipeline(pipeline_cls, path: str, *, device, dtype: torch.dtype):
-    """`pipeline_cls.from_pretrained(path, dtype=dtype)` (diffusers' new name of torch_dtype) moved to device;
-    a clear ValueError when the folder is missing (a string shaped like "owner/name" that is no local folder is
-    tried on the Hub)."""
-    if not os.path.isdir(path) and not _HUB_ID.match(path):
-        raise ValueError(f"model path {path!r} does not exist (expected a diffusers pipeline folder)")
-    try:
-        pipe = pipeline_cls.from_pretrained(path, dtype=dtype)
-    except OSError as err:  # diffusers raises OSError for a missing or incomplete folder / Hub id
-        raise ValueError(f"could not load a {pipeline_cls.__name__} from {path!r}: {err}") from err
-    pipe.set_progress_bar_config(disable=True)
-    pipe = pipe.to(device)
-    if torch.device(device).type == "cpu" and getattr(pipe, "vae", None) is not None:
-        # CPU convolutions run about 2x faster on NHWC weights (the shapes-small VAE decodes 48 images in
-        # 0.29 s against 0.63 s on the 2-core CPU); the outputs differ from NCHW by float rounding only.
-        pipe.vae.to(memory_format=torch.channels_last)
-    return pipe
+from diffrl.models.base import (
+    Encoding,
+    ModelAdapter,
+    SampleShape,
+    images_to_uint8,
+    load_pipeline,
+    register_adapter,
+)
 
 
 def warn_if_truncated(prompts: list[str], tokenizer, limit: int, what: str) -> None:

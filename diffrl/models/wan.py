@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import warnings
 
 import numpy as np
@@ -35,7 +34,7 @@ from diffusers.pipelines.wan.pipeline_wan import prompt_clean
 from diffusers.utils.torch_utils import randn_tensor
 from torch import nn
 
-from diffrl.models.base import Encoding, ModelAdapter, SampleShape, register_adapter
+from diffrl.models.base import Encoding, ModelAdapter, SampleShape, load_pipeline, register_adapter
 
 
 @register_adapter
@@ -93,10 +92,7 @@ class WanAdapter(ModelAdapter):
             raise ValueError(
                 f"WanAdapter.from_pretrained got unknown arguments {sorted(kwargs)}; it takes only guidance_scale_2"
             )
-        if not os.path.isdir(path):
-            raise ValueError(f"model path {path!r} is not a directory (expected a diffusers WanPipeline folder)")
-        # `dtype=` is diffusers 0.42's name for the deprecated `torch_dtype=`.
-        pipe = WanPipeline.from_pretrained(path, dtype=dtype).to(device)
+        pipe = load_pipeline(WanPipeline, path, device=device, dtype=dtype)
         adapter = cls(pipe, device=device, dtype=dtype, guidance_scale_2=guidance_scale_2)
         adapter.source = path
         return adapter

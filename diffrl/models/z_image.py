@@ -24,7 +24,6 @@ Legend: B batch, C latent channels, H/W latent height/width, T text tokens, D te
 from __future__ import annotations
 
 import copy
-import os
 import warnings
 from typing import ClassVar
 
@@ -37,7 +36,15 @@ from diffusers.pipelines.z_image.pipeline_z_image import (
 )
 from diffusers.utils.torch_utils import randn_tensor
 
-from diffrl.models.base import Encoding, ModelAdapter, SampleShape, images_to_uint8, pad_and_cat, register_adapter
+from diffrl.models.base import (
+    Encoding,
+    ModelAdapter,
+    SampleShape,
+    images_to_uint8,
+    load_pipeline,
+    pad_and_cat,
+    register_adapter,
+)
 
 
 @register_adapter
@@ -73,15 +80,11 @@ class ZImageAdapter(ModelAdapter):
         **kwargs,
     ) -> "ZImageAdapter":
         """Load a ZImagePipeline folder with `dtype` on `device`; CFG options as ZImagePipeline.__call__."""
-        if not os.path.isdir(path):
-            raise ValueError(
-                f"model path {path!r} does not exist or is not a directory (expected a diffusers ZImagePipeline folder)"
-            )
         if kwargs:
             raise ValueError(
                 f"unexpected options for z_image: {sorted(kwargs)}; allowed: cfg_normalization, cfg_truncation"
             )
-        pipe = ZImagePipeline.from_pretrained(path, dtype=dtype).to(device)
+        pipe = load_pipeline(ZImagePipeline, path, device=device, dtype=dtype)
         adapter = cls(
             pipe, device=device, dtype=dtype, cfg_normalization=cfg_normalization, cfg_truncation=cfg_truncation
         )

@@ -161,6 +161,42 @@ def test_scaled_build_loads_offline_and_samples(arch, tmp_path, tiny_model, caps
     assert image.shape == (1, 64, 64, 3) and image.float().std() > 0
 
 
+@pytest.mark.parametrize("arch", ["sd35m", "qwen_image"])
+def test_configs_only_folder_builds_the_same_pipeline_in_memory(arch, tmp_path, capsys):
+    """`--configs-only` + `model.path: random:<folder>`: no weight files on disk, the same modules (names, shapes,
+    dtypes) as the folder with weights, the same weights in every process that builds it, and it samples."""
+    written = load_adapter(
+        build_random(arch, str(tmp_path / "full"), device="cpu", dtype=torch.bfloat16, scale=SCALES[arch]),
+        dtype=torch.bfloat16,
+    )
+    folder = build_random(arch, str(tmp_path / "cfg"), device="cpu", scale=SCALES[arch], weights=False)
+    assert "configs only" in capsys.readouterr().err
+    files = [f for _, _, names in os.walk(folder) for f in names]
+    assert not [f for f in files if f.endswith((".safetensors", ".bin"))] and "config.json" in files
+    first, second = (load_adapter(f"random:{folder}", dtype=torch.bfloat16) for _ in range(2))
+    assert first.source == f"random:{folder}"
+    for name in [n for n, c in written.pipe.components.items() if isinstance(c, torch.nn.Module)]:
+        want = {k: (v.shape, v.dtype) for k, v in getattr(written.pipe, name).state_dict().items()}
+        got = getattr(first.pipe, name).state_dict()
+        assert {k: (v.shape, v.dtype) for k, v in got.items()} == want, name
+        again = getattr(second.pipe, name).state_dict()
+        assert all(torch.equal(got[k], again[k]) for k in got), f"{name}: weights differ between two builds"
+    shape = SampleShape(64, 64)
+    enc, neg = first.encode_prompt([PROMPT]), first.encode_prompt([" "])
+    x = first.prepare_latents(shape, [torch.Generator().manual_seed(7)])
+    with torch.no_grad():
+        v = first.velocity(x, first.sigmas(2, shape)[:1], enc, neg, guidance_scale=4.0, shape=shape)
+    assert torch.isfinite(v).all() and v.float().std() > 0
+
+
+def test_random_prefix_refuses_a_folder_with_weights(tmp_path):
+    out = build_random("sd35m", str(tmp_path / "full"), device="cpu", dtype=torch.bfloat16, scale=SCALES["sd35m"])
+    with pytest.raises(ValueError, match="holds weight files"):
+        load_adapter(f"random:{out}")
+    with pytest.raises(ValueError, match="is not a directory"):
+        load_adapter(f"random:{tmp_path / 'missing'}")
+
+
 def test_disk_check_refuses_before_writing(tmp_path, monkeypatch):
     free = 10**9
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2 * free, free, free))

@@ -3,11 +3,16 @@
     diffrl random-model sd35m /data/sd35m-random --device cuda --dtype bf16 --seed 0
     diffrl train sd35m_flow_grpo_ocr model.path=/data/sd35m-random
 
+    diffrl random-model qwen_image /data/qwen-image-configs --configs-only
+    diffrl train qwen_image_ocr_lora model.path=random:/data/qwen-image-configs
+
 The folder has the layout and shapes of stabilityai/stable-diffusion-3.5-medium ("sd35m") or Qwen/Qwen-Image
 ("qwen_image"), so training and sampling cost what they cost with the real checkpoint, on a machine with
 no hub access. Weights are random (seeded); tokenizers are built in memory. Sizes in bf16: ~16.3 GB (sd35m),
-~57.7 GB (qwen_image); the free disk space is checked first. Exit codes: 0 written, 2 bad input (one-line
-error on stderr).
+~57.7 GB (qwen_image); the free disk space is checked first. With --configs-only the folder holds configs,
+tokenizers and the scheduler (a few MB, written in seconds) and `model.path=random:OUT_DIR` builds the weights in
+memory on the run's device instead (the same shapes and compute, nothing read from disk).
+Exit codes: 0 written, 2 bad input (one-line error on stderr).
 """
 
 from __future__ import annotations
@@ -42,6 +47,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument("--dtype", default="bf16", help="stored dtype: bf16, fp16 or fp32 (default bf16)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    parser.add_argument(
+        "--configs-only",
+        action="store_true",
+        help="write no weights: configs, tokenizers and scheduler only, for model.path=random:OUT_DIR (weights "
+        "built in memory on the run's device; Qwen-Image's 58 GB would not fit a 64 GB disk)",
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -55,9 +66,18 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"OUT_DIR {args.out_dir!r} is a file, expected a new folder")
         if args.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}; got {args.dtype!r}")
-        path = build_random(args.arch, args.out_dir, device=args.device, dtype=DTYPES[args.dtype], seed=args.seed)
+        path = build_random(
+            args.arch,
+            args.out_dir,
+            device="cpu" if args.configs_only else args.device,
+            dtype=DTYPES[args.dtype],
+            seed=args.seed,
+            weights=not args.configs_only,
+        )
     except ValueError as e:
         print(f"diffrl random-model: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(path)
+    if args.configs_only:
+        print(f"train it with model.path=random:{path}", file=sys.stderr)
     return EXIT_OK
