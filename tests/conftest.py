@@ -27,3 +27,24 @@ def tiny_model(tmp_path_factory):
         return built[arch]
 
     return get
+
+
+@pytest.fixture
+def sine_wav(tmp_path):
+    """sine_wav(name, freq, ...) -> path of a 16-bit PCM WAV of amplitude x sin(2 pi freq t), written with `wave`."""
+    import wave
+
+    import numpy as np
+
+    def write(name: str, freq: float, *, seconds: float = 0.5, rate: int = 16000, amplitude: float = 0.5) -> str:
+        t = np.arange(int(seconds * rate)) / rate
+        samples = np.round(amplitude * np.sin(2 * np.pi * freq * t) * 32767).astype("<i2")
+        path = str(tmp_path / name)
+        with wave.open(path, "wb") as f:
+            f.setnchannels(1)
+            f.setsampwidth(2)
+            f.setframerate(rate)
+            f.writeframes(samples.tobytes())
+        return path
+
+    return write

@@ -17,7 +17,8 @@ import torch
 class TokenTrajectories:
     """Sampled responses of B samples of an autoregressive policy.
 
-    prompts: the user text of each sample's prompt; image_paths: the images it showed (files, never pixels).
+    prompts: the user text of each sample's prompt; image_paths: the images it showed (files, never pixels);
+    audio_paths: the audio clips it played (WAV files, never waveforms; none by default).
     log_probs: the rollout's per-token log-probs of its own response (temperature-scaled, fp32).
     responses: the decoded response text (special tokens left out): what the reward scores.
     metadata: per-sample ground truth etc. (JSON-able), as the prompt dataset gave it.
@@ -34,14 +35,18 @@ class TokenTrajectories:
     responses: list[str]
     metadata: list[dict] = field(default_factory=list)
     policy_version: int = 0
+    audio_paths: list[tuple[str, ...]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         b = len(self.prompts)
-        lists = (self.group_ids, self.image_paths, self.prompt_ids, self.response_ids, self.log_probs, self.responses)
-        assert all(len(x) == b for x in lists) and self.sample_index.shape == (b,) and self.seeds.shape == (b,)
-        assert all(r.shape == lp.shape for r, lp in zip(self.response_ids, self.log_probs))
         if not self.metadata:
             self.metadata = [{} for _ in range(b)]
+        if not self.audio_paths:
+            self.audio_paths = [() for _ in range(b)]
+        lists = (self.group_ids, self.image_paths, self.audio_paths, self.prompt_ids, self.response_ids, self.log_probs)
+        assert all(len(x) == b for x in (*lists, self.responses, self.metadata))
+        assert self.sample_index.shape == (b,) and self.seeds.shape == (b,)
+        assert all(r.shape == lp.shape for r, lp in zip(self.response_ids, self.log_probs))
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -71,6 +76,7 @@ class TokenTrajectories:
             responses=[self.responses[i] for i in rows],
             metadata=[self.metadata[i] for i in rows],
             policy_version=self.policy_version,
+            audio_paths=[self.audio_paths[i] for i in rows],
         )
 
     @staticmethod
@@ -88,6 +94,7 @@ class TokenTrajectories:
             responses=[r for t in parts for r in t.responses],
             metadata=[m for t in parts for m in t.metadata],
             policy_version=parts[0].policy_version,
+            audio_paths=[p for t in parts for p in t.audio_paths],
         )
 
     def padded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -6,8 +6,8 @@ Legend: B rows (prompts times samples per prompt), P prompt tokens (left-padded)
 
 Log-probs are those of the temperature-scaled distribution, log softmax(logits / temperature), as verl computes
 them; top-p truncation is not in them (it changes what is sampled, not the recorded log-prob: the gap is one the
-rollout correction sees). Images come by reference (file paths in the prompt) and are expanded into image tokens as
-``Qwen3OmniMoeProcessor`` does; audio inputs are not supported yet.
+rollout correction sees). Images and audio clips come by reference (file paths in the prompt) and are expanded into
+image and audio tokens as ``Qwen3OmniMoeProcessor`` does (audio: 16-bit PCM WAV files, diffrl/models/audio.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -26,8 +27,11 @@ from transformers import (
     AutoTokenizer,
     GenerationConfig,
     Qwen3OmniMoeThinkerForConditionalGeneration,
+    WhisperFeatureExtractor,
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+from diffrl.models.audio import audio_features
 
 THINKER_TYPES = ("qwen3_omni_moe_thinker",)
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -36,10 +40,11 @@ TOWERS = ("audio_tower", "visual")  # the Thinker's encoders: not trained by def
 
 @dataclass(frozen=True)
 class TokenPrompt:
-    """One prompt: its user text and the images it shows (file paths, read when encoded)."""
+    """One prompt: its user text, the images it shows and the audio clips it plays (file paths, read when encoded)."""
 
     text: str
     images: tuple[str, ...] = ()
+    audios: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,31 +74,42 @@ class SamplingParams:
 
 @dataclass
 class PromptInputs:
-    """Encoded prompts: input_ids, attention_mask (B, P) left-padded, and the vision inputs of all their images."""
+    """Encoded prompts: input_ids, attention_mask (B, P) left-padded, the vision inputs of all their images
+    (pixel_values, image_grid_thw, images_per_row (B,)) and the audio inputs of all their clips (input_features
+    (N, M, F), feature_attention_mask (N, F), audios_per_row (B,)), clips and images in row order."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     vision: dict[str, torch.Tensor] = field(default_factory=dict)
+    audio: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def repeat(self, n: int) -> PromptInputs:
-        """Each prompt n times in a row (its images too), the layout of n samples per prompt."""
+        """Each prompt n times in a row (its images and clips too), the layout of n samples per prompt."""
         if n == 1:
             return self
-        vision = {}
+        vision, audio = {}, {}
         if self.vision:
-            # per-row slices of the flat patch tensor, then each row's block n times
-            patches = self.vision["image_grid_thw"].prod(dim=1)
-            rows = torch.split(self.vision["pixel_values"], patches.tolist())
-            counts = self.vision["images_per_row"].tolist()
-            grids = torch.split(self.vision["image_grid_thw"], counts)
-            starts = [sum(counts[:i]) for i in range(len(counts))]
-            pixel_rows = [torch.cat(rows[s : s + c]) if c else rows[0][:0] for s, c in zip(starts, counts)]
+            counts = self.vision["images_per_row"]
+            patches = self.vision["image_grid_thw"].prod(dim=1)  # rows of pixel_values per image
+            patches_per_row = [int(p.sum()) for p in torch.split(patches, counts.tolist())]
             vision = {
-                "pixel_values": torch.cat([p for p in pixel_rows for _ in range(n)]),
-                "image_grid_thw": torch.cat([g for g in grids for _ in range(n)]),
-                "images_per_row": self.vision["images_per_row"].repeat_interleave(n),
+                "pixel_values": _repeat_rows(self.vision["pixel_values"], patches_per_row, n),
+                "image_grid_thw": _repeat_rows(self.vision["image_grid_thw"], counts.tolist(), n),
+                "images_per_row": counts.repeat_interleave(n),
             }
-        return PromptInputs(self.input_ids.repeat_interleave(n, 0), self.attention_mask.repeat_interleave(n, 0), vision)
+        if self.audio:
+            counts = self.audio["audios_per_row"]
+            audio = {k: _repeat_rows(v, counts.tolist(), n) for k, v in self.audio.items() if k != "audios_per_row"}
+            audio["audios_per_row"] = counts.repeat_interleave(n)
+        return PromptInputs(
+            self.input_ids.repeat_interleave(n, 0), self.attention_mask.repeat_interleave(n, 0), vision, audio
+        )
+
+
+def _repeat_rows(x: torch.Tensor, sizes: list[int], n: int) -> torch.Tensor:
+    """x's leading dim split into one block per prompt (`sizes` entries each), each block n times in a row."""
+    blocks = torch.split(x, sizes)
+    return torch.cat([block for block in blocks for _ in range(n)])
 
 
 @dataclass
@@ -118,11 +134,20 @@ class CausalLMPolicy:
 
     kind = "autoregressive"  # what the step core builds for it (diffusion adapters: "diffusion")
 
-    def __init__(self, model: nn.Module, tokenizer, image_processor=None, *, source: str = ""):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        image_processor=None,
+        feature_extractor: WhisperFeatureExtractor | None = None,
+        *,
+        source: str = "",
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"
         self.image_processor = image_processor
+        self.feature_extractor = feature_extractor
         self.source = source
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.dtype = next(model.parameters()).dtype
@@ -164,43 +189,76 @@ class CausalLMPolicy:
             model = _random_model(loader, path, device, dtype)
         else:
             model = loader.from_pretrained(path, dtype=dtype, use_safetensors=True).to(device).eval()
-        image_processor = None
-        if os.path.isfile(os.path.join(path, "preprocessor_config.json")) and model_type in THINKER_TYPES:
+        image_processor = feature_extractor = None
+        preprocessor = os.path.join(path, "preprocessor_config.json")
+        if os.path.isfile(preprocessor) and model_type in THINKER_TYPES:
+            # one file holds both, as in Qwen3-Omni's folders: the image processor's keys and the feature extractor's
             image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
-        return cls(model, AutoTokenizer.from_pretrained(path), image_processor, source=path)
+            with open(preprocessor) as f:
+                if json.load(f).get("feature_extractor_type") == "WhisperFeatureExtractor":
+                    feature_extractor = WhisperFeatureExtractor.from_pretrained(path)
+        return cls(model, AutoTokenizer.from_pretrained(path), image_processor, feature_extractor, source=path)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def render(self, prompt: TokenPrompt, image_tokens: list[int]) -> str:
-        """The chat text of one user turn: each image as <|vision_start|>, its image tokens, <|vision_end|>."""
+    def render(self, prompt: TokenPrompt, image_tokens: Sequence[int], audio_tokens: Sequence[int] = ()) -> str:
+        """The chat text of one user turn: each image as <|vision_start|>, its image tokens, <|vision_end|>, then each
+        audio clip as <|audio_start|>, its audio tokens, <|audio_end|>, then the text (Qwen3-Omni's template renders
+        a turn's items in their order; its model card's examples give the media first)."""
         tok = self.tokenizer
         images = "".join(f"{tok.vision_bos_token}{tok.image_token * n}{tok.vision_eos_token}" for n in image_tokens)
-        return f"<|im_start|>user\n{images}{prompt.text}<|im_end|>\n<|im_start|>assistant\n"
+        audios = "".join(f"{tok.audio_bos_token}{tok.audio_token * n}{tok.audio_eos_token}" for n in audio_tokens)
+        return f"<|im_start|>user\n{images}{audios}{prompt.text}<|im_end|>\n<|im_start|>assistant\n"
 
     def encode(self, prompts: list[TokenPrompt]) -> PromptInputs:
-        """Tokenize the prompts (left-padded) and preprocess their images (vision inputs concatenated)."""
-        paths = [p for prompt in prompts for p in prompt.images]
-        vision: dict[str, torch.Tensor] = {}
-        per_image: list[int] = []
-        if paths:
-            if self.image_processor is None:
-                raise ValueError(f"{self.source!r}: prompts show images but the model folder has no image processor")
-            images = [Image.open(p).convert("RGB") for p in paths]
-            vision = dict(self.image_processor(images=images, return_tensors="pt"))
-            merge = self.image_processor.merge_size**2
-            per_image = (vision["image_grid_thw"].prod(dim=1) // merge).tolist()
-            vision["images_per_row"] = torch.tensor([len(p.images) for p in prompts])
-        texts, start = [], 0
+        """Tokenize the prompts (left-padded) and preprocess their images and audio clips (inputs concatenated)."""
+        vision, per_image = self._vision_inputs([p.images for p in prompts])
+        audio, per_clip = self._audio_inputs([p.audios for p in prompts])
+        texts, image_start, clip_start = [], 0, 0
         for prompt in prompts:
-            texts.append(self.render(prompt, per_image[start : start + len(prompt.images)]))
-            start += len(prompt.images)
+            images = per_image[image_start : image_start + len(prompt.images)]
+            clips = per_clip[clip_start : clip_start + len(prompt.audios)]
+            texts.append(self.render(prompt, images, clips))
+            image_start, clip_start = image_start + len(prompt.images), clip_start + len(prompt.audios)
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        return PromptInputs(enc["input_ids"], enc["attention_mask"], vision)
+        return PromptInputs(enc["input_ids"], enc["attention_mask"], vision, audio)
+
+    def _vision_inputs(self, images: list[tuple[str, ...]]) -> tuple[dict[str, torch.Tensor], list[int]]:
+        """(vision inputs of every row's images, image tokens per image); empty when no row shows an image."""
+        paths = [p for row in images for p in row]
+        if not paths:
+            return {}, []
+        if self.image_processor is None:
+            raise ValueError(f"{self.source!r}: prompts show images but the model folder has no image processor")
+        vision = dict(self.image_processor(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt"))
+        vision["images_per_row"] = torch.tensor([len(row) for row in images])
+        merge = self.image_processor.merge_size**2
+        return vision, (vision["image_grid_thw"].prod(dim=1) // merge).tolist()
+
+    def _audio_inputs(self, audios: list[tuple[str, ...]]) -> tuple[dict[str, torch.Tensor], list[int]]:
+        """(audio inputs of every row's clips, audio tokens per clip); empty when no row plays a clip."""
+        paths = [p for row in audios for p in row]
+        if not paths:
+            return {}, []
+        if self.feature_extractor is None:
+            raise ValueError(
+                f"{self.source!r}: prompts play audio but the model folder has no audio feature extractor "
+                "(preprocessor_config.json with feature_extractor_type WhisperFeatureExtractor; only a Qwen3-Omni "
+                "Thinker takes audio)"
+            )
+        audio = audio_features(self.feature_extractor, paths, self.model.config.audio_config.n_window)
+        tokens = audio.pop("audio_tokens").tolist()
+        audio["audios_per_row"] = torch.tensor([len(row) for row in audios])
+        return audio, tokens
 
     def _model_inputs(self, prompts: PromptInputs) -> dict[str, torch.Tensor]:
-        extra = {k: v.to(self.device) for k, v in prompts.vision.items() if k != "images_per_row"}
+        """The forward's inputs besides the attention mask: the ids, the images' and the clips' inputs."""
+        extra = {**prompts.vision, **prompts.audio}
+        extra = {k: v.to(self.device) for k, v in extra.items() if k not in ("images_per_row", "audios_per_row")}
+        if "input_features" in extra:  # the audio tower runs in the model's dtype, as the image tower does
+            extra["input_features"] = extra["input_features"].to(self.dtype)
         return {"input_ids": prompts.input_ids.to(self.device), **extra}
 
     @torch.no_grad()
@@ -265,23 +323,29 @@ class CausalLMPolicy:
             lengths.append(length)
         return torch.tensor(lengths)
 
-    def inputs_from_ids(self, prompt_ids: list[torch.Tensor], images: list[tuple[str, ...]]) -> PromptInputs:
-        """PromptInputs of stored prompts: their token ids left-padded, their images (by path) preprocessed again."""
+    def inputs_from_ids(
+        self,
+        prompt_ids: list[torch.Tensor],
+        images: list[tuple[str, ...]],
+        audios: list[tuple[str, ...]] | None = None,
+    ) -> PromptInputs:
+        """PromptInputs of stored prompts: their token ids left-padded, their images and audio clips (by path)
+        preprocessed again."""
         width = max(len(ids) for ids in prompt_ids)
         input_ids = torch.full((len(prompt_ids), width), self.tokenizer.pad_token_id, dtype=torch.long)
         attention = torch.zeros((len(prompt_ids), width), dtype=torch.long)
         for i, ids in enumerate(prompt_ids):
             input_ids[i, width - len(ids) :], attention[i, width - len(ids) :] = ids, 1
-        vision: dict[str, torch.Tensor] = {}
-        paths = [p for row in images for p in row]
-        if paths:
-            if self.image_processor is None:
-                raise ValueError(f"{self.source!r}: prompts show images but the model folder has no image processor")
-            vision = dict(
-                self.image_processor(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt")
+        audio, tokens = self._audio_inputs(audios or [() for _ in prompt_ids])
+        placed = 0
+        if audio:
+            placed = int((input_ids == self.tokenizer.convert_tokens_to_ids(self.tokenizer.audio_token)).sum())
+        if placed != sum(tokens):  # the stored ids were rendered for other features (another extractor or file)
+            raise ValueError(
+                f"{self.source!r}: the stored prompts hold {placed} audio tokens, their clips give {sum(tokens)} now; "
+                "an audio file or the feature extractor changed since the rows were sampled"
             )
-            vision["images_per_row"] = torch.tensor([len(row) for row in images])
-        return PromptInputs(input_ids, attention, vision)
+        return PromptInputs(input_ids, attention, self._vision_inputs(images)[0], audio)
 
     def log_probs(self, prompts: PromptInputs, response_ids: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
         """(B, T) teacher-forced log-probs of the responses (fp32; differentiable when grad is on): the replay."""

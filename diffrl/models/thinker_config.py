@@ -1,7 +1,8 @@
-"""Config-only Qwen3-Omni Thinker folders: config.json, an offline tokenizer and the image processor, no weights. A run
-whose `model.path` is `random:<folder>` builds the model from the config with random weights, in memory on its device
-(diffrl/flows/build_tokens.py): the real-size 30B-A3B Thinker would not fit the GPU machine's disk as a weights folder
-(~61 GB in bf16 of a 64 GB disk), and a benchmark of rollout and update speed needs no trained weights.
+"""Config-only Qwen3-Omni Thinker folders: config.json, an offline tokenizer, the image processor and the audio feature
+extractor, no weights. A run whose `model.path` is `random:<folder>` builds the model from the config with random
+weights, in memory on its device (diffrl/flows/build_tokens.py): the real-size 30B-A3B Thinker would not fit the GPU
+machine's disk as a weights folder (~61 GB in bf16 of a 64 GB disk), and a benchmark of rollout and update speed
+needs no trained weights.
 
 Sizes:
     30b-a3b  the Qwen3-Omni-30B-A3B Thinker's text model: 48 layers, hidden 2048, 32 query / 4 key-value heads of 128,
@@ -20,7 +21,7 @@ import os
 
 from transformers import Qwen3OmniMoeThinkerConfig
 
-from diffrl.models.tiny.qwen3_omni import OMNI_SPECIALS, tiny_thinker, tiny_thinker_config
+from diffrl.models.tiny.qwen3_omni import OMNI_SPECIALS, save_preprocessors, tiny_thinker, tiny_thinker_config
 
 SIZES = ("30b-a3b", "tiny")
 
@@ -64,7 +65,7 @@ def thinker_30b_a3b_config(token_ids: dict[str, int], *, layers: int = 48) -> Qw
 
 def write_config_folder(out_dir: str, *, size: str = "30b-a3b", layers: int = 48) -> str:
     """A Thinker folder without weights (`random:<out_dir>` builds it): config.json, generation_config.json, the
-    offline tokenizer and the image processor."""
+    offline tokenizer, the image processor and the audio feature extractor."""
     if size not in SIZES:
         raise ValueError(f"size must be one of {SIZES}; got {size!r}")
     os.makedirs(out_dir, exist_ok=True)
@@ -79,5 +80,5 @@ def write_config_folder(out_dir: str, *, size: str = "30b-a3b", layers: int = 48
         eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
         json.dump({"eos_token_id": eos, "pad_token_id": tokenizer.pad_token_id}, f)
     tokenizer.save_pretrained(out_dir)
-    processor.save_pretrained(out_dir)
+    save_preprocessors(out_dir, processor, config.audio_config.num_mel_bins)  # image processor and audio extractor
     return out_dir

@@ -4,6 +4,7 @@ sampled, and the stored log-probs equal the replay of the stored tokens."""
 
 from __future__ import annotations
 
+import lance
 import numpy as np
 import pytest
 import torch
@@ -65,3 +66,33 @@ def test_greedy_sampling_is_deterministic(policy):
     b = engine.generate(["hello"] * 2, ["g", "g"], [0, 1], [3, 4], greedy)
     assert [r.tolist() for r in a.response_ids] == [r.tolist() for r in b.response_ids]
     assert a.response_ids[0].tolist() == a.response_ids[1].tolist()
+
+
+def test_audio_rows_store_their_clips_by_path_and_replay(policy, tmp_path, sine_wav):
+    """Audio prompts through the rollout engine into Lance: the rows hold the clips' paths (never a waveform) and the
+    stored ids and paths replay to the stored log-probs."""
+    clips = [sine_wav("a.wav", 440), sine_wav("b.wav", 1000, seconds=0.7)]
+    engine = TransformersTokenEngine(policy)
+    meta = [{"audios": [clips[0]], "ground_truth": "a"}] * 2 + [{"audios": clips, "ground_truth": "b"}] * 2
+    traj = engine.generate(
+        ["what do you hear?"] * 2 + ["which is higher?"] * 2,
+        ["q0", "q0", "q1", "q1"],
+        [0, 1, 0, 1],
+        [3, 4, 5, 6],
+        TokenSampling(max_new_tokens=4, batch_size=3),  # the second prompt's rows split over two generate calls
+        metadata=meta,
+    )
+    assert traj.audio_paths == [(clips[0],)] * 2 + [tuple(clips)] * 2 and traj.image_paths == [()] * 4
+
+    store = TokenStore(str(tmp_path / "trajectories.lance"))
+    assert store.append(traj, run="r", step=1, chunk=0)
+    table = lance.dataset(str(tmp_path / "trajectories.lance")).to_table()
+    assert table.column("audios").to_pylist() == [[clips[0]]] * 2 + [clips] * 2
+    assert table.nbytes < 8_000  # 4 rows of ids, log-probs and paths: no waveform or feature in them
+    back = store.read_chunk(1, 0)
+    assert back.audio_paths == traj.audio_paths and back.select([3]).audio_paths == [tuple(clips)]
+    response_ids, log_probs, mask = back.padded()
+    with torch.no_grad():
+        inputs = policy.inputs_from_ids(back.prompt_ids, back.image_paths, back.audio_paths)
+        replay = policy.log_probs(inputs, response_ids)
+    torch.testing.assert_close(replay * mask, log_probs, rtol=0, atol=1e-5)

@@ -73,3 +73,51 @@ def test_sampling_params_check_their_fields():
     assert SamplingParams(temperature=0.0).temperature == 0.0  # 0 decodes greedily (validation, omni_quick)
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=1.5)
+
+
+def test_audio_prompts_replay_to_the_sampled_log_probs(policy, image_path, sine_wav):
+    """Audio clips (alone, two in a row, next to an image) expand into one <|audio_pad|> per tower output as
+    Qwen3OmniMoeProcessor expands them, and the replay of the stored ids and paths gives the sampled log-probs."""
+    a, b = sine_wav("a.wav", 440, seconds=0.5), sine_wav("b.wav", 1000, seconds=1.23)
+    prompts = [
+        TokenPrompt("what do you hear?", (), (a,)),
+        TokenPrompt("and these?", (image_path,), (b, a)),
+        TokenPrompt("a cat"),
+    ]
+    params = SamplingParams(n=2, max_tokens=6, temperature=0.8, seed=5)
+    out = policy.sample(prompts, params)
+    audio_pad = policy.tokenizer.convert_tokens_to_ids(policy.tokenizer.audio_token)
+    assert (out.prompts.input_ids == audio_pad).sum(1).tolist() == [7, 7, 16 + 7, 16 + 7, 0, 0]  # 0.5 s: 7, 1.23 s: 16
+    assert out.prompts.audio["audios_per_row"].tolist() == [1, 1, 2, 2, 0, 0]
+    stored = [ids[mask.bool()] for ids, mask in zip(out.prompts.input_ids, out.prompts.attention_mask)]
+    rows = [p for p in prompts for _ in range(params.n)]
+    inputs = policy.inputs_from_ids(stored, [p.images for p in rows], [p.audios for p in rows])
+    with torch.no_grad():
+        replay = policy.log_probs(inputs, out.response_ids, temperature=0.8)
+    torch.testing.assert_close(replay * out.mask, out.log_probs, rtol=0, atol=1e-5)
+
+
+def test_the_audio_changes_the_logits(policy, sine_wav):
+    """Two clips of one length (the same prompt ids) give other log-probs for the same response; one clip twice the
+    same ones."""
+    clips = [sine_wav("low.wav", 300), sine_wav("high.wav", 3000), sine_wav("low_again.wav", 300)]
+    inputs = policy.encode([TokenPrompt("what do you hear?", (), (c,)) for c in clips])
+    assert torch.equal(inputs.input_ids[0], inputs.input_ids[1])
+    response = torch.tensor([policy.tokenizer("a red circle", add_special_tokens=False)["input_ids"]] * 3)
+    with torch.no_grad():
+        low, high, low_again = policy.log_probs(inputs, response)
+    assert (low - high).abs().max() > 1e-3
+    torch.testing.assert_close(low, low_again, rtol=0, atol=1e-6)
+
+
+def test_audio_inputs_that_cannot_be_used_are_errors(policy, sine_wav):
+    clip = sine_wav("clip.wav", 440)
+    no_extractor = CausalLMPolicy(policy.model, policy.tokenizer, policy.image_processor, source="folder")
+    with pytest.raises(ValueError, match="'folder': prompts play audio but the model folder has no audio feature"):
+        no_extractor.encode([TokenPrompt("hi", (), (clip,))])
+    with pytest.raises(ValueError, match="8000 Hz audio"):
+        policy.encode([TokenPrompt("hi", (), (sine_wav("phone.wav", 440, rate=8000),))])
+    # a stored row whose clip changed length since it was sampled: its ids hold other placeholders
+    ids = policy.encode([TokenPrompt("hi", (), (clip,))]).input_ids
+    with pytest.raises(ValueError, match="hold 7 audio tokens, their clips give 13 now"):
+        policy.inputs_from_ids([ids[0]], [()], [(sine_wav("longer.wav", 440, seconds=1.0),)])

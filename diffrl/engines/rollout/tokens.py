@@ -3,9 +3,9 @@
 The step core's generate stage calls an engine exactly as it calls the diffusion RolloutEngine -- the chunk's prompts,
 group ids, sample indices, seeds and the run's sampling settings -- and gets TokenTrajectories back, which it hands to
 the reward in memory and writes to the token store behind the stage (diffrl/engines/step/generate.py). A prompt's
-images come by path from its dataset row (metadata["images"]). The vLLM engine (a separate server process, its own
-issue) implements the same protocol; `update_weights` is where it would load the trainer's weights of a version,
-which the in-process engine shares already.
+images and audio clips come by path from its dataset row (metadata["images"], metadata["audios"]). The vLLM engine
+(a separate server process, its own issue) implements the same protocol; `update_weights` is where it would load the
+trainer's weights of a version, which the in-process engine shares already.
 """
 
 from __future__ import annotations
@@ -115,7 +115,10 @@ class TransformersTokenEngine:
         metadata = metadata if metadata is not None else [{} for _ in prompts]
         if not len(prompts) == len(group_ids) == len(sample_index) == len(seeds) == len(metadata):
             raise ValueError("prompts, group_ids, sample_index, seeds and metadata must have one entry per sample")
-        rows = [TokenPrompt(p, tuple(m.get("images") or ())) for p, m in zip(prompts, metadata)]
+        rows = [
+            TokenPrompt(p, tuple(m.get("images") or ()), tuple(m.get("audios") or ()))
+            for p, m in zip(prompts, metadata)
+        ]
         parts = []
         for start in range(0, len(rows), cfg.batch_size):
             stop = min(start + cfg.batch_size, len(rows))
@@ -135,6 +138,7 @@ class TransformersTokenEngine:
             responses=[text for p in parts for text in p[3]],
             metadata=list(metadata),
             policy_version=policy_version,
+            audio_paths=[r.audios for r in rows],
         )
 
     def _sample(self, rows: list[TokenPrompt], cfg: TokenSampling, seed: int) -> tuple[list, list, list, list[str]]:

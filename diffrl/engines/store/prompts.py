@@ -2,6 +2,11 @@
 
 A PromptRecord's uid is its group id in the trajectory table: an explicit `uid`/`id` column, or
 a stable hash of (row index, prompt text) so a repeated prompt still gets distinct uids.
+
+A row of an autoregressive run may play audio clips: an `audios` column (a list of 16-bit PCM WAV paths, relative to
+the prompt file's folder or absolute, local) goes to metadata["audios"] as absolute paths. Each file's header is
+checked when the file loads (it exists, is a PCM WAV, 16 bits a sample); the samples are read when the rollout
+encodes the prompt (diffrl/models/wav.py, audio.py).
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import random
 from dataclasses import dataclass, field
 
@@ -16,6 +22,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from diffrl.engines.store import fs
+from diffrl.models.wav import wav_info
 
 _FORMATS = (".parquet", ".jsonl", ".json", ".txt")
 
@@ -131,7 +138,33 @@ def _record(row: dict, index: int, path: str, prompt_column: str) -> PromptRecor
     # Non-string ground truths (numbers, lists) keep their value as JSON text.
     truth = truth if truth is None or isinstance(truth, str) else json.dumps(truth)
     uid = str(explicit) if explicit is not None else prompt_uid(index, prompt)
-    return PromptRecord(uid=uid, prompt=prompt, ground_truth=truth, metadata={**rest, **metadata})
+    metadata = {**rest, **metadata}
+    if "audios" in metadata:
+        metadata["audios"] = _audio_paths(metadata["audios"], index, path)
+    return PromptRecord(uid=uid, prompt=prompt, ground_truth=truth, metadata=metadata)
+
+
+def _audio_paths(audios, index: int, path: str) -> list[str]:
+    """Row `index`'s audio clips as absolute paths (relative ones from the prompt file's folder), each a readable
+    16-bit PCM WAV by its header; a ValueError naming the file, the row and the clip otherwise."""
+    if not isinstance(audios, list) or not all(isinstance(a, str) and a for a in audios):
+        raise ValueError(f"{path}: row {index}: audios must be a list of WAV file paths, got {audios!r}")
+    remote = "://" in path
+    resolved = []
+    for audio in audios:
+        if not os.path.isabs(audio):
+            if remote:
+                raise ValueError(
+                    f"{path}: row {index}: audio {audio!r} is relative to a remote prompt file; audio clips are read "
+                    "from local files: give absolute paths"
+                )
+            audio = os.path.join(os.path.dirname(os.path.abspath(path)), audio)
+        try:
+            wav_info(audio)
+        except ValueError as e:
+            raise ValueError(f"{path}: row {index}: {e}") from None
+        resolved.append(os.path.normpath(audio))
+    return resolved
 
 
 class PromptSampler:

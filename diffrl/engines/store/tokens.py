@@ -5,7 +5,8 @@ rewards.lance and advantages.lance siblings, one commit per (step, chunk), the f
 steps stored by their step number), with token rows instead of latent rows:
 
     run, step, chunk, chunk_row, group_id, sample_index   the row's identity, as in every trajectory table
-    prompt, images                                        the user text and its images by path (never pixels)
+    prompt, images, audios                                the user text, its images and its audio clips by path
+                                                          (never pixels or waveforms)
     prompt_ids, response_ids, log_probs                   the prompt's tokens, the response's own tokens (up to and
                                                           including its end token, no padding) and their rollout
                                                           log-probs: masks and lengths follow from the list lengths
@@ -39,6 +40,7 @@ TOKEN_SCHEMA = pa.schema(
         pa.field("sample_index", pa.int64()),
         pa.field("prompt", pa.string()),
         pa.field("images", pa.list_(pa.string())),
+        pa.field("audios", pa.list_(pa.string())),
         pa.field("prompt_ids", pa.list_(pa.int32())),
         pa.field("response_ids", pa.list_(pa.int32())),
         pa.field("log_probs", pa.list_(pa.float32())),
@@ -64,6 +66,7 @@ def token_rows(traj: TokenTrajectories, *, run: str, step: int, chunk: int, writ
         "sample_index": pa.array(traj.sample_index.numpy().astype(np.int64)),
         "prompt": pa.array(traj.prompts, pa.string()),
         "images": pa.array([list(p) for p in traj.image_paths], pa.list_(pa.string())),
+        "audios": pa.array([list(p) for p in traj.audio_paths], pa.list_(pa.string())),
         "prompt_ids": pa.array([t.tolist() for t in traj.prompt_ids], pa.list_(pa.int32())),
         "response_ids": pa.array([t.tolist() for t in traj.response_ids], pa.list_(pa.int32())),
         "log_probs": pa.array([t.float().tolist() for t in traj.log_probs], pa.list_(pa.float32())),
@@ -92,6 +95,7 @@ def from_token_rows(rows: pa.Table) -> TokenTrajectories:
         responses=data["response"],
         metadata=[json.loads(m) for m in data["metadata"]],
         policy_version=min(versions) if versions else 0,
+        audio_paths=[tuple(p) for p in data["audios"]],
     )
 
 
@@ -108,6 +112,11 @@ class TokenStore(TrajectoryStore):
         meta = self._table.schema_metadata()
         if meta and meta.get("diffrl.rows") != "tokens":
             raise ValueError(f"{self.uri}: this table holds diffusion rows, not token rows. Nothing was written.")
+        if meta and "audios" not in self._table.dataset().schema.names:
+            raise ValueError(
+                f"{self.uri}: this table was written before token rows had an audios column; diffrl appends no rows "
+                "of another layout to it: train under a new run.name. Nothing was written."
+            )
 
     def _rows(self, traj, *, run: str, step: int, chunk: int, write_id: str) -> pa.Table:
         return token_rows(traj, run=run, step=step_number(step), chunk=chunk, write_id=write_id)

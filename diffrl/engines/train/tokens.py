@@ -184,7 +184,7 @@ class TokenTrainer(TrainerBase):
 
     def _replay(self, sub: TokenTrajectories, response_ids: torch.Tensor, *, entropy: bool = False):
         """(log-probs (b, T), entropy or None) of `sub`'s responses under the policy's current weights."""
-        inputs = self.adapter.inputs_from_ids(sub.prompt_ids, sub.image_paths)
+        inputs = self.adapter.inputs_from_ids(sub.prompt_ids, sub.image_paths, sub.audio_paths)
         return self.adapter.replay(inputs, response_ids, temperature=self.sampling.temperature, entropy=entropy)
 
     @torch.no_grad()

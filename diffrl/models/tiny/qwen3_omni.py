@@ -1,21 +1,26 @@
 """Tiny offline Qwen3-Omni Thinker: transformers' ``Qwen3OmniMoeThinkerForConditionalGeneration`` at tiny size (a
 2-layer Qwen3-MoE text model with 4 experts, a 2-block vision encoder with one deepstack layer, a 1-layer audio
-encoder), random weights, a Qwen byte-level BPE tokenizer built in memory with the Omni specials as named tokens, and
-the PIL Qwen2-VL image processor. Saved as a Hugging Face folder (safetensors) that diffrl.models.causal_lm loads.
+encoder), random weights, a Qwen byte-level BPE tokenizer built in memory with the Omni specials as named tokens, the
+PIL Qwen2-VL image processor and Qwen3-Omni's WhisperFeatureExtractor settings (diffrl/models/audio.py). Saved as a
+Hugging Face folder (safetensors) that diffrl.models.causal_lm loads; preprocessor_config.json holds the image
+processor's and the feature extractor's keys in one file, as Qwen3-Omni's folders do.
 
-Deviation from the real folder: no video processor or WhisperFeatureExtractor is saved (transformers' video
-processor needs torchvision, which the CPU machines lack), so ``Qwen3OmniMoeProcessor`` is not used; the adapter
-expands image placeholders itself as that processor does.
+Deviation from the real folder: no video processor is saved (transformers' video processor needs torchvision, which
+the CPU machines lack), so ``Qwen3OmniMoeProcessor`` is not used; the adapter expands image and audio placeholders
+itself as that processor does.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Sequence
 
 import torch
 from transformers import Qwen3OmniMoeThinkerConfig, Qwen3OmniMoeThinkerForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+from diffrl.models.audio import feature_extractor
 from diffrl.models.tiny import register_tiny
 from diffrl.models.tiny.qwen import qwen_tokenizer
 
@@ -89,6 +94,10 @@ def tiny_thinker_config(
             "d_model": 16,
             "output_dim": hidden_size,
             "downsample_hidden_size": 8,
+            # at the default 0.02 the tower's three stride-2 convolutions shrink the mel input far below the
+            # sinusoidal position embedding added after them: two different clips came out 5e-7 apart, so a random
+            # tiny tower heard no difference between them; at 0.2 they are ~0.5 apart (tests/models/test_causal_lm.py)
+            "initializer_range": 0.2,
         },
         image_token_id=token_ids["image_token"],
         audio_token_id=token_ids["audio_token"],
@@ -116,11 +125,23 @@ def tiny_thinker(seed: int, *, extra_texts: Sequence[str] = (), hidden_size: int
     return model, tokenizer, processor
 
 
+def save_preprocessors(out_dir: str, processor, num_mel_bins: int) -> None:
+    """preprocessor_config.json: the image processor's keys and the audio feature extractor's (Qwen3-Omni's settings
+    at the audio tower's num_mel_bins) in one file, as Qwen3-Omni's folders hold them."""
+    processor.save_pretrained(out_dir)
+    config = os.path.join(out_dir, "preprocessor_config.json")
+    with open(config) as f:
+        keys = json.load(f)
+    audio = feature_extractor(num_mel_bins).to_dict()  # without its mel filters, derived from the other keys
+    with open(config, "w") as f:
+        json.dump({**keys, **audio}, f, indent=2, sort_keys=True)
+
+
 def save_thinker_folder(out_dir: str, model, tokenizer, processor) -> str:
     """A Hugging Face folder of the Thinker (safetensors weights) that diffrl.models.causal_lm loads."""
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    processor.save_pretrained(out_dir)
+    save_preprocessors(out_dir, processor, model.config.audio_config.num_mel_bins)
     return out_dir
 
 

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import wave
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -116,3 +117,39 @@ def test_sampler_epochs_shards_and_resume():
         PromptSampler(ds, batch=4, seed=1, world_size=3)
     with pytest.raises(ValueError, match="batch must be in"):
         PromptSampler(ds, batch=11, seed=1)
+
+
+def test_audio_clips_resolve_from_the_prompt_file_and_bad_ones_name_the_row(tmp_path, sine_wav):
+    """`audios`: WAV paths relative to the prompt file's folder (or absolute) become absolute paths in metadata; a
+    missing, non-WAV or 8-bit file, or a value that is not a list of paths, is an error naming the row and the file."""
+    clip = sine_wav("clip.wav", 440)  # tmp_path/clip.wav
+    os.makedirs(tmp_path / "sets" / "sounds")
+    os.replace(clip, tmp_path / "sets" / "sounds" / "clip.wav")
+    rows = [
+        {"prompt": "what do you hear?", "audios": ["sounds/clip.wav"], "ground_truth": "a tone"},
+        {"prompt": "and here?", "audios": [str(tmp_path / "sets" / "sounds" / "clip.wav")] * 2},
+        {"prompt": "no audio"},
+    ]
+    path = tmp_path / "sets" / "questions.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    ds = PromptDataset.load(str(path))
+    absolute = str(tmp_path / "sets" / "sounds" / "clip.wav")
+    assert ds[0].metadata == {"audios": [absolute]} and ds[1].metadata == {"audios": [absolute, absolute]}
+    assert ds[2].metadata == {}
+
+    text = tmp_path / "sets" / "sounds" / "notes.wav"
+    text.write_text("not audio")
+    with wave.open(str(tmp_path / "sets" / "sounds" / "u8.wav"), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(1)
+        f.setframerate(16000)
+        f.writeframes(bytes(100))
+    for audios, message in [
+        (["sounds/gone.wav"], "gone.wav: audio file does not exist"),
+        (["sounds/notes.wav"], "notes.wav: not a PCM WAV file"),
+        (["sounds/u8.wav"], "u8.wav: 8-bit samples"),
+        ("sounds/clip.wav", "audios must be a list of WAV file paths"),
+    ]:
+        path.write_text(json.dumps(rows[2]) + "\n" + json.dumps({"prompt": "bad", "audios": audios}))
+        with pytest.raises(ValueError, match=f"questions.jsonl: row 1: .*{re.escape(message)}"):
+            PromptDataset.load(str(path))
