@@ -95,7 +95,7 @@ def from_token_rows(rows: pa.Table) -> TokenTrajectories:
         responses=data["response"],
         metadata=[json.loads(m) for m in data["metadata"]],
         policy_version=min(versions) if versions else 0,
-        audio_paths=[tuple(p) for p in data["audios"]],
+        audio_paths=[tuple(p) for p in data.get("audios", [])],  # none from a table without the audios column
     )
 
 
@@ -127,7 +127,8 @@ class TokenStore(TrajectoryStore):
         """Scan the committed rows `keys` of `step` (narrowed by `where_extra`) into TokenTrajectories."""
         winners = pc.unique(keys.column("write_id")).to_pylist()
         where = f"step = {step_number(step)} AND {sql_in('write_id', winners)}" + where_extra
-        data = self._table.scan([f.name for f in TOKEN_SCHEMA], filter=where)
+        stored = set(self._table.dataset().schema.names)  # a table from before the audios column reads without it
+        data = self._table.scan([f.name for f in TOKEN_SCHEMA if f.name in stored], filter=where)
         if data is None or data.num_rows != keys.num_rows:
             raise ValueError(
                 f"{self.uri}: step {step} changed while being read ({0 if data is None else data.num_rows} rows, "
