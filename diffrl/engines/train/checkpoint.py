@@ -32,7 +32,6 @@ from dataclasses import dataclass
 import fsspec
 import torch
 from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -44,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
 from diffrl.engines.numbering import step_index, step_number
 from diffrl.engines.step.plan import inject_fault
 from diffrl.engines.train.setup import ADAPTER_NAME, barrier, lora_config, world
+from diffrl.engines.train.tensor_file import write_tensors
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
 CHECKSUMS = "checksums.json"
@@ -56,6 +56,13 @@ class CorruptCheckpoint(ValueError):
 def _write(path: str, data: bytes) -> None:
     with fsspec.open(path, "wb") as f:
         f.write(data)
+
+
+def _write_tensors(path: str, tensors: dict[str, torch.Tensor]) -> dict:
+    """A safetensors file written piece by piece (diffrl/engines/train/tensor_file.py: the GIL stays free for the
+    threads beside a background write); its {"bytes", "sha256"}."""
+    with fsspec.open(path, "wb") as f:
+        return write_tensors(f, tensors)
 
 
 def _read(path: str) -> bytes:
@@ -85,10 +92,28 @@ class _Files:
         self.path, self.step, self.sums = path, step, {}
 
     def put(self, name: str, data: bytes) -> None:
-        # fault point before each file; self.step is the step number trainer_state.json records
-        inject_fault("checkpoint", step_index(self.step), len(self.sums))
+        self._fault()
         _write(f"{self.path}/{name}", data)
         self.sums[name] = _digest(data)
+
+    def put_tensors(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        self._fault()
+        self.sums[name] = _write_tensors(f"{self.path}/{name}", tensors)
+
+    def put_file(self, name: str, local: str) -> None:
+        """Copy the local file `local` in 16 MiB pieces (a LoRA file diffusers wrote)."""
+        self._fault()
+        sha, size = hashlib.sha256(), 0
+        with open(local, "rb") as src, fsspec.open(f"{self.path}/{name}", "wb") as dst:
+            while piece := src.read(1 << 24):
+                dst.write(piece)
+                sha.update(piece)
+                size += len(piece)
+        self.sums[name] = {"bytes": size, "sha256": sha.hexdigest()}
+
+    def _fault(self) -> None:
+        # fault point before each file; self.step is the step number trainer_state.json records
+        inject_fault("checkpoint", step_index(self.step), len(self.sums))
 
     def close(self) -> None:
         _write(f"{self.path}/{CHECKSUMS}", json.dumps(self.sums, indent=1, sort_keys=True).encode())
@@ -409,7 +434,7 @@ def write(state: LoraSnapshot, path: str) -> str:
     trainable, optimizer = state.trainable, state.optimizer
     lora_layers = {key: trainable[name].contiguous() for key, name in state.lora_keys.items()}
     if state.pipe_cls is None:  # a causal LM: the LoRA as a PEFT adapter folder (PeftModel / vLLM load it)
-        files.put("lora/adapter_model.safetensors", st_save(lora_layers))
+        files.put_tensors("lora/adapter_model.safetensors", lora_layers)
         files.put("lora/adapter_config.json", json.dumps(state.lora_metadata, default=_json_value).encode())
     else:
         with tempfile.TemporaryDirectory() as tmp:
@@ -417,12 +442,12 @@ def write(state: LoraSnapshot, path: str) -> str:
                 tmp, transformer_lora_layers=lora_layers, transformer_lora_adapter_metadata=state.lora_metadata
             )
             for name in os.listdir(tmp):
-                files.put(f"lora/{name}", open(os.path.join(tmp, name), "rb").read())
-    files.put("trainable.safetensors", st_save(trainable))
-    files.put("optimizer.safetensors", st_save(optimizer))
+                files.put_file(f"lora/{name}", os.path.join(tmp, name))
+    files.put_tensors("trainable.safetensors", trainable)
+    files.put_tensors("optimizer.safetensors", optimizer)
     files.put("optimizer.json", json.dumps(state.optimizer_groups).encode())
     files.put("trainer_state.json", json.dumps(state.trainer_state).encode())
-    files.put("rng_rank0.safetensors", st_save(state.rng))
+    files.put_tensors("rng_rank0.safetensors", state.rng)
     files.close()
     return files.path
 
@@ -441,8 +466,8 @@ def save(trainer, path: str, *, step: int) -> str:
         export_lora(trainer, f"{path}/lora", trainable)
         if rank == 0:
             optim_tensors, optim_rest = _split_optimizer(optim_state)
-            _write(f"{path}/trainable.safetensors", st_save(trainable))
-            _write(f"{path}/optimizer.safetensors", st_save(optim_tensors))
+            _write_tensors(f"{path}/trainable.safetensors", trainable)
+            _write_tensors(f"{path}/optimizer.safetensors", optim_tensors)
             _write(f"{path}/optimizer.json", json.dumps(optim_rest).encode())
     else:
         import torch.distributed.checkpoint as dcp
@@ -452,7 +477,7 @@ def save(trainer, path: str, *, step: int) -> str:
         dcp.save(state, storage_writer=FsspecWriter(f"{path}/dcp"))
     if rank == 0:
         _write(f"{path}/trainer_state.json", json.dumps(_trainer_state(trainer, step)).encode())
-    _write(f"{path}/rng_rank{rank}.safetensors", st_save(_rng_state()))
+    _write_tensors(f"{path}/rng_rank{rank}.safetensors", _rng_state())
     barrier()
     if rank == 0:  # every rank's files are written: list them with their checksums (rank 0 commits after this)
         write_checksums(path)
