@@ -29,7 +29,7 @@ from diffrl.engines import cluster, trace
 from diffrl.engines.numbering import step_index, step_number
 from diffrl.engines.step.generate import rollout_examples
 from diffrl.engines.step.plan import validation_due, validation_rollout
-from diffrl.engines.step.retention import describe_disk, latent_numel, retain
+from diffrl.engines.step.retention import checkpoint_bytes, describe_disk, latent_numel, retain
 from diffrl.engines.step.run import StepClock, add_perf, settle, sync_engines
 from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint, point_latest
 from diffrl.engines.train.checkpoint import CorruptCheckpoint
@@ -183,7 +183,7 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
         trace.enable(os.path.join(cfg.run_dir, "trace", f"{os.getpid()}.json"))
     engines.set_run_uid(_run_state(cfg)["uid"])  # ray mode: also the actors (the Ray workers running tasks ask them)
     if engines.store is not None and cfg.data.sample_source == "online" and cfg.algorithm.needs.data != "tokens":
-        _say(describe_disk(cfg, engines.run("rollout", latent_numel)))
+        _say(describe_disk(cfg, engines.run("rollout", latent_numel), engines.run("trainer", checkpoint_bytes)))
     tracker = Tracker(
         experiment=cfg.run.experiment, run_name=cfg.run.name, state_path=os.path.join(cfg.run_dir, "run.json")
     )

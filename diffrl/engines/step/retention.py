@@ -90,10 +90,30 @@ def latent_numel(engines: Any) -> int:
     return int(engines.adapter.prepare_latents(shape, [torch.Generator().manual_seed(0)])[0].numel())
 
 
-def disk_estimate(cfg: Any, latent_elements: int) -> dict[str, float]:
-    """Bytes a run writes: per step (latents, rows with images) and in all, with its retention. Images are
-    counted at their raw size (PNG is at most that); latents stay on disk for keep_latents_steps steps plus up
-    to compact_every more until a compaction frees the dropped ones."""
+def checkpoint_bytes(engines: Any) -> int:
+    """About the bytes of one checkpoint of the run's trainer (where it lives), as diffrl/engines/train/checkpoint.py
+    writes it. LoRA: every LoRA tensor (a frozen "old" adapter too) in trainable.safetensors, the trained ones again
+    in the lora/ export, AdamW's two moments of the trained ones; full fine-tuning: every parameter and the moments."""
+    trainer = engines.trainer
+    trained = {id(p): p for group in trainer.optimizer.param_groups for p in group["params"]}.values()
+    trained_bytes = sum(p.numel() * p.element_size() for p in trained)
+    named = list(trainer.adapter.transformer.named_parameters())
+    if trainer.cfg.lora:
+        kept = sum(p.numel() * p.element_size() for name, p in named if p.requires_grad or "lora_" in name)
+        return kept + 3 * trained_bytes
+    return sum(p.numel() * p.element_size() for _, p in named) + 2 * trained_bytes
+
+
+def checkpoints_held(cfg: Any) -> int:
+    """Checkpoints on disk at the end of a run: every checkpoint_every-th one and the latest two."""
+    steps, every = cfg.run.steps, max(cfg.run.checkpoint_every, 1)
+    return min(steps, steps // every + 2)
+
+
+def disk_estimate(cfg: Any, latent_elements: int, checkpoint: int = 0) -> dict[str, float]:
+    """Bytes a run writes: per step (latents, rows with images) and in all, with its retention and its checkpoints
+    (`checkpoint` bytes each). Images are counted at their raw size (PNG is at most that); latents stay on disk for
+    keep_latents_steps steps plus up to compact_every more until a compaction frees the dropped ones."""
     samples, steps = cfg.rollout.samples_per_step, cfg.run.steps
     # the stored window: what the rollout keeps for this policy and number of steps (offline pairs keep one step)
     window = (
@@ -108,25 +128,29 @@ def disk_estimate(cfg: Any, latent_elements: int) -> dict[str, float]:
     return {
         "latents_per_step": float(latents),
         "rows_per_step": float(rows),
-        "total": float(steps * rows + held * latents),
+        "checkpoints": float(checkpoints_held(cfg) * checkpoint),
+        "total": float(steps * rows + held * latents + checkpoints_held(cfg) * checkpoint),
         "latent_steps_held": float(held),
     }
 
 
-def describe_disk(cfg: Any, latent_elements: int) -> str:
+def describe_disk(cfg: Any, latent_elements: int, checkpoint: int = 0) -> str:
     """One line for the start of a run: what it will write and what the disk has free."""
-    est = disk_estimate(cfg, latent_elements)
+    est = disk_estimate(cfg, latent_elements, checkpoint)
     keep = cfg.run.keep_latents_steps
     kept = "every step's latents kept" if keep < 0 else f"latents of the last {keep} steps kept"
     line = (
         f"disk: about {_size(est['total'])} for {cfg.run.steps} steps ({kept}; per step "
-        f"{_size(est['latents_per_step'])} of latents, up to {_size(est['rows_per_step'])} of rows and images)"
+        f"{_size(est['latents_per_step'])} of latents, up to {_size(est['rows_per_step'])} of rows and images"
     )
+    if checkpoint:
+        line += f"; {checkpoints_held(cfg)} checkpoints of {_size(checkpoint)} kept"
+    line += ")"
     if "://" not in cfg.run.root:
         free = shutil.disk_usage(_existing(cfg.run.root)).free
         line += f"; {_size(free)} free"
         if free < est["total"]:
-            line += " -- NOT ENOUGH: lower run.keep_latents_steps or free space"
+            line += " -- NOT ENOUGH: lower run.keep_latents_steps, raise run.checkpoint_every or free space"
     return line
 
 

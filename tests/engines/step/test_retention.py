@@ -21,3 +21,33 @@ def test_disk_estimate_closed_form():
     assert keep_all["total"] == 600 * (keep_all["rows_per_step"] + keep_all["latents_per_step"])
     line = describe_disk(cfg, latent)
     assert line.startswith("disk: about 5.8 GB for 600 steps (latents of the last 2 steps kept") and "free" in line
+
+
+def test_checkpoints_count_in_the_estimate(tmp_path):
+    """The checkpoint size the estimate uses, against its closed form and a checkpoint the trainer writes after a
+    step (AdamW's moments exist once it has stepped)."""
+    import os
+
+    from diffrl.engines.step.retention import checkpoint_bytes, checkpoints_held
+    from diffrl.engines.step.run import DirectStages, run_step
+    from diffrl.engines.train import checkpoint
+    from diffrl.flows.build import build_engines
+
+    cfg = load_experiment("shapes_quick", [f"run.root={tmp_path}/runs", "run.steps=1", "data.num_val_prompts=0"])
+    engines = build_engines(cfg, durable=False)
+    try:
+        run_step(engines, 0, DirectStages(engines))
+        trained = {id(p): p for g in engines.trainer.optimizer.param_groups for p in g["params"]}.values()
+        lora = [p for n, p in engines.trainer.adapter.transformer.named_parameters() if "lora_" in n]
+        size = checkpoint_bytes(engines)
+        # every LoRA tensor (DiffusionNFT's frozen old adapter too), the trained ones again and their two moments
+        assert size == sum(p.numel() * 4 for p in lora) + 3 * sum(p.numel() * 4 for p in trained)
+        written = checkpoint.save(engines.trainer, str(tmp_path / "ck"), step=1)
+        on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(written) for f in files)
+        assert 0.98 * on_disk <= size <= on_disk, (size, on_disk)  # less only the JSON and RNG files
+    finally:
+        engines.memory.close()
+    est = disk_estimate(cfg, 4 * 64 * 64, size)
+    assert checkpoints_held(cfg) == 1 and est["checkpoints"] == size
+    line = describe_disk(load_experiment("shapes_flow_grpo", []), 4 * 64 * 64, size)
+    assert "14 checkpoints of" in line  # 600 steps: every 50th and the latest two
