@@ -5,7 +5,8 @@ updates a LoRA, the adapter of each new policy version is loaded into the server
     python benchmarks/vllm_ar.py --smoke --out /tmp/vllm_ar_cpu.json             # CPU: tiny Qwen3, 2 steps
 
 GPU: the Qwen3-Omni-30B-A3B Thinker's text backbone (a Qwen3-MoE: 48 layers, hidden 2048, 32 heads / 4 KV heads of
-128, 128 experts with 8 active of 768, vocab 151936) from its config alone. The server loads it with
+128, 128 experts with 8 active of 768, vocab 152064; diffrl/models/thinker_config.py size 30b-a3b-text) from its config
+alone. The server loads it with
 `load_format=dummy` (nothing on disk but config.json and a tokenizer), the trainer builds the same architecture with
 random bf16 weights on the GPU, LoRA r=32 on attention, gradient checkpointing; group 8, `--prompts` prompts a step,
 `--max-new-tokens` (1024) response tokens. The two copies share the GPU: the server takes
@@ -46,33 +47,8 @@ from diffrl.engines.train.tokens import TokenTrainer  # noqa: E402
 from diffrl.engines.vllm_env import vllm_python  # noqa: E402
 from diffrl.engines.vllm_server import VllmRolloutOptions  # noqa: E402
 from diffrl.models.causal_lm import CausalLMPolicy  # noqa: E402
+from diffrl.models.thinker_config import write_config_folder  # noqa: E402
 
-# The Qwen3-Omni-30B-A3B Thinker's text model (thinker_config.text_config of the released config.json) as a
-# Qwen3-MoE causal LM: vLLM and transformers both build it from this alone.
-THINKER_TEXT = {
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "model_type": "qwen3_moe",
-    "vocab_size": 151936,
-    "hidden_size": 2048,
-    "intermediate_size": 768,
-    "moe_intermediate_size": 768,
-    "num_hidden_layers": 48,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "norm_topk_prob": True,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "max_position_embeddings": 65536,
-    "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "torch_dtype": "bfloat16",
-}
 PROMPTS = [
     "how many red circles are there?",
     "what is left of the square?",
@@ -87,15 +63,7 @@ PROMPTS = [
 
 def realsize_folder(out: str, layers: int) -> str:
     """config.json (+ a tokenizer built offline; ids stay far below the vocabulary) for load_format=dummy."""
-    from diffrl.models.tiny.qwen import QWEN3_CHAT_TEMPLATE, qwen_tokenizer
-
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump({**THINKER_TEXT, "num_hidden_layers": layers}, f, indent=2)
-    with open(os.path.join(out, "generation_config.json"), "w") as f:
-        json.dump({"eos_token_id": THINKER_TEXT["eos_token_id"]}, f)
-    qwen_tokenizer(chat_template=QWEN3_CHAT_TEMPLATE).save_pretrained(out)
-    return out
+    return write_config_folder(out, size="30b-a3b-text", layers=layers)
 
 
 def realsize_policy(folder: str, device: str) -> CausalLMPolicy:

@@ -19,9 +19,9 @@ from diffrl.engines.reward.multi import RewardComponent, RewardConfig
 from diffrl.engines.rollout.config import SamplingConfig
 from diffrl.engines.rollout.tokens import TokenSampling
 from diffrl.engines.train.config import TrainConfig
-from diffrl.engines.vllm_server import VllmRolloutOptions
+from diffrl.engines.vllm_server import VllmRolloutOptions, check_rollout_options
 from diffrl.models.base import ATTENTION_BACKENDS
-from diffrl.models.kind import data_kind, model_kind
+from diffrl.models.kind import RANDOM, data_kind, model_kind
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 ROLLOUT_ENGINES = ("transformers", "vllm")
@@ -301,6 +301,14 @@ class ExperimentConfig:
             )
             raise ValueError(f"rollout.group_size=1: algorithm {self.algorithm.name!r} {why}; use 2 or more")
         check_data_parallel(self)
+        if self.algorithm.needs.data == "tokens" and self.rollout.engine == "vllm":
+            check_rollout_options(
+                self.rollout.vllm,
+                lora=self.train.lora,
+                lora_rank=self.train.lora_rank,
+                max_new_tokens=self.rollout.max_new_tokens,
+                random_weights=self.model.path.startswith(RANDOM),
+            )
         if self.train.mini_batch_prompts > self.rollout.prompts_per_step:
             raise ValueError(
                 f"train.mini_batch_prompts ({self.train.mini_batch_prompts}) exceeds "

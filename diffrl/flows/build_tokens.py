@@ -1,15 +1,21 @@
-"""Building the engines of an autoregressive run (an algorithm on tokens): the causal LM policy, its in-process
-token rollout and the token trainer, all on one module (the rollout samples with the trainer's weights). The rest of
-a run's engines (prompts, rewards, the trajectory store, the step memory) are built as for a diffusion run
-(diffrl/flows/build.py).
+"""Building the engines of an autoregressive run (an algorithm on tokens): the causal LM policy, the token trainer
+and the token rollout (`rollout.engine`): "transformers" samples in-process on the trainer's module; "vllm" with a
+vLLM server started here from diffrl's vLLM venv (diffrl/engines/vllm_env.py), which takes each new policy version
+from the weight-sync stage (a LoRA adapter loaded at run time, or the full weights reloaded in place) and stops with
+the run (the step memory closes it, on success, failure and Ctrl-C; a killed run's server stops itself,
+diffrl/engines/vllm_launch.py). The rest of a run's engines (prompts, rewards, the trajectory store, the step memory)
+are built as for a diffusion run (diffrl/flows/build.py).
 """
 
 from __future__ import annotations
 
 import os
 
-from diffrl.engines.rollout.tokens import TransformersTokenEngine
+from diffrl.engines.rollout.tokens import TokenRolloutEngine, TransformersTokenEngine
+from diffrl.engines.rollout.vllm_tokens import VllmTokenEngine
 from diffrl.engines.train.tokens import TokenTrainer
+from diffrl.engines.vllm_env import vllm_python
+from diffrl.flows.errors import RunFailure
 from diffrl.models.causal_lm import CausalLMPolicy
 from diffrl.models.kind import RANDOM, folder_kind
 
@@ -23,19 +29,15 @@ def check_token_config(cfg) -> None:
         )
     if cfg.data.sample_source != "online":
         raise ValueError("data.sample_source 'offline' reads diffusion preference pairs; token runs sample online")
-    if cfg.rollout.engine != "transformers":  # until the vLLM engine is built here, say so rather than ignore it
-        raise ValueError(
-            f"rollout.engine {cfg.rollout.engine!r}: diffrl train samples token runs in-process for now "
-            "(rollout.engine: transformers); the vLLM engine runs engines-only in benchmarks/vllm_ar.py"
-        )
     if cfg.model.compile:
         raise ValueError("model.compile compiles a diffusion denoiser's blocks; set it false for a causal LM")
 
 
-def build_token_model(cfg, model_path: str) -> tuple[CausalLMPolicy, TransformersTokenEngine, TokenTrainer]:
+def build_token_model(cfg, model_path: str) -> tuple[CausalLMPolicy, TokenRolloutEngine, TokenTrainer]:
     """(policy, rollout, trainer) of `model_path`: a local Hugging Face folder loaded from safetensors, or
     `random:<folder>`, its config.json built with random weights on the run's device (benchmarks at real size:
-    diffrl/models/thinker_config.py)."""
+    diffrl/models/thinker_config.py). A vLLM rollout's server is running when this returns (its `close()` stops
+    it); it starts last, once the trainer has its LoRA."""
     random_weights = model_path.startswith(RANDOM)
     model_path = model_path.removeprefix(RANDOM)
     if folder_kind(model_path) != "autoregressive":
@@ -51,8 +53,29 @@ def build_token_model(cfg, model_path: str) -> tuple[CausalLMPolicy, Transformer
     policy = CausalLMPolicy.from_pretrained(
         os.path.abspath(model_path), device=device, dtype=dtype, random_weights=random_weights
     )
-    rollout = TransformersTokenEngine(policy)
     trainer = TokenTrainer(
         policy, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size, device=device
     )
-    return policy, rollout, trainer
+    if cfg.rollout.engine == "vllm":
+        return policy, start_vllm_engine(cfg, policy), trainer
+    return policy, TransformersTokenEngine(policy), trainer
+
+
+def start_vllm_engine(cfg, policy: CausalLMPolicy) -> VllmTokenEngine:
+    """The vLLM rollout engine of the run, its server started and serving policy version 0 (the trainer's initial
+    weights: the folder's, and a LoRA adapter starts as a no-op). Its adapters or weight folders go to
+    <run_dir>/vllm_weights, the server's log to <run_dir>/vllm_weights/vllm-server.log."""
+    try:
+        python = vllm_python()
+    except (RuntimeError, TimeoutError, OSError) as e:
+        raise RunFailure(
+            f"rollout.engine vllm: the vLLM virtualenv could not be made ({type(e).__name__}: {str(e)[-1500:]}). It "
+            "is built once (~3 min, ~3.5 GB, needs PyPI) and cached under DIFFRL_VLLM_VENV_ROOT or "
+            "~/.cache/diffrl/vllm; or point DIFFRL_VLLM_PYTHON at an interpreter that has vLLM (with "
+            "DIFFRL_VLLM_PYTHONPATH for an offline bundle, docs/operations.md section 7); or sample in-process with "
+            "rollout.engine: transformers"
+        ) from e
+    engine = VllmTokenEngine(
+        policy, cfg.rollout.vllm, weights_dir=os.path.join(cfg.run_dir, "vllm_weights"), python=python
+    )
+    return engine.start()

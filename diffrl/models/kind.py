@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 
 KINDS = ("diffusion", "autoregressive")
-AUTOREGRESSIVE_TINY = ("qwen3_omni",)  # `tiny:<arch>` builders (diffrl/models/tiny/) that write a causal LM folder
+# `tiny:<arch>` builders (diffrl/models/tiny/) that write a causal LM folder
+AUTOREGRESSIVE_TINY = ("qwen3_omni", "qwen3")
 RANDOM = "random:"  # model.path prefix: a folder of configs only, built with random weights in memory
 REFERENCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference")
 

@@ -4,14 +4,24 @@ the venv key follows every pin; the venv's requirements are the wheel's own less
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
-from diffrl.configs.schema import RolloutConfig
+from diffrl.configs.schema import RolloutConfig, load_experiment
 from diffrl.engines.vllm_env import VllmPins, _declared_requirements
-from diffrl.engines.vllm_server import VllmRolloutOptions, VllmServer, VllmServerError, VllmServerOptions
+from diffrl.engines.vllm_server import (
+    LAUNCHER,
+    VllmRolloutOptions,
+    VllmServer,
+    VllmServerError,
+    VllmServerOptions,
+    process_group,
+)
 
 
 def test_an_interpreter_without_vllm_fails_the_start_loudly(tmp_path):
@@ -27,7 +37,9 @@ def test_an_interpreter_without_vllm_fails_the_start_loudly(tmp_path):
     assert time.monotonic() - started < 30 and server.process is None  # not the start timeout: the exit
     with pytest.raises(VllmServerError, match="not started"):
         server.check_alive()
-    assert server.command()[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    launcher, parent, *module = server.command()[1:5]
+    assert launcher.endswith("vllm_launch.py") and int(parent) == os.getpid()
+    assert module == ["-m", "vllm.entrypoints.openai.api_server"]
     assert "127.0.0.1" in server.command() and server.base_url.startswith("http://127.0.0.1:")
 
 
@@ -40,6 +52,57 @@ def test_options_refuse_what_vllm_cannot_do():
     assert (lora.enable_lora, lora.dev_mode, full.enable_lora, full.dev_mode) == (True, False, False, True)
     with pytest.raises(ValueError, match=r"rollout.engine must be one of \['transformers', 'vllm'\]"):
         RolloutConfig(engine="sglang")
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\]"):
+        VllmRolloutOptions(gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match=r"dtype must be one of"):
+        VllmRolloutOptions(dtype="fp8")
+    with pytest.raises(ValueError, match="max_num_seqs must be >= 1"):
+        VllmRolloutOptions(max_num_seqs=0)
+    sleepy = VllmRolloutOptions(sleep_for_update=True)
+    assert sleepy.enable_sleep_mode and sleepy.dev_mode
+    assert "--enable-sleep-mode" in VllmServer("m", sleepy, python="python").command()
+
+
+def test_a_token_run_config_refuses_what_the_server_cannot_serve():
+    base = ["model.path=tiny:qwen3", "algorithm=gspo", "rollout.engine=vllm", "train.lora=true"]
+    with pytest.raises(ValueError, match=r"max_lora_rank \(16\) must be >= train.lora_rank \(32\)"):
+        load_experiment("omni_quick", base)
+    with pytest.raises(ValueError, match="train.lora is false: a full fine-tune syncs full weights"):
+        load_experiment("omni_quick", base + ["rollout.vllm.max_lora_rank=32", "train.lora=false"])
+    with pytest.raises(ValueError, match=r"max_model_len \(2048\) must exceed rollout.max_new_tokens \(4096\)"):
+        load_experiment("omni_quick", base + ["rollout.vllm.max_lora_rank=32", "rollout.max_new_tokens=4096"])
+    cfg = load_experiment("omni_quick", base + ["rollout.vllm.max_lora_rank=32"])
+    assert cfg.rollout.vllm.enable_lora and cfg.rollout.engine == "vllm"
+    shipped = load_experiment("thinker_text_gspo_vllm")  # the GPU recipe loads (its folder need not exist here)
+    assert shipped.rollout.vllm.load_format == "dummy" and shipped.rollout.vllm.sleep_for_update
+    assert (shipped.rollout.group_size, shipped.rollout.max_new_tokens, shipped.algorithm.name) == (8, 1024, "gspo")
+
+
+def test_the_launcher_stops_its_server_when_its_parent_dies(tmp_path):
+    """The launcher (diffrl/engines/vllm_launch.py) runs any module: here a sleeping one, under a parent that is
+    SIGKILLed; the launcher's whole process group is gone soon after."""
+    script = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, {LAUNCHER!r}, str(__import__('os').getpid()), '-c', "
+        "'import time; time.sleep(600)'], start_new_session=True)\n"
+        "print(p.pid, flush=True)\ntime.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    group = int(parent.stdout.readline())
+    try:
+        time.sleep(1.0)
+        assert process_group(group), "the launcher and its server run"
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 20
+        while process_group(group) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not process_group(group), "the server outlived the process that started it"
+    finally:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def test_the_venv_key_follows_every_pin():

@@ -3,11 +3,9 @@ fails with the timeout and the server's log (diffrl/engines/vllm_server.py)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from diffrl.engines.vllm_server import VllmServer, VllmServerError, VllmServerOptions
+from diffrl.engines.vllm_server import VllmServer, VllmServerError, VllmServerOptions, process_group
 from diffrl.models.tiny import build_tiny
 
 pytestmark = pytest.mark.slow
@@ -20,17 +18,4 @@ def test_start_timeout_stops_the_whole_server(tmp_path, vllm_venv_python):
     with pytest.raises(VllmServerError, match=r"did not answer .*/health within start_timeout_s=6 s \(stopped\)"):
         server.start()
     assert server.process is None and not server.healthy(timeout_s=2)
-    assert _group_members(server.pid) == []  # API server, engine core and workers: all gone
-
-
-def _group_members(pgid: int) -> list[int]:
-    members = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if entry.isdigit() and int(fields[2]) == pgid:  # fields after the name: state, ppid, pgrp, ...
-            members.append(int(entry))
-    return members
+    assert process_group(server.pid) == []  # API server, engine core and workers: all gone

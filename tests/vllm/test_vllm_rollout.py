@@ -117,6 +117,45 @@ def test_lora_update_reaches_the_server(engine):
     assert [r.tolist() for r in after.response_ids] != [r.tolist() for r in before.response_ids]
 
 
+def _served_log_probs(engine, prompt_ids: list[int], response_ids: list[int]) -> torch.Tensor:
+    """The server's log-probs of a fixed response after its prompt (prompt_logprobs of prompt + response), under the
+    adapter of the version it holds."""
+    body = {
+        "model": engine.model_name,
+        "prompt": prompt_ids + response_ids,
+        "max_tokens": 1,
+        "temperature": 1.0,
+        "prompt_logprobs": 0,
+    }
+    choice = engine.server.request("POST", "/v1/completions", json=body).json()["choices"][0]
+    scored = choice["prompt_logprobs"][len(prompt_ids) :]
+    return torch.tensor([entry[str(t)]["logprob"] for entry, t in zip(scored, response_ids)])
+
+
+def test_a_large_update_reaches_the_server(engine):
+    """One SGD step at a large learning rate (0.5) on the LoRA, along a fixed response's log-likelihood gradient
+    (a step that large overshoots: measured -50.9 -> -52.1): after update_weights the server's log-probs of that
+    response have moved, and equal the trainer's recompute (4.8e-7 apart, measured)."""
+    policy = engine.trainer_policy
+    traj = _rollout(engine, engine.policy_version)
+    prompt_ids, response = traj.prompt_ids[0].tolist(), traj.response_ids[0].tolist()
+    ids = torch.tensor([response])
+    inputs = policy.inputs_from_ids([torch.tensor(prompt_ids)], [()])
+    before = _served_log_probs(engine, prompt_ids, response)
+    lora = [p for n, p in policy.model.named_parameters() if "lora_" in n]
+    optimizer = torch.optim.SGD(lora, lr=0.5)
+    (-policy.replay(inputs, ids)[0].sum()).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    engine.update_weights(engine.policy_version + 1)
+    after = _served_log_probs(engine, prompt_ids, response)
+    with torch.no_grad():
+        recomputed = policy.replay(inputs, ids)[0][0]
+    gap = float((after - recomputed).abs().max())
+    print(f"\nfixed response: served log-prob sum {before.sum():.3f} -> {after.sum():.3f}; |served - replay| {gap:.2e}")
+    assert abs(float(after.sum() - before.sum())) > 0.5 and gap < ATOL
+
+
 def test_a_dead_server_fails_the_rollout_loudly(engine):
     """Runs last: the server's process group is killed; the next rollout raises, naming the dead server."""
     os.killpg(engine.server.process.pid, signal.SIGKILL)

@@ -20,6 +20,8 @@ Weights: `update_weights(version)` writes the trainer's weights of that version 
 vllm_weights.py: a PEFT LoRA folder, or the full merged weights) and loads them into the server before it returns;
 `generate(..., policy_version=v)` refuses a version the server does not hold. The engine is not the trainer's
 module (no `adapter` attribute), so the trainer recomputes old log-probs and reports the rollout/trainer gap.
+With `sleep_for_update` (a GPU shared with the trainer) the server sleeps once no rollout is in flight and wakes for
+the next weight load or rollout, after the trainer's cached GPU memory is given back.
 Images are not sent yet (`/v1/completions` takes token ids only): a prompt with images is a ValueError.
 """
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
@@ -59,6 +62,9 @@ class VllmTokenEngine:
         self.model_name = ""  # set by start(): the base model (version 0) or policy-v<version>
         self.loaded: list[int] = []
         self.last_sync_s = 0.0
+        self.asleep = False
+        self._in_flight = 0  # rollouts running now (the server sleeps only when none is)
+        self._sleep_lock = threading.Lock()
         os.makedirs(weights_dir, exist_ok=True)
 
     def start(self) -> VllmTokenEngine:
@@ -69,10 +75,28 @@ class VllmTokenEngine:
     def close(self) -> None:
         self.server.stop()
 
+    # ---- sleep (sleep_for_update: the server's GPU memory is the trainer's during the update) -----------------
+    def _wake(self) -> None:
+        """Wake the server if it sleeps; the trainer's cached GPU memory goes back to the device first (the server
+        allocates its weights and KV cache again)."""
+        if not self.asleep:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.server.request("POST", "/wake_up", timeout_s=max(600.0, self.options.request_timeout_s))
+        self.asleep = False
+
+    def _sleep(self) -> None:
+        """Level 1: the weights to host memory, the KV cache freed (the base weights never change under LoRA)."""
+        self.server.request("POST", "/sleep?level=1", timeout_s=max(600.0, self.options.request_timeout_s))
+        self.asleep = True
+
     # ---- weights ---------------------------------------------------------------------------------------------
     def update_weights(self, version: int) -> None:
         """Load the trainer's current weights into the server as policy `version` (blocking)."""
         started = time.perf_counter()
+        with self._sleep_lock:
+            self._wake()
         folder = os.path.join(self.weights_dir, f"v{version}")
         model = self.trainer_policy.model
         if self.options.weight_sync == "lora":
@@ -123,8 +147,20 @@ class VllmTokenEngine:
                 f"the vLLM server holds policy version {self.policy_version}, asked to sample version "
                 f"{policy_version}: call update_weights({policy_version}) first (a rollout never mixes policies)"
             )
-        if any(m.get("images") for m in metadata):
+        if any(m.get("images") or m.get("audios") for m in metadata):
             raise ValueError("the vLLM rollout engine takes text prompts only; use rollout.engine=transformers")
+        with self._sleep_lock:
+            self._wake()
+            self._in_flight += 1
+        try:
+            return self._generate(prompts, group_ids, sample_index, seeds, cfg, policy_version, metadata, on_batch)
+        finally:
+            with self._sleep_lock:
+                self._in_flight -= 1
+                if self.options.sleep_for_update and self._in_flight == 0:
+                    self._sleep()
+
+    def _generate(self, prompts, group_ids, sample_index, seeds, cfg, policy_version, metadata, on_batch):
         ids = self._prompt_ids(prompts)
         batches = [(s, min(s + cfg.batch_size, len(prompts))) for s in range(0, len(prompts), cfg.batch_size)]
         responses: list[list[int]] = [[] for _ in prompts]
@@ -203,19 +239,3 @@ def _runs(prompts: list[str], start: int, stop: int) -> list[tuple[int, int]]:
             runs.append((first, row))
             first = row
     return runs
-
-
-def build_token_engine(engine: str, policy: CausalLMPolicy, options: VllmRolloutOptions | None, *, run_dir: str):
-    """`rollout.engine` -> the token rollout engine: "transformers" (in-process, shares the trainer's module) or
-    "vllm" (a server from the vLLM venv, started here; its weights under <run_dir>/vllm_weights)."""
-    from diffrl.engines.rollout.tokens import TransformersTokenEngine
-    from diffrl.engines.vllm_env import vllm_python
-
-    if engine == "transformers":
-        return TransformersTokenEngine(policy)
-    if engine == "vllm":
-        weights = os.path.join(run_dir, "vllm_weights")
-        return VllmTokenEngine(
-            policy, options or VllmRolloutOptions(), weights_dir=weights, python=vllm_python()
-        ).start()
-    raise ValueError(f"rollout.engine must be one of ['transformers', 'vllm']; got {engine!r}")

@@ -70,6 +70,7 @@ class StepMemory:
         self.first_step = 0
         # each stage of a step runs once here, the next step's ahead of the flow (diffrl/engines/step/ahead.py)
         self.ahead = RunAhead() if asynchronous else None
+        self._closers: list[Callable[[], None]] = []  # what ends with the run (close_with)
 
     # ---- rollouts --------------------------------------------------------------------------------------
     def start_rollout(self, step: int, chunk: int, rollout: Callable[[], Trajectories]) -> None:
@@ -202,14 +203,25 @@ class StepMemory:
         self.writer.flush()
         self.janitor.flush()
 
+    def close_with(self, closer: Callable[[], None]) -> None:
+        """Call `closer` when this memory closes, after its threads end: a process the run's engines started (a vLLM
+        rollout server) ends with the run, the way the run's worker threads do, also when the run fails."""
+        self._closers.append(closer)
+
     def close(self) -> None:
-        """End the worker threads (after drain: nothing queued is dropped by the writer)."""
-        if self.ahead is not None:
-            self.ahead.close()
-        self._rollouts.shutdown(wait=True, cancel_futures=True)
-        self._rewards.shutdown(wait=True, cancel_futures=True)
-        self.writer.close()
-        self.janitor.close()
+        """End the worker threads (after drain: nothing queued is dropped by the writer), then what close_with
+        registered."""
+        try:
+            if self.ahead is not None:
+                self.ahead.close()
+            self._rollouts.shutdown(wait=True, cancel_futures=True)
+            self._rewards.shutdown(wait=True, cancel_futures=True)
+            self.writer.close()
+            self.janitor.close()
+        finally:
+            closers, self._closers = self._closers, []
+            for closer in reversed(closers):
+                closer()
 
 
 def _timed(fn: Callable[[], object], name: str, step: int, chunk: int) -> tuple[object, float]:

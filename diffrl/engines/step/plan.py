@@ -66,10 +66,12 @@ def validation_rollout(rollout, cfg, records: list, *, step: int = 0, **sampling
     """ODE samples (noise level 0) of the validation `records`, `cfg.data.val_samples_per_prompt` each
     (validation_batch's seeds), with the config's sampling; `sampling` overrides its fields (guidance_scale,
     num_inference_steps). An SDE window longer than the steps is cut to them: at noise 0 it only marks steps.
-    A token rollout (an algorithm on tokens) decodes greedily instead (temperature 0)."""
+    A token rollout (an algorithm on tokens) decodes greedily instead (temperature 0), with the weights it holds (a
+    vLLM server refuses any other policy version)."""
     batch = validation_batch(records, cfg.run.seed, cfg.data.val_samples_per_prompt)
     if cfg.algorithm.needs.data == "tokens":
-        return rollout.generate(cfg=dataclasses.replace(cfg.sampling, temperature=0.0, **sampling), step=step, **batch)
+        greedy = dataclasses.replace(cfg.sampling, temperature=0.0, **sampling)
+        return rollout.generate(cfg=greedy, step=step, policy_version=rollout.policy_version, **batch)
     ode = dataclasses.replace(cfg.sampling, noise_level=0.0, **sampling)
     if ode.window.size > ode.num_inference_steps:
         ode = dataclasses.replace(
