@@ -51,6 +51,11 @@ STAGE_KEYS = (
     "timing_s/sync_weights",
     "critic/rewards/mean",
     "rollout_corr/logprob_abs_diff_mean",
+    "rollout_corr/logprob_abs_diff_max",
+    "perf/throughput",
+    "perf/max_memory_allocated_gb",
+    "perf/max_memory_reserved_gb",
+    "response_length/mean",
 )
 
 
@@ -198,6 +203,8 @@ def main(argv: list[str] | None = None) -> dict:
         flow = run_flow(config, [*overrides, f"run.root={workdir}/runs"], workdir, args.timeout)
         if args.flow_only:
             print(f"flow run kept in {workdir}; next: --flow-from {workdir} (same config and overrides)")
+            if args.out:  # the flow's own figures (a run whose engines-only twin is not wanted, e.g. a vLLM server's)
+                return flow_only_result(args, flow, config, overrides, workdir, argv)
             return {}
     else:
         flow = read_flow(args.flow_from)
@@ -301,6 +308,44 @@ def main(argv: list[str] | None = None) -> dict:
         "engine_reward_each": [e["critic/rewards/mean"] for e in engines["per_step"]],
         "flow_stages_each": {k: [v.get(s) for s in range(1, args.steps + 1)] for k, v in flow["per_step"].items()},
         "engine_stages_each": {k: [e.get(k) for e in engines["per_step"]] for k in STAGE_KEYS},
+        "flow_log_tail": flow["log_tail"],
+        "command": " ".join(["python", "benchmarks/train_e2e.py", *(argv if argv is not None else sys.argv[1:])]),
+    }
+    common.write_json(args.out, result)
+    print(json.dumps({k: v for k, v in result.items() if not k.endswith("_each") and k != "flow_log_tail"}, indent=1))
+    return result
+
+
+def flow_only_result(args, flow: dict, config: str, overrides: list[str], workdir: str, argv) -> dict:
+    """The JSON of a `--flow-only --out` call: `diffrl train`'s per-step series, their medians after the warm-up,
+    its startup and bytes (no engines-only run, no ratio)."""
+    import torch
+
+    from diffrl.configs.schema import load_experiment
+
+    cfg = load_experiment(config, overrides)
+    timed = range(args.warmup + 1, args.steps + 1)
+    medians = {}
+    for key, series in flow["per_step"].items():
+        values = [series[s] for s in timed if s in series]
+        medians[key] = statistics.median(values) if values else None
+    samples = cfg.rollout.samples_per_step
+    result = {
+        "benchmark": "train_e2e (diffrl train only)",
+        "config": args.config,
+        "overrides": args.overrides,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor(),
+        "torch": torch.__version__,
+        "steps": args.steps,
+        "warmup_steps": args.warmup,
+        "samples_per_step": samples,
+        "flow_seconds_per_step": medians.get("perf/time_per_step"),
+        "flow_samples_per_gpu_s": medians.get("perf/throughput"),
+        "flow_stage_medians_s": medians,
+        "flow_stages_each": {k: [v.get(s) for s in range(1, args.steps + 1)] for k, v in flow["per_step"].items()},
+        "startup_s": flow["startup_s"],
+        "flow_wall_seconds": flow["wall_seconds"],
+        "run_folder_bytes": folder_bytes(os.path.join(workdir, "runs", "train-e2e")),
         "flow_log_tail": flow["log_tail"],
         "command": " ".join(["python", "benchmarks/train_e2e.py", *(argv if argv is not None else sys.argv[1:])]),
     }

@@ -41,9 +41,14 @@ def test_train_e2e_compares_the_flow_with_the_engines_on_one_config(tmp_path, mo
     out = tmp_path / "result.json"
     common = ["--config", "quickstart", *TINY, "--steps", "3", "--warmup", "1"]
     # in two calls, as for a model too large for both runs in one device call: the flow, then the engines
-    assert train_e2e.main([*common, "--flow-only", "--keep", str(tmp_path / "work")]) == {}
+    # the first call's own JSON (`--flow-only --out`): the flow's figures alone
+    flow = train_e2e.main([*common, "--flow-only", "--keep", str(tmp_path / "work"), "--out", str(tmp_path / "f.json")])
     assert os.path.exists(tmp_path / "work" / "mlflow.db") and not os.path.exists(tmp_path / "work" / "engines-runs")
+    assert json.loads((tmp_path / "f.json").read_text())["flow_seconds_per_step"] == flow["flow_seconds_per_step"]
+    assert flow["flow_samples_per_gpu_s"] == pytest.approx(8 / flow["flow_seconds_per_step"], rel=0.2)
+    assert len(flow["flow_stages_each"]["timing_s/generate"]) == 3 and "flow_over_engine" not in flow
     result = train_e2e.main([*common, "--flow-from", str(tmp_path / "work"), "--out", str(out)])
+    assert result["flow_seconds_per_step"] == flow["flow_seconds_per_step"]  # the same run, read again
     assert json.loads(out.read_text())["flow_over_engine"] == result["flow_over_engine"]
     assert result["flow_over_engine"] == pytest.approx(
         result["flow_seconds_per_step"] / result["engine_seconds_per_step"]

@@ -150,6 +150,7 @@ def update(engines: Any, step: int, chunk: int = 0) -> Updated:
     checkpoint.check_finite_weights(engines.trainer, step)  # never trained on, or checkpointed, past this point
     metrics = {**{k: float(v) for k, v in metrics.items()}, **stats, **exchange}
     metrics["timing_s/update_actor"] = time.perf_counter() - started
+    metrics.update(memory_metrics())
     if durable:
         committed = time.perf_counter()
         commit_checkpoint(engines, step, {**metrics, "update/rows": float(len(rows))})
@@ -162,6 +163,17 @@ def update(engines: Any, step: int, chunk: int = 0) -> Updated:
     # disk, not the GPU, sets the pace
     metrics["timing_s/writer_wait"] = time.perf_counter() - waited
     return Updated(step, rows=len(rows), metrics=metrics)
+
+
+def memory_metrics() -> dict[str, float]:
+    """verl's perf/max_memory_{allocated,reserved}_gb (GiB, the peak of this process's CUDA device so far: the
+    trainer's process; a vLLM server's memory is its own); nothing on a run without CUDA."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {
+        "perf/max_memory_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
+        "perf/max_memory_reserved_gb": torch.cuda.max_memory_reserved() / 2**30,
+    }
 
 
 # ---- checkpoints --------------------------------------------------------------------------------------
