@@ -17,6 +17,7 @@ import torch
 
 from diffrl.algorithms.windows import sample_windows
 from diffrl.engines.numbering import step_number
+from diffrl.engines.train.setup import trained_module
 from diffrl.models.base import SampleShape
 
 # Versions older than this go after a compaction: the previous compaction's copies, not the one a reader may be on
@@ -97,7 +98,7 @@ def checkpoint_bytes(engines: Any) -> int:
     trainer = engines.trainer
     trained = {id(p): p for group in trainer.optimizer.param_groups for p in group["params"]}.values()
     trained_bytes = sum(p.numel() * p.element_size() for p in trained)
-    named = list(trainer.adapter.transformer.named_parameters())
+    named = list(trained_module(trainer.adapter).named_parameters())
     if trainer.cfg.lora:
         kept = sum(p.numel() * p.element_size() for name, p in named if p.requires_grad or "lora_" in name)
         return kept + 3 * trained_bytes

@@ -3,6 +3,10 @@
 Layout of one checkpoint folder:
     lora/pytorch_lora_weights.safetensors   LoRA only: diffusers format (`pipe.load_lora_weights(folder/lora)`); a
                                             causal LM's: lora/adapter_model.safetensors + adapter_config.json (PEFT)
+    lora/pytorch_lora_weights_transformer_2.safetensors
+                                            Wan2.2's low-noise expert (the file above is the high-noise one):
+                                            `pipe.load_lora_weights(folder/lora, weight_name=...,
+                                            load_into_transformer_2=True)`, diffusers' way to load an expert's LoRA
     trainable.safetensors                   LoRA only: the trainable tensors under the module's own names
     optimizer.safetensors, optimizer.json   LoRA only: AdamW state tensors / param-group hyper-parameters
     dcp/                                    full fine-tuning: model + optimizer, sharded (torch DCP)
@@ -42,11 +46,18 @@ from torch.distributed.checkpoint.state_dict import (
 
 from diffrl.engines.numbering import step_index, step_number
 from diffrl.engines.step.plan import inject_fault
-from diffrl.engines.train.setup import ADAPTER_NAME, barrier, lora_config, world
+from diffrl.engines.train.setup import ADAPTER_NAME, barrier, denoiser_names, lora_config, trained_module, world
 from diffrl.engines.train.tensor_file import write_tensors
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
 CHECKSUMS = "checksums.json"
+LORA_FILE = "pytorch_lora_weights.safetensors"  # diffusers' default weight_name: the (high-noise) `transformer`'s
+
+
+def lora_file_name(component: str) -> str:
+    """The LoRA file of the denoiser `component`: diffusers' default name for "transformer", else
+    pytorch_lora_weights_<component>.safetensors (Wan2.2's "transformer_2", loaded with load_into_transformer_2)."""
+    return LORA_FILE if component == "transformer" else f"pytorch_lora_weights_{component}.safetensors"
 
 
 class CorruptCheckpoint(ValueError):
@@ -178,7 +189,7 @@ def check_finite_weights(trainer, step: int) -> None:
     """NonFiniteWeights naming the trainable parameters (this rank's shards) that are not finite after the update of
     step index `step` (named by its step number). A non-finite gradient norm already skips its optimizer step; this
     catches what gets past it (a learning rate or loss scale that overflows the weights themselves)."""
-    named = [(n, p) for n, p in trainer.adapter.transformer.named_parameters() if p.requires_grad]
+    named = [(n, p) for n, p in trained_module(trainer.adapter).named_parameters() if p.requires_grad]
     if not named:
         return
     local = [p.to_local() if hasattr(p, "to_local") else p for _, p in named]
@@ -196,9 +207,10 @@ def check_finite_weights(trainer, step: int) -> None:
 def trainable_state(trainer, *, all_lora: bool = False) -> dict[str, torch.Tensor]:
     """Full (gathered, CPU) tensors of every trainable parameter, keyed by module parameter name.
 
-    all_lora also includes frozen LoRA adapters (DiffusionNFT's "old" policy) for checkpoints.
+    all_lora also includes frozen LoRA adapters (DiffusionNFT's "old" policy) for checkpoints. With several denoisers
+    the names start with the expert's component name (setup.trained_module).
     """
-    model = trainer.adapter.transformer
+    model = trained_module(trainer.adapter)
     params = dict(model.named_parameters())
     trained = {name for name, p in params.items() if p.requires_grad or (all_lora and "lora_" in name)}
     flipped = [params[n] for n in trained if not params[n].requires_grad]
@@ -213,12 +225,37 @@ def trainable_state(trainer, *, all_lora: bool = False) -> dict[str, torch.Tenso
     return {k: v.contiguous() for k, v in state.items() if k in trained}
 
 
-def lora_state(trainer, trainable: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """The LoRA tensors in peft's saved naming (adapter name removed), as diffusers expects."""
+def lora_state(trainer, trainable: dict[str, torch.Tensor] | None = None) -> dict[str, dict[str, torch.Tensor]]:
+    """Per denoiser component ("transformer", Wan2.2's "transformer_2"): its LoRA tensors in peft's saved naming
+    (adapter name and expert prefix removed), as diffusers expects one denoiser's LoRA."""
     from peft.utils import get_peft_model_state_dict
 
     trainable = trainable if trainable is not None else trainable_state(trainer)
-    return get_peft_model_state_dict(trainer.adapter.transformer, state_dict=trainable, adapter_name=ADAPTER_NAME)
+    denoisers = trainer.adapter.denoisers()
+    if len(denoisers) == 1:
+        return {
+            "transformer": get_peft_model_state_dict(
+                trainer.adapter.transformer, state_dict=trainable, adapter_name=ADAPTER_NAME
+            )
+        }
+    states = {}
+    for component, module in zip(denoiser_names(trainer.adapter), denoisers):
+        prefix = component + "."
+        own = {k[len(prefix) :]: v for k, v in trainable.items() if k.startswith(prefix)}
+        states[component] = get_peft_model_state_dict(module, state_dict=own, adapter_name=ADAPTER_NAME)
+    return states
+
+
+def save_diffusers_lora(pipe_cls: type, folder: str, layers: dict[str, dict[str, torch.Tensor]], metadata: dict):
+    """Write each denoiser's LoRA into the local `folder` through the pipeline's own save_lora_weights, one file per
+    denoiser (lora_file_name), as diffusers loads Wan2.2's experts."""
+    for component, tensors in layers.items():
+        pipe_cls.save_lora_weights(
+            folder,
+            transformer_lora_layers=tensors,
+            transformer_lora_adapter_metadata=metadata,
+            weight_name=lora_file_name(component),
+        )
 
 
 def export_lora(trainer, path: str, trainable: dict[str, torch.Tensor] | None = None) -> str:
@@ -239,8 +276,8 @@ def export_lora(trainer, path: str, trainable: dict[str, torch.Tensor] | None = 
         targets = trainer.cfg.lora_targets or tuple(trainer.adapter.default_lora_targets)
         metadata = lora_config(trainer.cfg, targets).to_dict()
         with tempfile.TemporaryDirectory() as tmp:
-            pipe_cls.save_lora_weights(tmp, transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata)
-            for name in os.listdir(tmp):
+            save_diffusers_lora(pipe_cls, tmp, layers, metadata)
+            for name in sorted(os.listdir(tmp)):
                 _write(f"{path.rstrip('/')}/{name}", open(os.path.join(tmp, name), "rb").read())
     barrier()
     return path
@@ -308,7 +345,7 @@ class LoraSnapshot:
     trainable: dict[str, torch.Tensor]
     optimizer: dict[str, torch.Tensor]
     optimizer_groups: list
-    lora_keys: dict[str, str]  # peft's saved name -> trainable name (the LoRA file's tensors)
+    lora_keys: dict[str, dict[str, str]]  # per denoiser component: peft's saved name -> trainable name
     lora_metadata: dict
     pipe_cls: type | None  # None: a causal LM's LoRA, written as a PEFT adapter folder
     trainer_state: dict
@@ -384,7 +421,7 @@ def _snapshot_plan(trainer) -> _SnapshotPlan:
     plan = _PLANS.get(trainer)
     if plan is not None:
         return plan
-    model = trainer.adapter.transformer
+    model = trained_module(trainer.adapter)
     named = list(model.named_parameters())
     params = [(name, p) for name, p in named if p.requires_grad or "lora_" in name]
     names = {id(p): name for name, p in named}
@@ -392,7 +429,7 @@ def _snapshot_plan(trainer) -> _SnapshotPlan:
     # peft's saved names of the LoRA tensors: from one run of its own naming, matched back by tensor identity
     by_id = {id(p): name for name, p in params}
     saved = lora_state(trainer, {name: p for name, p in params})
-    lora_keys = {key: by_id[id(value)] for key, value in saved.items()}
+    lora_keys = {part: {key: by_id[id(value)] for key, value in keys.items()} for part, keys in saved.items()}
     pipe_cls = _lora_pipeline(trainer)
     targets = trainer.cfg.lora_targets or tuple(trainer.adapter.default_lora_targets)
     plan = _SnapshotPlan(params, group_fqns, lora_keys, _lora_metadata(trainer, targets, pipe_cls), pipe_cls)
@@ -432,16 +469,17 @@ def write(state: LoraSnapshot, path: str) -> str:
     if state.copied is not None:
         state.copied.synchronize()
     trainable, optimizer = state.trainable, state.optimizer
-    lora_layers = {key: trainable[name].contiguous() for key, name in state.lora_keys.items()}
+    lora_layers = {
+        part: {key: trainable[name].contiguous() for key, name in keys.items()}
+        for part, keys in state.lora_keys.items()
+    }
     if state.pipe_cls is None:  # a causal LM: the LoRA as a PEFT adapter folder (PeftModel / vLLM load it)
-        files.put_tensors("lora/adapter_model.safetensors", lora_layers)
+        files.put_tensors("lora/adapter_model.safetensors", lora_layers["transformer"])
         files.put("lora/adapter_config.json", json.dumps(state.lora_metadata, default=_json_value).encode())
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            state.pipe_cls.save_lora_weights(
-                tmp, transformer_lora_layers=lora_layers, transformer_lora_adapter_metadata=state.lora_metadata
-            )
-            for name in os.listdir(tmp):
+            save_diffusers_lora(state.pipe_cls, tmp, lora_layers, state.lora_metadata)
+            for name in sorted(os.listdir(tmp)):
                 files.put_file(f"lora/{name}", os.path.join(tmp, name))
     files.put_tensors("trainable.safetensors", trainable)
     files.put_tensors("optimizer.safetensors", optimizer)
@@ -457,7 +495,7 @@ def save(trainer, path: str, *, step: int) -> str:
     if trainer.cfg.lora and trainer.world_size == 1:
         return write(snapshot(trainer, step=step), path)
     path = path.rstrip("/")
-    model = trainer.adapter.transformer
+    model = trained_module(trainer.adapter)
     rank = world()[0]
     if trainer.cfg.lora:
         trainable = trainable_state(trainer, all_lora=True)
@@ -505,7 +543,7 @@ def load(trainer, path: str) -> int:
         raise ValueError(
             f"checkpoint {path!r} was saved with lora={state['lora']} but TrainConfig.lora={trainer.cfg.lora}"
         )
-    model = trainer.adapter.transformer
+    model = trained_module(trainer.adapter)
     if trainer.cfg.lora:
         # Every rank reads the same full state, yet without broadcast_from_rank0 set_model_state_dict and
         # set_optimizer_state_dict left most FSDP2 ranks' LoRA weights and Adam moments as initialised (torch 2.13,

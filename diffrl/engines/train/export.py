@@ -2,6 +2,9 @@
 
     OUT/pytorch_lora_weights.safetensors   LoRA runs: `pipe.load_lora_weights(OUT)`; the LoRA config in the file's
                                            metadata names the base model (`base_model_name_or_path`)
+    OUT/pytorch_lora_weights_transformer_2.safetensors
+                                           Wan2.2 A14B runs also: the low-noise expert's LoRA, `pipe.load_lora_weights(
+                                           OUT, weight_name=..., load_into_transformer_2=True)`
     OUT/pipeline/                          with merge (and always for full fine-tuning): the whole pipeline with the
                                            trained weights merged in, `DiffusionPipeline.from_pretrained(OUT/pipeline)`
     OUT/diffrl_export.json                 what was exported: base model, checkpoint, step, LoRA or full
@@ -22,9 +25,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from diffrl.engines.train.checkpoint import checked_state
+from diffrl.engines.train.checkpoint import LORA_FILE, checked_state, lora_file_name
 
-LORA_FILE = "pytorch_lora_weights.safetensors"
 LORA_METADATA_KEY = "lora_adapter_metadata"  # where diffusers' save_lora_weights keeps the LoraConfig
 
 
@@ -38,6 +40,7 @@ class Exported:
     lora: bool
     lora_file: str | None
     pipeline_dir: str | None
+    lora_file_2: str | None = None  # Wan2.2 A14B: the low-noise expert `transformer_2`'s LoRA
 
 
 def export_checkpoint(
@@ -47,15 +50,21 @@ def export_checkpoint(
     pipeline. `base_model` is what `DiffusionPipeline.from_pretrained` takes: a local folder or a Hub id."""
     state = checked_state(checkpoint)  # a damaged checkpoint is named, never exported
     os.makedirs(out_dir, exist_ok=True)
-    lora_file = pipeline_dir = None
+    lora_file = lora_file_2 = pipeline_dir = None
     if state["lora"]:
         lora_file = os.path.join(out_dir, LORA_FILE)
         write_lora_with_base(os.path.join(checkpoint, "lora", LORA_FILE), lora_file, base_model)
         say(f"LoRA: {lora_file} (base model {base_model})")
+        second = os.path.join(checkpoint, "lora", lora_file_name("transformer_2"))
+        if os.path.isfile(second):  # Wan2.2's low-noise expert
+            lora_file_2 = os.path.join(out_dir, lora_file_name("transformer_2"))
+            write_lora_with_base(second, lora_file_2, base_model)
+            say(f"LoRA of transformer_2 (low-noise expert): {lora_file_2}")
     if merge or not state["lora"]:
         pipeline_dir = os.path.join(out_dir, "pipeline")
         say(f"merging into {base_model} ...")
-        merged_pipeline(base_model, checkpoint, lora_file).save_pretrained(pipeline_dir, safe_serialization=True)
+        merged = merged_pipeline(base_model, checkpoint, lora_file, lora_file_2)
+        merged.save_pretrained(pipeline_dir, safe_serialization=True)
         say(f"pipeline: {pipeline_dir}")
     result = Exported(
         base_model=base_model,
@@ -64,6 +73,7 @@ def export_checkpoint(
         lora=bool(state["lora"]),
         lora_file=lora_file,
         pipeline_dir=pipeline_dir,
+        lora_file_2=lora_file_2,
     )
     with open(os.path.join(out_dir, "diffrl_export.json"), "w") as f:
         json.dump(asdict(result), f, indent=2)
@@ -87,19 +97,32 @@ def write_lora_with_base(source: str, target: str, base_model: str) -> None:
     save_file(load_file(source), target, metadata=metadata)
 
 
-def merged_pipeline(base_model: str, checkpoint: str, lora_file: str | None):
-    """The base pipeline (fp32) with the checkpoint's trained weights merged into its transformer."""
+def merged_pipeline(base_model: str, checkpoint: str, lora_file: str | None, lora_file_2: str | None = None):
+    """The base pipeline (fp32) with the checkpoint's trained weights merged into its transformer (and Wan2.2's
+    `transformer_2`)."""
     from diffusers import DiffusionPipeline
 
     pipe = DiffusionPipeline.from_pretrained(base_model, dtype=torch.float32)
     if lora_file is not None:
         pipe.load_lora_weights(os.path.dirname(lora_file), weight_name=os.path.basename(lora_file))
-        pipe.fuse_lora()
+        components = ["transformer"]
+        if lora_file_2 is not None:
+            pipe.load_lora_weights(
+                os.path.dirname(lora_file_2), weight_name=os.path.basename(lora_file_2), load_into_transformer_2=True
+            )
+            components.append("transformer_2")
+        pipe.fuse_lora(components=components)
         pipe.unload_lora_weights()
         return pipe
     import torch.distributed.checkpoint as dcp  # full fine-tuning: the weights are DCP shards
 
-    target = {"model": pipe.transformer.state_dict()}  # references to the parameters: loaded in place
+    # references to the parameters: loaded in place; two experts are saved under their component names
+    second = getattr(pipe, "transformer_2", None)
+    if second is None:
+        target = {"model": pipe.transformer.state_dict()}
+    else:
+        experts = {"transformer": pipe.transformer, "transformer_2": second}
+        target = {"model": {f"{n}.{k}": v for n, m in experts.items() for k, v in m.state_dict().items()}}
     try:
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")

@@ -50,10 +50,10 @@ def add_old_adapter(adapter: ModelAdapter, cfg: TrainConfig, algorithm_name: str
     """The "old" LoRA adapter, a copy of "default" (after LoRA injection, before sharding and the optimizer)."""
     if not cfg.lora:
         raise ValueError(f"{algorithm_name} needs lora: true (its old policy is a second LoRA adapter)")
-    transformer = adapter.transformer
-    add_lora(transformer, cfg, cfg.lora_targets or tuple(adapter.default_lora_targets), name=OLD_ADAPTER)
-    activate(transformer, ADAPTER_NAME)
-    ema_update(transformer, 0.0)
+    for transformer in adapter.denoisers():  # each Wan2.2 expert keeps its own old adapter
+        add_lora(transformer, cfg, cfg.lora_targets or tuple(adapter.default_lora_targets), name=OLD_ADAPTER)
+        activate(transformer, ADAPTER_NAME)
+        ema_update(transformer, 0.0)
 
 
 def preference_pairs(advantages: torch.Tensor, group_ids: list[str]) -> list[tuple[int, int]]:

@@ -122,15 +122,32 @@ def set_lora_compute_dtype(transformer: nn.Module, dtype: torch.dtype | None) ->
     return changed
 
 
+def denoiser_names(adapter: ModelAdapter) -> list[str]:
+    """The pipeline component name of each denoiser ("transformer", and Wan2.2's low-noise "transformer_2")."""
+    denoisers = adapter.denoisers()
+    if len(denoisers) == 1:
+        return ["transformer"]
+    names = {id(module): name for name, module in adapter.pipe.components.items() if module is not None}
+    return [names[id(module)] for module in denoisers]
+
+
+def trained_module(adapter: ModelAdapter) -> nn.Module:
+    """The module whose parameters the trainer updates, checkpoints and syncs: the denoiser itself, or with several
+    (Wan2.2's two experts) a ModuleDict of them by component name, so a parameter's name says which expert holds it
+    ("transformer.blocks.0...", "transformer_2.blocks.0..."). The ModuleDict is a fresh view each call (it is never
+    sharded or called itself; each expert is its own FSDP root), so an adapter's copy gets its own experts."""
+    denoisers = adapter.denoisers()
+    if len(denoisers) == 1:
+        return adapter.transformer
+    return nn.ModuleDict(dict(zip(denoiser_names(adapter), denoisers)))
+
+
 def prepare_denoiser(adapter: ModelAdapter, cfg: TrainConfig, device: torch.device) -> list[nn.Parameter]:
-    """Move/cast the denoiser, add LoRA or unfreeze everything, enable checkpointing; returns trainable params."""
+    """Move/cast every denoiser, add LoRA or unfreeze everything, enable checkpointing; returns trainable params.
+
+    Several denoisers (Wan2.2's experts) each get the same LoRA (targets, rank, seed); a step's gradient reaches only
+    the expert the adapter's velocity routed it to."""
     dtype = cfg.torch_param_dtype(device, adapter.dtype)
-    transformer = adapter.transformer
-    if len(adapter.denoisers()) > 1:
-        raise ValueError(
-            f"{adapter.arch}: training several denoisers ({len(adapter.denoisers())}) is not "
-            "supported yet; the trainer trains adapter.transformer only"
-        )
     # Full fine-tuning keeps fp32 master weights; bf16 compute then comes from FSDP's MixedPrecisionPolicy.
     if not cfg.lora and dtype != torch.float32 and world()[1] == 1:
         raise ValueError(
@@ -138,20 +155,21 @@ def prepare_denoiser(adapter: ModelAdapter, cfg: TrainConfig, device: torch.devi
             "which needs FSDP (world size > 1) for its bf16 compute; use param_dtype: fp32 or lora: true"
         )
     target = dtype if cfg.lora else torch.float32
-    if next(transformer.parameters()).dtype != target:  # diffusers warns on any .to(dtype), even a no-op
-        transformer.to(dtype=target)
-    transformer.to(device=device)
     adapter.dtype = dtype
-    if cfg.lora:
-        add_lora(transformer, cfg, cfg.lora_targets or tuple(adapter.default_lora_targets))
-    else:
-        transformer.requires_grad_(True)
-    if cfg.gradient_checkpointing:
-        if not hasattr(transformer, "enable_gradient_checkpointing"):
-            raise ValueError(f"gradient_checkpointing: {type(transformer).__name__} does not support it")
-        transformer.enable_gradient_checkpointing()
-    transformer.train()
-    return [p for p in transformer.parameters() if p.requires_grad]
+    for transformer in adapter.denoisers():
+        if next(transformer.parameters()).dtype != target:  # diffusers warns on any .to(dtype), even a no-op
+            transformer.to(dtype=target)
+        transformer.to(device=device)
+        if cfg.lora:
+            add_lora(transformer, cfg, cfg.lora_targets or tuple(adapter.default_lora_targets))
+        else:
+            transformer.requires_grad_(True)
+        if cfg.gradient_checkpointing:
+            if not hasattr(transformer, "enable_gradient_checkpointing"):
+                raise ValueError(f"gradient_checkpointing: {type(transformer).__name__} does not support it")
+            transformer.enable_gradient_checkpointing()
+        transformer.train()
+    return [p for p in trained_module(adapter).parameters() if p.requires_grad]
 
 
 def shard(
@@ -171,7 +189,6 @@ def shard(
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     _, size = world()
-    root = module if module is not None else adapter.transformer
     mesh = (
         init_device_mesh(device.type, (size, 1), mesh_dim_names=("replicate", "shard"))
         if replicate
@@ -184,10 +201,15 @@ def shard(
     compute = None if cfg.lora else cfg.torch_param_dtype(device, adapter.dtype)
     mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy() if cfg.offload_optimizer else OffloadPolicy()
+    # Each denoiser is its own root (Wan2.2's experts run in separate forwards): its wrap units, then itself.
+    roots = [module] if module is not None else adapter.denoisers()
     units = adapter.fsdp_wrap_units() if module is None else _same_units(adapter, module)
-    for unit in units:
-        fully_shard(unit, mesh=mesh, mp_policy=mp, offload_policy=offload)
-    fully_shard(root, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    for root in roots:
+        inside = {id(m) for m in root.modules()}
+        for unit in units:
+            if id(unit) in inside:
+                fully_shard(unit, mesh=mesh, mp_policy=mp, offload_policy=offload)
+        fully_shard(root, mesh=mesh, mp_policy=mp, offload_policy=offload)
 
 
 def _same_units(adapter: ModelAdapter, copy: nn.Module) -> list[nn.Module]:

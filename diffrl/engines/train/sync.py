@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 
 from diffrl.engines.train.checkpoint import trainable_state
-from diffrl.engines.train.setup import ADAPTER_NAME, add_lora, world
+from diffrl.engines.train.setup import ADAPTER_NAME, add_lora, trained_module, world
 
 DEFAULT_BUCKET_BYTES = 512 * 2**20
 
@@ -59,18 +59,21 @@ def export_weights(
         yield WeightBucket(version, {}, last=True)
 
 
-def _ensure_lora(transformer, lora_cfg, targets: tuple[str, ...] | None, adapter) -> None:
-    """Give a rollout's frozen copy of the denoiser the trained LoRA adapter if it has none yet (nothing when not
-    training LoRA)."""
-    if lora_cfg is not None and ADAPTER_NAME not in (getattr(transformer, "peft_config", None) or {}):
-        add_lora(transformer, lora_cfg, targets or tuple(adapter.default_lora_targets))
-        transformer.requires_grad_(False)
+def _ensure_lora(lora_cfg, targets: tuple[str, ...] | None, adapter) -> None:
+    """Give a rollout's frozen copy of each denoiser (both Wan2.2 experts) the trained LoRA adapter if it has none yet
+    (nothing when not training LoRA)."""
+    if lora_cfg is None:
+        return
+    for transformer in adapter.denoisers():
+        if ADAPTER_NAME not in (getattr(transformer, "peft_config", None) or {}):
+            add_lora(transformer, lora_cfg, targets or tuple(adapter.default_lora_targets))
+            transformer.requires_grad_(False)
 
 
 def load_weights(adapter, bucket: WeightBucket, *, lora_cfg=None, targets: tuple[str, ...] | None = None) -> None:
     """Apply one bucket to a rollout-side adapter's denoiser (adds the same LoRA first if it lacks one)."""
-    transformer = adapter.transformer
-    _ensure_lora(transformer, lora_cfg, targets, adapter)
+    transformer = trained_module(adapter)
+    _ensure_lora(lora_cfg, targets, adapter)
     params = dict(transformer.named_parameters())
     unknown = sorted(set(bucket.tensors) - set(params))
     if unknown:
@@ -85,10 +88,12 @@ def load_weights(adapter, bucket: WeightBucket, *, lora_cfg=None, targets: tuple
 
 def rollout_copy(adapter):
     """A second adapter for a replica's rollout: the same text encoders, VAE and scheduler objects (no second copy of
-    them) and its own copy of the denoiser, taken before the trainer adds LoRA and shards the original."""
+    them) and its own copy of each denoiser, taken before the trainer adds LoRA and shards the original."""
     twin = copy.copy(adapter)
     twin.pipe = copy.copy(adapter.pipe)
     twin.pipe.transformer = copy.deepcopy(adapter.transformer)
+    if getattr(adapter.pipe, "transformer_2", None) is not None:  # Wan2.2's low-noise expert
+        twin.pipe.transformer_2 = copy.deepcopy(adapter.pipe.transformer_2)
     return twin
 
 
@@ -97,12 +102,11 @@ def send_weights(trainer, adapter) -> tuple[int, int]:
     (adding the same LoRA first); returns (tensors, bytes) sent. Every rank of a sharded trainer gathers each
     tensor in turn (DTensor.full_tensor: one tensor's all-gather at a time, never the whole model) and loads its own
     copy."""
-    transformer = adapter.transformer
-    _ensure_lora(transformer, trainer.cfg if trainer.cfg.lora else None, trainer.cfg.lora_targets, adapter)
-    params = dict(transformer.named_parameters())
+    _ensure_lora(trainer.cfg if trainer.cfg.lora else None, trainer.cfg.lora_targets, adapter)
+    params = dict(trained_module(adapter).named_parameters())
     num_tensors, num_bytes = 0, 0
     with torch.no_grad():
-        for name, param in trainer.adapter.transformer.named_parameters():
+        for name, param in trained_module(trainer.adapter).named_parameters():
             if not param.requires_grad:
                 continue
             full = param.full_tensor() if hasattr(param, "full_tensor") else param

@@ -57,6 +57,7 @@ from diffrl.engines.train.setup import (
     check_offload,
     prepare_denoiser,
     shard,
+    trained_module,
     world,
 )
 from diffrl.engines.trajectories import Trajectories
@@ -105,7 +106,8 @@ class PolicyTrainer(TrainerBase):
         self.reference = self._build_reference()
         if self.world_size > 1:
             shard(adapter, cfg, self.device, replicate=replicate)
-        self.params = [p for p in adapter.transformer.parameters() if p.requires_grad]
+        # one optimizer (and one gradient clip) over every denoiser's trainable parameters (both Wan2.2 experts)
+        self.params = [p for p in trained_module(adapter).parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.optimizer_steps = 0  # optimizer steps taken (skipped ones excluded)
@@ -124,6 +126,12 @@ class PolicyTrainer(TrainerBase):
         """Full fine-tuning with a reference policy: a frozen copy of the initial denoiser (optionally on CPU)."""
         if self.cfg.lora or not self.algorithm.needs.reference:
             return None
+        if len(self.adapter.denoisers()) > 1:
+            raise ValueError(
+                f"{self.adapter.arch}: full fine-tuning (lora: false) of {len(self.adapter.denoisers())} denoisers "
+                f"with a reference policy (algorithm {self.algorithm.name!r}) is not supported: use lora: true (its "
+                "reference is each expert with LoRA off), or an algorithm without a reference (e.g. kl_coef: 0)"
+            )
         ref = copy.deepcopy(self.adapter.transformer).requires_grad_(False).eval()
         if self.cfg.offload_reference:
             ref.to("cpu")
@@ -137,7 +145,9 @@ class PolicyTrainer(TrainerBase):
         """Within it, the adapter runs the reference policy (no autograd): LoRA off, or the frozen copy."""
         with torch.no_grad():
             if self.cfg.lora:
-                with lora_disabled(self.adapter.transformer):
+                with contextlib.ExitStack() as stack:
+                    for denoiser in self.adapter.denoisers():
+                        stack.enter_context(lora_disabled(denoiser))
                     yield
                 return
             if self.cfg.offload_reference:
@@ -153,11 +163,13 @@ class PolicyTrainer(TrainerBase):
     def old_policy(self):
         """Within it, the adapter runs the "old" LoRA adapter (no autograd); only when needs.old_adapter."""
         with torch.no_grad():
-            activate(self.adapter.transformer, OLD_ADAPTER)
+            for denoiser in self.adapter.denoisers():
+                activate(denoiser, OLD_ADAPTER)
             try:
                 yield
             finally:
-                activate(self.adapter.transformer, ADAPTER_NAME)
+                for denoiser in self.adapter.denoisers():
+                    activate(denoiser, ADAPTER_NAME)
 
     # ---- the update ----------------------------------------------------------------------------
     def update(
@@ -182,7 +194,8 @@ class PolicyTrainer(TrainerBase):
             self._train_denoising_steps(traj, advantages, rollout, engine, sums, counts)
         self.updates += 1
         if self.algorithm.needs.old_adapter:
-            ema_update(self.adapter.transformer, self.algorithm.old_adapter_decay(self.updates))
+            for denoiser in self.adapter.denoisers():
+                ema_update(denoiser, self.algorithm.old_adapter_decay(self.updates))
         metrics = _reduce_metrics(sums, counts)
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
         metrics["timing_s/update_actor"] = time.perf_counter() - started
