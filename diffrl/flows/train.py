@@ -420,11 +420,12 @@ def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: i
         with trace.span("mlflow metrics", step=step):
             tracker.log_metrics(metrics, step + 1)
         trace.flush()
+        unit = "responses" if cfg.algorithm.needs.data == "tokens" else "images"
         console.step(  # a live line on a terminal, one plain line per step elsewhere
             step + 1,
             cfg.run.steps,
             f"reward {metrics.get('critic/rewards/mean', float('nan')):.4f}, "
-            f"{metrics['perf/throughput']:.2f} images/s ({metrics['perf/time_per_step']:.2f} s)"
+            f"{metrics['perf/throughput']:.2f} {unit}/s ({metrics['perf/time_per_step']:.2f} s)"
             + _eta(times, cfg.run.steps - step - 1),
             note=_fmt(val) if val and validation_due(cfg, step + 1) else "",
         )
