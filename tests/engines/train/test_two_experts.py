@@ -4,15 +4,18 @@ the expert the rollout routed it to, one optimizer over both, exact resume, and 
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
 from diffusers import WanPipeline
+from safetensors.torch import load_file
 
 from diffrl.algorithms.catalog import get_algorithm
 from diffrl.algorithms.windows import WindowPolicy
 from diffrl.engines.rollout.config import SamplingConfig
 from diffrl.engines.rollout.engine import RolloutEngine
+from diffrl.engines.step.retention import checkpoint_bytes
 from diffrl.engines.train.checkpoint import lora_file_name, trainable_state
 from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.export import export_checkpoint
@@ -98,6 +101,11 @@ def test_checkpoint_resume_and_export_hold_both_experts(path22, tmp_path):
     assert sorted(os.listdir(os.path.join(ckpt, "lora"))) == sorted(
         [lora_file_name("transformer"), lora_file_name("transformer_2")]
     )
+    # the disk estimate counts both experts' LoRA and moments: the tensor bytes the checkpoint holds, less the RNG
+    # state and AdamW's step counts (at this size the files' headers outweigh the tensors, so bytes on disk won't do)
+    files = [os.path.join(d, f) for d, _, names in os.walk(ckpt) for f in names if f.endswith(".safetensors")]
+    held = sum(t.numel() * t.element_size() for f in files if "rng" not in f for t in load_file(f).values())
+    assert 0.98 * held <= checkpoint_bytes(SimpleNamespace(trainer=trainer)) <= held
     expected = trainer.update(traj, ADVANTAGES, engine)
     expected_weights = trainable_state(trainer)
 
