@@ -87,11 +87,18 @@ def _digest(data: bytes) -> dict:
 
 def _file_digest(path: str) -> dict:
     """_digest of a file read in 16 MiB pieces (DCP shards can be large)."""
-    sha, size = hashlib.sha256(), 0
     with fsspec.open(path, "rb") as f:
-        while piece := f.read(1 << 24):
-            sha.update(piece)
-            size += len(piece)
+        return _stream(f)
+
+
+def _stream(src, dst=None) -> dict:
+    """_digest of what `src` holds, read in 16 MiB pieces and written to `dst` on the way when given."""
+    sha, size = hashlib.sha256(), 0
+    while piece := src.read(1 << 24):
+        if dst is not None:
+            dst.write(piece)
+        sha.update(piece)
+        size += len(piece)
     return {"bytes": size, "sha256": sha.hexdigest()}
 
 
@@ -114,13 +121,8 @@ class _Files:
     def put_file(self, name: str, local: str) -> None:
         """Copy the local file `local` in 16 MiB pieces (a LoRA file diffusers wrote)."""
         self._fault()
-        sha, size = hashlib.sha256(), 0
         with open(local, "rb") as src, fsspec.open(f"{self.path}/{name}", "wb") as dst:
-            while piece := src.read(1 << 24):
-                dst.write(piece)
-                sha.update(piece)
-                size += len(piece)
-        self.sums[name] = {"bytes": size, "sha256": sha.hexdigest()}
+            self.sums[name] = _stream(src, dst)
 
     def _fault(self) -> None:
         # fault point before each file; self.step is the step number trainer_state.json records
