@@ -93,10 +93,10 @@ def load_pipeline(pipeline_cls, path: str, *, device, dtype: torch.dtype):
     """`pipeline_cls.from_pretrained(path, dtype=dtype)` (diffusers' new name of torch_dtype) moved to device, or
     for `random:<folder>` the folder's configs built with random weights on `device`; a clear ValueError when the
     folder is missing (a string shaped like "owner/name" that is no local folder is tried on the Hub)."""
-    folder = path.removeprefix(RANDOM)
-    if not os.path.isdir(folder) and (folder != path or not _HUB_ID.match(path)):
+    random_weights, folder = path.startswith(RANDOM), path.removeprefix(RANDOM)
+    if not os.path.isdir(folder) and (random_weights or not _HUB_ID.match(path)):
         raise ValueError(f"model path {path!r} does not exist (expected a diffusers {pipeline_cls.__name__} folder)")
-    if folder != path:
+    if random_weights:
         from diffrl.models.random_weights import random_pipeline
 
         pipe = random_pipeline(pipeline_cls, folder, device=device, dtype=dtype)
