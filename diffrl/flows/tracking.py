@@ -26,9 +26,15 @@ def tracking_uri() -> str:
 
 
 def open_tracking_store() -> None:
-    """Open the tracking store once (creating and migrating a new sqlite database takes seconds), so the run's
-    Tracker finds it ready; `diffrl train` does this while the model loads."""
-    MlflowClient(tracking_uri=tracking_uri()).search_experiments(max_results=1)
+    """Open the tracking store (creating and migrating a new sqlite database takes seconds), so the run's Tracker
+    finds it ready; `diffrl train` does this while the model loads, the flow again for a run without the command."""
+    _open_store(tracking_uri())
+
+
+@functools.cache
+def _open_store(uri: str) -> None:
+    # once per store and process: the command's early open and the flow's are then one
+    MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
 
 
 def mark_failed(state_path: str) -> None:
