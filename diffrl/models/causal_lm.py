@@ -32,6 +32,7 @@ from transformers import (
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from diffrl.models.audio import audio_features
+from diffrl.models.random_weights import SEED, seeded
 
 THINKER_TYPES = ("qwen3_omni_moe_thinker",)
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -381,8 +382,7 @@ def _restore_mode(model: nn.Module, training: bool):
 def _random_model(loader, path: str, device, dtype) -> nn.Module:
     """The model of `path`'s config.json with random weights, built on `device` in `dtype`."""
     config = AutoConfig.from_pretrained(path)
-    with torch.random.fork_rng(devices=[]), torch.device(device):
-        torch.manual_seed(0)
+    with seeded(SEED, device), torch.device(device):  # the same weights in every process, as a diffusion random: path
         if loader is AutoModelForCausalLM:
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         else:
