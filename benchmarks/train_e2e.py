@@ -249,11 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
     engine_s = statistics.median(t for _, e in pairs for t in engine_times(e))
     images = cfg.rollout.samples_per_step
     run_bytes = folder_bytes(os.path.join(workdir, "runs", "train-e2e"))
-    device = (
-        torch.cuda.get_device_name()
-        if torch.cuda.is_available() and cfg.model.device != "cpu"
-        else f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
-    )
+    device = device_name(cfg)
 
     def medians(series: dict[int, float]) -> float | None:
         values = [series[s] for s in timed if s in series]
@@ -316,6 +312,15 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+def device_name(cfg) -> str:
+    """The GPU the run used, or the CPU's description."""
+    import torch
+
+    if torch.cuda.is_available() and cfg.model.device != "cpu":
+        return torch.cuda.get_device_name()
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
 def flow_only_result(args, flow: dict, config: str, overrides: list[str], workdir: str, argv) -> dict:
     """The JSON of a `--flow-only --out` call: `diffrl train`'s per-step series, their medians after the warm-up,
     its startup and bytes (no engines-only run, no ratio)."""
@@ -334,7 +339,7 @@ def flow_only_result(args, flow: dict, config: str, overrides: list[str], workdi
         "benchmark": "train_e2e (diffrl train only)",
         "config": args.config,
         "overrides": args.overrides,
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor(),
+        "device": device_name(cfg),
         "torch": torch.__version__,
         "steps": args.steps,
         "warmup_steps": args.warmup,
