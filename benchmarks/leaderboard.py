@@ -1,0 +1,322 @@
+"""The algorithm leaderboard (issue 34): every diffusion algorithm of the catalog on the reference shapes model, the
+geneval_lite reward and the same prompts, for an equal budget of training seconds per run, over several seeds.
+
+Each run drives the step core the `rl_step` flow runs (diffrl/engines/step/run.py run_step, engines only, as
+benchmarks/shapes_rl.py does) on `--config` (default: the GPU recipe diffrl/configs/shapes_flow_grpo.yaml) with its
+row's overrides (ROWS below: each row's settings and where they come from). Training stops at the first step that
+ends past `--budget-s` seconds of training (evaluation excluded). Held-out strict accuracy on data/shapes_heldout.jsonl
+(the config's data.val, ODE samples, per category) is measured before training and every `--eval-every-s` seconds
+of training, with the images seen so far. One JSON per run goes to `--out-dir` (default
+benchmarks/results/leaderboard/), rewritten after each evaluation; a run whose JSON says "finished" is skipped, so
+a series of calls shorter than the whole leaderboard finishes it (`--deadline-s`: start no run that would end past
+it).
+
+    python benchmarks/leaderboard.py run --seeds 0 1 --budget-s 300 --deadline-s 560   # GPU: the next runs
+    python benchmarks/leaderboard.py run --algorithms flow_grpo dpo --seeds 2            # some rows only
+    python benchmarks/leaderboard.py report      # docs/leaderboard.md's table + docs/images/leaderboard_*.png
+    python benchmarks/leaderboard.py run --miniature --out-dir /tmp/lb   # CPU: 2 rows, 1 seed, ~1 minute
+    python benchmarks/leaderboard.py report --results /tmp/lb --doc /tmp/lb/leaderboard.md --images /tmp/lb
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import write_json  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results", "leaderboard")
+GPU_CONFIG = "diffrl/configs/shapes_flow_grpo.yaml"
+GAIN = 0.10  # "time to +10 points" of held-out strict accuracy
+
+
+@dataclass(frozen=True)
+class Row:
+    """One leaderboard entry: a catalog algorithm with the overrides it runs under, and where they come from."""
+
+    name: str
+    overrides: tuple[str, ...]
+    source: str
+
+
+# The base config is the FlowGRPO recipe that learns most here (shapes_flow_grpo.yaml: 4-step CFG-free sampling,
+# 32 prompts x 16 samples, LoRA r32, lr 3e-4 on a cosine over 600 steps). Every row keeps its sampling, batch and
+# reward, so every row is evaluated at the same sampling setting; KL to the reference is 0 for the policy-gradient
+# rows (the recipe measured best without it), so none of them pays a reference forward the others do not.
+ROWS = (
+    Row(
+        "flow_grpo",
+        ("algorithm={name: flow_grpo, kl_coef: 0.0, clip_ratio: 0.2, noise_level: 0.7}",),
+        "Flow-GRPO (arXiv:2505.05470): SDE noise a=0.7, clip 0.2, group 16; KL 0 as the shipped recipe measured",
+    ),
+    Row(
+        "flow_grpo_fast",
+        ("algorithm={name: flow_grpo_fast, kl_coef: 0.0, window: {kind: random_start, size: 2, start_range: [0, 2]}}",),
+        "Flow-GRPO-Fast (flow_grpo repo): SDE on a 2-step window with a random start among the early steps, noise 0.8,"
+        " its clip 1e-5; scaled: window 2 of 4 steps, start in {0, 1}",
+    ),
+    Row(
+        "mix_grpo",
+        (
+            "algorithm={name: mix_grpo, kl_coef: 0.0, noise_level: 0.7, window: {kind: mix_progressive, size: 2, "
+            "iters_per_group: 50}}",
+        ),
+        "MixGRPO (arXiv:2507.21802): a sliding SDE window (progressive), ODE elsewhere; paper: window 4 of 25 steps"
+        " moved every 25 iterations; scaled: window 2 of 4 steps moved every 50 steps",
+    ),
+    Row(
+        "grpo_guard",
+        ("algorithm={name: grpo_guard, kl_coef: 0.0, noise_level: 0.7}",),
+        "GRPO-Guard (arXiv:2510.22319): Flow-GRPO with ratio normalisation and gradient reweighting; the Flow-GRPO"
+        " row's noise and clip",
+    ),
+    Row(
+        "dance_grpo",
+        ("algorithm={name: dance_grpo}",),
+        "DanceGRPO (arXiv:2505.07818): every step SDE at eta 0.3, 60 % of the timesteps trained per sample, advantages"
+        " per group (std ddof 1); the catalog bundle as is",
+    ),
+    Row(
+        "flow_dppo",
+        ("algorithm={name: flow_dppo, noise_level: 0.7}",),
+        "Flow-DPPO: the catalog bundle (KL-threshold trust region 1e-5), the Flow-GRPO row's noise",
+    ),
+    Row(
+        "dpo",
+        ("algorithm={name: dpo, beta: 5000.0, window: {kind: final, size: 1}}",),
+        "Diffusion-DPO (arXiv:2311.12908) online: best vs worst sample of each group of the step, beta 5000 (the"
+        " paper's SD1.5 value, in diffrl's flow-matching form)",
+    ),
+    Row(
+        "diffusion_nft",
+        (
+            "algorithm={name: diffusion_nft, noise_level: 0.5, window: {kind: random_start, size: 4, "
+            "start_range: [0, 1]}, ref_coef: 0.0, old_policy_decay_ramp: 0.02, old_policy_decay_max: 0.8}",
+        ),
+        "DiffusionNFT (arXiv:2509.16117): CFG-free, rollouts from an EMA old policy; the quickstart's measured settings"
+        " (noise 0.5, decay min(0.02 step, 0.8), no reference term)",
+    ),
+    Row(
+        "awm",
+        ("algorithm={name: awm, ref_coef: 0.1, awm_weighting: uniform, window: {kind: final, size: 1}}",),
+        "AWM (advantage-weighted matching): the catalog's reference coefficient 0.1, uniform timestep weighting",
+    ),
+)
+ROW_NAMES = tuple(r.name for r in ROWS)
+
+# The CPU miniature (tests/benchmarks/test_leaderboard_smoke.py): the CPU model and config, two rows, one seed.
+MINIATURE = {
+    "config": "shapes_quick",
+    "algorithms": ("flow_grpo", "diffusion_nft"),
+    "budget_s": 8.0,
+    "eval_every_s": 4.0,
+    "overrides": (
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.batch_size=8",
+        "rollout.chunk_size=8",
+        "train.mini_batch_prompts=2",
+        "train.micro_batch_size=8",
+        "data.num_val_prompts=12",
+        "data.val_samples_per_prompt=1",
+    ),
+}
+
+
+def run_path(out_dir: str, row: str, seed: int, device_name: str) -> str:
+    """Where a run's record goes: <row>_seed<k>_<device>.json ("NVIDIA H200" -> h200, "cpu")."""
+    words = device_name.lower().replace("nvidia", "").split() or ["gpu"]
+    return os.path.join(out_dir, f"{row}_seed{seed}_{re.sub(r'[^a-z0-9]+', '_', words[0])}.json")
+
+
+def run_one(
+    row: Row,
+    seed: int,
+    *,
+    config: str,
+    extra: list[str],
+    budget_s: float,
+    eval_every_s: float,
+    out_dir: str,
+    command: str,
+) -> dict:
+    """Train one (row, seed) for `budget_s` seconds of training, evaluating every `eval_every_s` of them; the
+    record is rewritten after each evaluation (a run cut short keeps what it measured, "finished": false)."""
+    import torch
+    from shapes_rl import evaluate
+
+    from diffrl.configs.schema import load_experiment
+    from diffrl.engines.step.run import DirectStages, StepClock, run_step
+    from diffrl.flows.build import build_engines
+
+    cfg = load_experiment(config, [*row.overrides, f"run.seed={seed}", *extra])
+    if not cfg.model.path.startswith("reference:shapes") or not cfg.data.val:
+        raise SystemExit("the leaderboard runs on the shapes models (model.path reference:shapes*) with a data.val")
+    device, _ = cfg.model.device_and_dtype()
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    torch.manual_seed(seed)
+    engines = build_engines(cfg, durable=False)
+    stages = DirectStages(engines)
+    path = run_path(out_dir, row.name, seed, device_name)
+    history, step_seconds = [], []
+    record = {
+        "algorithm": row.name,
+        "seed": seed,
+        "config": config,
+        "overrides": [*row.overrides, *extra],
+        "source": row.source,
+        "device": device_name,
+        "torch": torch.__version__,
+        "budget_s": budget_s,
+        "eval_every_s": eval_every_s,
+        "samples_per_step": cfg.rollout.samples_per_step,
+        "val_prompts": len(engines.val_prompts),
+        "val_samples_per_prompt": cfg.data.val_samples_per_prompt,
+        "command": command,
+        "history": history,
+        "finished": False,
+    }
+
+    def evaluate_now(step: int, train_s: float, images: int) -> None:
+        engines.memory.drain()  # a rollout run ahead for the next step must not run beside the evaluation
+        history.append(
+            {
+                "step": step,
+                "train_s": train_s,
+                "images": images,
+                **evaluate(engines.rollout, engines.reward, cfg, engines.val_prompts),
+            }
+        )
+        record["steps_per_s"] = len(step_seconds) / train_s if train_s else None
+        write_json(path, record)
+        print(json.dumps({"algorithm": row.name, "seed": seed, **history[-1]}), flush=True)
+
+    evaluate_now(0, 0.0, 0)
+    clock, train_s, images, step = StepClock(), 0.0, 0, 0
+    next_eval = eval_every_s
+    while train_s < budget_s and step < cfg.run.steps:
+        metrics = run_step(engines, step, stages).metrics
+        step += 1
+        step_seconds.append(clock.lap())
+        train_s += step_seconds[-1]
+        images += int(metrics.get("rollout/samples", cfg.rollout.samples_per_step))
+        if train_s >= next_eval or train_s >= budget_s or step == cfg.run.steps:
+            with clock.excluded():
+                evaluate_now(step, train_s, images)
+            while next_eval <= train_s:
+                next_eval += eval_every_s
+    record["finished"] = True
+    record["seconds_per_step_median"] = statistics.median(step_seconds) if step_seconds else None
+    write_json(path, record)
+    return record
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    """The runs not finished yet in `args.out_dir`, in row order and seed by seed, within `--deadline-s`."""
+    config, extra = args.config, list(args.overrides)
+    names, seeds = args.algorithms or list(ROW_NAMES), args.seeds
+    budget_s, eval_every_s = args.budget_s, args.eval_every_s
+    if args.miniature:
+        config, names, seeds = MINIATURE["config"], list(MINIATURE["algorithms"]), seeds[:1]
+        budget_s, eval_every_s = MINIATURE["budget_s"], MINIATURE["eval_every_s"]
+        extra = [*MINIATURE["overrides"], *extra]
+    unknown = sorted(set(names) - set(ROW_NAMES))
+    if unknown:
+        raise SystemExit(f"unknown leaderboard rows {unknown}; the rows: {list(ROW_NAMES)}")
+    if eval_every_s <= 0 or budget_s <= 0:
+        raise SystemExit("--budget-s and --eval-every-s must be > 0")
+    os.makedirs(args.out_dir, exist_ok=True)
+    started, done, last_s = time.monotonic(), [], None
+    for seed in seeds:
+        for row in (r for r in ROWS if r.name in names):
+            existing = _finished(args.out_dir, row.name, seed)
+            if existing:
+                print(f"{row.name} seed {seed}: finished earlier ({existing}), skipped", flush=True)
+                continue
+            elapsed = time.monotonic() - started
+            if args.deadline_s and last_s and elapsed + last_s > args.deadline_s:
+                print(f"--deadline-s {args.deadline_s}: {row.name} seed {seed} would end past it; stopping", flush=True)
+                return done
+            t0 = time.monotonic()
+            command = " ".join(
+                [
+                    "python",
+                    "benchmarks/leaderboard.py",
+                    "run",
+                    "--algorithms",
+                    row.name,
+                    "--seeds",
+                    str(seed),
+                    "--config",
+                    config,
+                    "--budget-s",
+                    str(budget_s),
+                    "--eval-every-s",
+                    str(eval_every_s),
+                    *extra,
+                ]
+            )
+            done.append(
+                run_one(
+                    row,
+                    seed,
+                    config=config,
+                    extra=extra,
+                    budget_s=budget_s,
+                    eval_every_s=eval_every_s,
+                    out_dir=args.out_dir,
+                    command=command,
+                )
+            )
+            last_s = time.monotonic() - t0
+    return done
+
+
+def _finished(out_dir: str, row: str, seed: int) -> str | None:
+    """The file name of a finished run of (row, seed) in out_dir, on any device, or None."""
+    pattern = re.compile(rf"{re.escape(row)}_seed{seed}_[a-z0-9_]+\.json")
+    for name in sorted(os.listdir(out_dir)):
+        if pattern.fullmatch(name):
+            with open(os.path.join(out_dir, name)) as f:
+                if json.load(f).get("finished"):
+                    return name
+    return None
+
+
+def main(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run", help="train and evaluate the leaderboard's runs not finished yet")
+    p_run.add_argument("overrides", nargs="*", help="dotted overrides for every run, as `diffrl train` takes them")
+    p_run.add_argument("--config", default=GPU_CONFIG)
+    p_run.add_argument("--algorithms", nargs="*", default=None, help=f"rows (default all): {list(ROW_NAMES)}")
+    p_run.add_argument("--seeds", nargs="*", type=int, default=[0, 1])
+    p_run.add_argument("--budget-s", type=float, default=300.0, help="seconds of training per run")
+    p_run.add_argument("--eval-every-s", type=float, default=30.0, help="seconds of training between evaluations")
+    p_run.add_argument("--deadline-s", type=float, default=None, help="start no run that would end past this")
+    p_run.add_argument("--out-dir", default=RESULTS)
+    p_run.add_argument("--miniature", action="store_true", help="the CPU miniature: 2 rows, 1 seed, seconds each")
+    p_report = sub.add_parser("report", help="write the table and the plots from the run records")
+    p_report.add_argument("--results", default=RESULTS)
+    p_report.add_argument("--doc", default=os.path.join(REPO, "docs", "leaderboard.md"))
+    p_report.add_argument("--images", default=os.path.join(REPO, "docs", "images"))
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return run(args)
+    from leaderboard_report import write_report
+
+    return write_report(args.results, args.doc, args.images)
+
+
+if __name__ == "__main__":
+    main()
