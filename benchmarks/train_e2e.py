@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (also puts the repository root on sys.path)
@@ -114,10 +115,17 @@ def read_flow(workdir: str) -> dict:
 
 
 def run_engines(
-    config: str, overrides: list[str], steps: int, *, durable: bool = False, trace_path: str | None = None
+    config: str,
+    overrides: list[str],
+    steps: int,
+    *,
+    durable: bool = False,
+    trace_path: str | None = None,
+    on_step: Callable[[dict], object] | None = None,
 ) -> dict:
     """The engines-only loop: the flow's engines without a store (with `durable`: with the run's Lance store, its
-    background writer and checkpoints, still without Prefect and MLflow), stepped through the same step core."""
+    background writer and checkpoints, still without Prefect and MLflow), stepped through the same step core.
+    `on_step` gets the record so far after every step (a partial result survives a call stopped at its limit)."""
     import torch
 
     from diffrl.configs.schema import load_experiment
@@ -138,6 +146,8 @@ def run_engines(
         per_step.append({k: metrics.get(k) for k in STAGE_KEYS})
         print(f"engines step {step + 1}/{steps}: {metrics['perf/time_per_step']:.3f} s", file=sys.stderr, flush=True)
         trace.flush()
+        if on_step is not None:
+            on_step({"build_seconds": build_s, "per_step": per_step})
     engines.memory.drain()
     engines.memory.close()
     trace.disable()
@@ -358,46 +368,62 @@ def trace_seconds(path: str, steps: int) -> dict[str, dict[str, float]]:
 
 
 def engines_only_result(args, config: str, overrides: list[str], workdir: str, argv) -> dict:
-    """The JSON of an `--engines-only` call: the engines-only loop's per-step series, their medians after the
-    warm-up, images (and videos, frames) per GPU per second, peak memory, and with --trace the timeline's bars."""
-    import torch
-
+    """The JSON of an `--engines-only` call, rewritten after every step ("complete" false until the last): the
+    engines-only loop's per-step series, their medians after the warm-up, images (and videos, frames) per GPU per
+    second, peak memory, and with --trace the timeline's bars."""
     from diffrl.configs.schema import load_experiment
 
-    trace_path = os.path.join(workdir, "engines-trace.json") if args.trace else None
-    engines = run_engines(config, [*overrides, f"run.root={workdir}/engines-runs"], args.steps, trace_path=trace_path)
     cfg = load_experiment(config, overrides)
-    timed = engines["per_step"][args.warmup :]
+    trace_path = os.path.join(workdir, "engines-trace.json") if args.trace else None
+
+    def record(engines: dict, complete: bool = False) -> dict:
+        result = engines_json(args, cfg, engines, trace_path, argv, complete=complete)
+        common.write_json(args.out, result)
+        return result
+
+    engines = run_engines(
+        config, [*overrides, f"run.root={workdir}/engines-runs"], args.steps, trace_path=trace_path, on_step=record
+    )
+    result = record(engines, complete=True)
+    print(json.dumps({k: v for k, v in result.items() if not k.endswith("_each")}, indent=1))
+    return result
+
+
+def engines_json(args, cfg, engines: dict, trace_path: str | None, argv, *, complete: bool) -> dict:
+    """An engines-only result from the steps run so far (medians None until a step after the warm-up ran)."""
+    import torch
+
+    per_step = engines["per_step"]
+    timed = per_step[args.warmup :]
     medians = {}
     for key in STAGE_KEYS:
         values = [e[key] for e in timed if e.get(key) is not None]
         medians[key] = statistics.median(values) if values else None
     seconds = medians["perf/time_per_step"]
-    result = {
+    return {
         "benchmark": "train_e2e (engines only)",
+        "complete": complete,
         "config": args.config,
         "overrides": args.overrides,
         "device": device_name(cfg),
         "torch": torch.__version__,
         "steps": args.steps,
+        "steps_done": len(per_step),
         "warmup_steps": args.warmup,
         "images_per_step": cfg.rollout.samples_per_step,
         "engine_seconds_per_step": seconds,
-        "engine_images_per_gpu_s": cfg.rollout.samples_per_step / seconds,
+        "engine_images_per_gpu_s": cfg.rollout.samples_per_step / seconds if seconds else None,
         **video_rates(cfg, seconds),
         "engine_stage_medians_s": medians,
         # the process's CUDA peak so far, logged every update (None on the CPU): the run's peak is the last step's
-        "peak_memory_allocated_gib": engines["per_step"][-1].get("perf/max_memory_allocated_gb"),
-        "peak_memory_reserved_gib": engines["per_step"][-1].get("perf/max_memory_reserved_gb"),
+        "peak_memory_allocated_gib": per_step[-1].get("perf/max_memory_allocated_gb") if per_step else None,
+        "peak_memory_reserved_gib": per_step[-1].get("perf/max_memory_reserved_gb") if per_step else None,
         "engine_build_seconds": engines["build_seconds"],
-        "engine_trace_s": trace_seconds(trace_path, args.steps) if trace_path else None,
-        "engine_seconds_each": [e["perf/time_per_step"] for e in engines["per_step"]],
-        "engine_stages_each": {k: [e.get(k) for e in engines["per_step"]] for k in STAGE_KEYS},
+        "engine_trace_s": trace_seconds(trace_path, len(per_step)) if trace_path and per_step else None,
+        "engine_seconds_each": [e["perf/time_per_step"] for e in per_step],
+        "engine_stages_each": {k: [e.get(k) for e in per_step] for k in STAGE_KEYS},
         "command": " ".join(["python", "benchmarks/train_e2e.py", *(argv if argv is not None else sys.argv[1:])]),
     }
-    common.write_json(args.out, result)
-    print(json.dumps({k: v for k, v in result.items() if not k.endswith("_each")}, indent=1))
-    return result
 
 
 def device_name(cfg) -> str:
