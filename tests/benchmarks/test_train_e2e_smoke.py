@@ -132,3 +132,23 @@ def test_engines_only_video_run_records_videos_and_frames_per_gpu_s(tmp_path, mo
     for key in ("timing_s/generate", "timing_s/update_actor", "perf/time_per_step"):
         assert result["engine_stage_medians_s"][key] > 0, key
     assert result["peak_memory_allocated_gib"] is None  # CPU: no CUDA peak to record
+
+
+def test_a_partial_engines_only_record_has_no_rate_until_a_timed_step_ran():
+    """The record written after the warm-up step of a call stopped at its limit: the steps it ran, no medians yet."""
+    import argparse
+
+    from diffrl.configs.schema import load_experiment
+
+    cfg = load_experiment(
+        "wan22_dance_grpo", ["rollout.group_size=2", "rollout.prompts_per_step=1", "train.mini_batch_prompts=1"]
+    )
+    args = argparse.Namespace(config="wan22_dance_grpo", overrides=[], steps=2, warmup=1)
+    step = dict.fromkeys(train_e2e.STAGE_KEYS, 1.0) | {"perf/time_per_step": 120.0}
+    partial = train_e2e.engines_json(args, cfg, {"build_seconds": 9.0, "per_step": [step]}, None, [], complete=False)
+    assert (partial["complete"], partial["steps_done"], partial["engine_seconds_per_step"]) == (False, 1, None)
+    assert partial["engine_images_per_gpu_s"] is None and "videos_per_gpu_s" not in partial
+    assert partial["engine_seconds_each"] == [120.0] and partial["peak_memory_allocated_gib"] == 1.0
+    done = train_e2e.engines_json(args, cfg, {"build_seconds": 9.0, "per_step": [step, step]}, None, [], complete=True)
+    assert done["videos_per_gpu_s"] == pytest.approx(2 / 120.0)
+    assert done["frames_per_gpu_s"] == pytest.approx(2 * 33 / 120.0)  # the recipe's 33 frames
