@@ -18,7 +18,14 @@ flow_over_engine = median seconds per step of 1 / median of 2, over the steps af
         --out /tmp/e2e.json     # CPU smoke run
 
 A model too large for both runs in one 10-minute device call (Qwen-Image at real size) runs them in two calls with the
-same config and overrides: `--flow-only --keep DIR`, then `--flow-from DIR --out x.json`.
+same config and overrides: `--flow-only --keep DIR`, then `--flow-from DIR --out x.json`. `--engines-only --out x.json`
+runs the engines alone (the step core without Prefect, Lance, MLflow or checkpoints: Wan2.2 A14B at real size, whose
+steps take minutes).
+
+A video run (rollout.num_frames > 1) also records videos_per_gpu_s and frames_per_gpu_s (one GPU: videos a step x
+frames a video / seconds a step). With --trace the engines' result sums the timeline's bars by name
+(`engine_trace_s`: generate, denoise, decode, update_actor, ... per step), the rollout's denoising apart from its
+VAE decode.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (also puts the repository root on sys.path)
@@ -107,10 +115,17 @@ def read_flow(workdir: str) -> dict:
 
 
 def run_engines(
-    config: str, overrides: list[str], steps: int, *, durable: bool = False, trace_path: str | None = None
+    config: str,
+    overrides: list[str],
+    steps: int,
+    *,
+    durable: bool = False,
+    trace_path: str | None = None,
+    on_step: Callable[[dict], object] | None = None,
 ) -> dict:
     """The engines-only loop: the flow's engines without a store (with `durable`: with the run's Lance store, its
-    background writer and checkpoints, still without Prefect and MLflow), stepped through the same step core."""
+    background writer and checkpoints, still without Prefect and MLflow), stepped through the same step core.
+    `on_step` gets the record so far after every step (a partial result survives a call stopped at its limit)."""
     import torch
 
     from diffrl.configs.schema import load_experiment
@@ -131,6 +146,8 @@ def run_engines(
         per_step.append({k: metrics.get(k) for k in STAGE_KEYS})
         print(f"engines step {step + 1}/{steps}: {metrics['perf/time_per_step']:.3f} s", file=sys.stderr, flush=True)
         trace.flush()
+        if on_step is not None:
+            on_step({"build_seconds": build_s, "per_step": per_step})
     engines.memory.drain()
     engines.memory.close()
     trace.disable()
@@ -173,6 +190,11 @@ def main(argv: list[str] | None = None) -> dict:
         "--flow-from", default=None, help="read the flow run a --flow-only call kept in this folder; run the engines"
     )
     parser.add_argument(
+        "--engines-only",
+        action="store_true",
+        help="run the engines-only loop alone and write its result (no `diffrl train`: steps that take minutes)",
+    )
+    parser.add_argument(
         "--trace",
         action="store_true",
         help="record both runs' timelines (run.trace): the flow's in its run folder's trace/, the engines' in "
@@ -186,8 +208,10 @@ def main(argv: list[str] | None = None) -> dict:
         "+-6 %% on an H200 for the shapes recipe)",
     )
     args = parser.parse_args(argv)
-    if args.repeats < 1 or (args.repeats > 1 and (args.flow_only or args.flow_from)):
-        raise SystemExit("--repeats must be >= 1, and 1 with --flow-only / --flow-from")
+    if args.repeats < 1 or (args.repeats > 1 and (args.flow_only or args.flow_from or args.engines_only)):
+        raise SystemExit("--repeats must be >= 1, and 1 with --flow-only / --flow-from / --engines-only")
+    if args.engines_only and (args.flow_only or args.flow_from or args.durable):
+        raise SystemExit("--engines-only runs no flow: leave out --flow-only, --flow-from and --durable")
     if args.flow_only and not args.keep:
         raise SystemExit("--flow-only needs --keep DIR (where the next call's --flow-from finds the run)")
     if args.steps <= args.warmup:
@@ -198,6 +222,8 @@ def main(argv: list[str] | None = None) -> dict:
     workdir = args.keep or tempfile.mkdtemp(prefix="train_e2e_")
     os.makedirs(workdir, exist_ok=True)
     config = args.config if not os.path.exists(args.config) else os.path.abspath(args.config)
+    if args.engines_only:
+        return engines_only_result(args, config, overrides, workdir, argv)
 
     if args.flow_only or not args.flow_from:
         flow = run_flow(config, [*overrides, f"run.root={workdir}/runs"], workdir, args.timeout)
@@ -286,6 +312,9 @@ def main(argv: list[str] | None = None) -> dict:
         ),
         "flow_images_per_gpu_s": images / flow_s,
         "engine_images_per_gpu_s": images / engine_s,
+        **video_rates(cfg, flow_s),
+        **video_rates(cfg, flow_s, prefix="flow_"),
+        **video_rates(cfg, engine_s, prefix="engine_"),
         "flow_stage_medians_s": {k: medians(v) for k, v in flow["per_step"].items()},
         "engine_stage_medians_s": {
             k: medians({i + 1: e[k] for i, e in enumerate(engines["per_step"]) if e.get(k) is not None})
@@ -310,6 +339,91 @@ def main(argv: list[str] | None = None) -> dict:
     common.write_json(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if not k.endswith("_each") and k != "flow_log_tail"}, indent=1))
     return result
+
+
+def video_rates(cfg, seconds: float | None, prefix: str = "") -> dict:
+    """`{prefix}videos_per_gpu_s` and `{prefix}frames_per_gpu_s` of a video run (rollout.num_frames > 1) whose step
+    took `seconds` on one GPU, with the frames a video and the videos a step; {} for an image run."""
+    frames = cfg.rollout.num_frames
+    if frames <= 1 or not seconds:
+        return {}
+    videos = cfg.rollout.samples_per_step
+    return {
+        "frames_per_video": frames,
+        "videos_per_step": videos,
+        f"{prefix}videos_per_gpu_s": videos / seconds,
+        f"{prefix}frames_per_gpu_s": videos * frames / seconds,
+    }
+
+
+def trace_seconds(path: str, steps: int) -> dict[str, dict[str, float]]:
+    """The bars of a run.trace timeline summed by name: {name: {"per_step_s", "count", "max_s"}} (every step)."""
+    from diffrl.engines import trace
+
+    bars: dict[str, list[float]] = {}
+    for event in trace.read(path):
+        if event.get("ph") == "X":
+            bars.setdefault(event["name"], []).append(event["dur"] / 1e6)
+    return {name: {"per_step_s": sum(d) / steps, "count": len(d), "max_s": max(d)} for name, d in sorted(bars.items())}
+
+
+def engines_only_result(args, config: str, overrides: list[str], workdir: str, argv) -> dict:
+    """The JSON of an `--engines-only` call, rewritten after every step ("complete" false until the last): the
+    engines-only loop's per-step series, their medians after the warm-up, images (and videos, frames) per GPU per
+    second, peak memory, and with --trace the timeline's bars."""
+    from diffrl.configs.schema import load_experiment
+
+    cfg = load_experiment(config, overrides)
+    trace_path = os.path.join(workdir, "engines-trace.json") if args.trace else None
+
+    def record(engines: dict, complete: bool = False) -> dict:
+        result = engines_json(args, cfg, engines, trace_path, argv, complete=complete)
+        common.write_json(args.out, result)
+        return result
+
+    engines = run_engines(
+        config, [*overrides, f"run.root={workdir}/engines-runs"], args.steps, trace_path=trace_path, on_step=record
+    )
+    result = record(engines, complete=True)
+    print(json.dumps({k: v for k, v in result.items() if not k.endswith("_each")}, indent=1))
+    return result
+
+
+def engines_json(args, cfg, engines: dict, trace_path: str | None, argv, *, complete: bool) -> dict:
+    """An engines-only result from the steps run so far (medians None until a step after the warm-up ran)."""
+    import torch
+
+    per_step = engines["per_step"]
+    timed = per_step[args.warmup :]
+    medians = {}
+    for key in STAGE_KEYS:
+        values = [e[key] for e in timed if e.get(key) is not None]
+        medians[key] = statistics.median(values) if values else None
+    seconds = medians["perf/time_per_step"]
+    return {
+        "benchmark": "train_e2e (engines only)",
+        "complete": complete,
+        "config": args.config,
+        "overrides": args.overrides,
+        "device": device_name(cfg),
+        "torch": torch.__version__,
+        "steps": args.steps,
+        "steps_done": len(per_step),
+        "warmup_steps": args.warmup,
+        "images_per_step": cfg.rollout.samples_per_step,
+        "engine_seconds_per_step": seconds,
+        "engine_images_per_gpu_s": cfg.rollout.samples_per_step / seconds if seconds else None,
+        **video_rates(cfg, seconds),
+        "engine_stage_medians_s": medians,
+        # the process's CUDA peak so far, logged every update (None on the CPU): the run's peak is the last step's
+        "peak_memory_allocated_gib": per_step[-1].get("perf/max_memory_allocated_gb") if per_step else None,
+        "peak_memory_reserved_gib": per_step[-1].get("perf/max_memory_reserved_gb") if per_step else None,
+        "engine_build_seconds": engines["build_seconds"],
+        "engine_trace_s": trace_seconds(trace_path, len(per_step)) if trace_path and per_step else None,
+        "engine_seconds_each": [e["perf/time_per_step"] for e in per_step],
+        "engine_stages_each": {k: [e.get(k) for e in per_step] for k in STAGE_KEYS},
+        "command": " ".join(["python", "benchmarks/train_e2e.py", *(argv if argv is not None else sys.argv[1:])]),
+    }
 
 
 def device_name(cfg) -> str:
@@ -346,6 +460,7 @@ def flow_only_result(args, flow: dict, config: str, overrides: list[str], workdi
         "samples_per_step": samples,
         "flow_seconds_per_step": medians.get("perf/time_per_step"),
         "flow_samples_per_gpu_s": medians.get("perf/throughput"),
+        **video_rates(cfg, medians.get("perf/time_per_step")),
         "flow_stage_medians_s": medians,
         "flow_stages_each": {k: [v.get(s) for s in range(1, args.steps + 1)] for k, v in flow["per_step"].items()},
         "startup_s": flow["startup_s"],

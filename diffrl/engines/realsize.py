@@ -1,4 +1,4 @@
-"""Real-size random-weight pipeline folders (`diffrl random-model`): SD3.5-Medium and Qwen-Image.
+"""Real-size random-weight pipeline folders (`diffrl random-model`): SD3.5-Medium, Qwen-Image, Wan2.2 T2V A14B.
 
 Every component is built from the published config (numbers below, each with its source), so a folder
 has the real checkpoint's shapes and costs the real compute, but holds random weights. It loads with
@@ -19,6 +19,9 @@ blocks (6 of 60 at real width) keep std ~0.58.
 builds every model component from its config with random weights in memory on the run's device
 (diffrl/models/random_weights.py), which Qwen-Image needs on a 64 GB disk.
 
+Wan2.2 A14B's plan and its published numbers are in diffrl/engines/realsize_wan.py (~69 GB in bf16: configs only on
+a 64 GB disk); the helpers here are shared.
+
 `scale` (tests only) maps a component's folder name to config overrides (nested dicts merge), e.g.
 {"transformer": {"num_layers": 2}}: the same code path at toy size.
 """
@@ -32,7 +35,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -40,7 +43,7 @@ from torch import nn
 
 from diffrl.models.random_weights import default_dtype, seeded
 
-ARCHITECTURES = ("sd35m", "qwen_image")
+ARCHITECTURES = ("sd35m", "qwen_image", "wan22_a14b")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MAX_SHARD_SIZE = "5GB"
 # Tokenizers, configs and safetensors headers, on top of parameters x bytes.
@@ -211,11 +214,13 @@ QWEN_BPE_VOCAB_SIZE = 4096
 @dataclass(frozen=True)
 class Plan:
     """What one architecture's folder holds: weights to build (folder -> constructor that initialises
-    on the current default device and dtype) and small objects saved as they are (tokenizers, scheduler)."""
+    on the current default device and dtype), small objects saved as they are (tokenizers, scheduler) and the
+    pipeline's own config values model_index.json carries (Wan2.2's boundary_ratio)."""
 
     pipeline_class: type
     models: dict[str, Callable[[], nn.Module]]
     small: dict[str, object]
+    config: dict[str, object] = field(default_factory=dict)
 
 
 def merged(base: dict, overrides: dict | None) -> dict:
@@ -353,11 +358,21 @@ def qwen_prompt_tokenizer(vocab_size: int = QWEN_BPE_VOCAB_SIZE):
     return qwen_tokenizer(vocab_size=vocab_size, extra_texts=texts)
 
 
-PLANS: dict[str, Callable[[dict | None], Plan]] = {"sd35m": sd35m_plan, "qwen_image": qwen_image_plan}
+def _wan22_a14b_plan(scale: dict[str, dict] | None = None) -> Plan:
+    from diffrl.engines.realsize_wan import wan22_a14b_plan  # imports this module's helpers: imported on use
+
+    return wan22_a14b_plan(scale)
+
+
+PLANS: dict[str, Callable[[dict | None], Plan]] = {
+    "sd35m": sd35m_plan,
+    "qwen_image": qwen_image_plan,
+    "wan22_a14b": _wan22_a14b_plan,
+}
 
 
 def plan_for(arch: str, scale: dict[str, dict] | None = None) -> Plan:
-    """The Plan of `arch` ("sd35m" or "qwen_image"); ValueError listing the choices otherwise."""
+    """The Plan of `arch` (one of ARCHITECTURES); ValueError listing the choices otherwise."""
     if arch not in PLANS:
         raise ValueError(f"unknown architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
     return PLANS[arch](scale)
@@ -397,7 +412,7 @@ def build_random(
     scale: dict[str, dict] | None = None,
     weights: bool = True,
 ) -> str:
-    """Write the `arch` pipeline ("sd35m" or "qwen_image") with random weights to out_dir; returns out_dir.
+    """Write the `arch` pipeline (one of ARCHITECTURES) with random weights to out_dir; returns out_dir.
 
     One component at a time: initialised on `device` in `dtype` (seeded), saved as sharded safetensors,
     freed. ValueError (nothing written) for an unknown arch, an existing out_dir, an unusable device or
@@ -437,6 +452,7 @@ def build_random(
     for name, obj in plan.small.items():
         obj.save_pretrained(os.path.join(tmp, name))
         index[name] = _library_and_class(obj)
+    index.update(plan.config)
     _write_model_index(plan, index, tmp)  # last: until now the folder is not a pipeline
     os.remove(os.path.join(tmp, _MARKER))
     os.rename(tmp, out_dir)
@@ -454,7 +470,8 @@ def check_disk_space(path: str, need: int) -> int:
         raise ValueError(
             f"not enough disk space for {path!r}: the folder needs ~{need / 1e9:.1f} GB ({need:,} bytes = "
             f"parameters x bytes per value + {DISK_MARGIN_BYTES // 2**20} MiB), but {probe!r} has "
-            f"{free / 1e9:.1f} GB ({free:,} bytes) free"
+            f"{free / 1e9:.1f} GB ({free:,} bytes) free; --configs-only writes the configs alone (a few MB) for "
+            "model.path=random:OUT_DIR, which builds the weights in memory"
         )
     return free
 

@@ -84,3 +84,71 @@ def test_repeats_pair_each_flow_run_with_its_engines_run_so_they_cannot_split_ov
     for args in (["--repeats", "2", "--flow-only", "--keep", str(tmp_path)], ["--repeats", "0"]):
         with pytest.raises(SystemExit, match="--repeats must be >= 1"):
             train_e2e.main(["--config", "quickstart", *args])
+
+
+@pytest.mark.slow  # ~35 s on the loaded 2-core machine (a tiny Wan2.2 built, 2 steps)
+def test_engines_only_video_run_records_videos_and_frames_per_gpu_s(tmp_path, monkeypatch):
+    """`--engines-only` on the shipped Wan2.2 DanceGRPO recipe (the tiny two-expert Wan2.2, 5 frames): videos and
+    frames per GPU per second from the step's seconds, and with --trace the rollout's denoise and decode apart."""
+    monkeypatch.setenv("DIFFRL_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "video.json"
+    tiny_wan22 = [
+        "model.path=tiny:wan22",
+        "model.dtype=fp32",
+        "reward.components=[{name: jpeg_compressibility}]",
+        "data.val=null",
+        "data.num_generated=8",
+        "data.num_val_prompts=0",
+        "rollout.num_inference_steps=4",
+        "rollout.height=16",
+        "rollout.width=16",
+        "rollout.num_frames=5",
+        "rollout.max_sequence_length=16",
+        "rollout.group_size=2",
+        "rollout.prompts_per_step=1",
+        "rollout.chunk_size=2",
+        "rollout.batch_size=2",
+        "train.lora_rank=4",
+        "train.lora_alpha=8",
+        "train.mini_batch_prompts=1",
+        "train.micro_batch_size=2",
+        "train.gradient_checkpointing=false",
+    ]
+    argv = ["--config", "wan22_dance_grpo", *tiny_wan22, "--steps", "2", "--warmup", "1", "--engines-only"]
+    result = train_e2e.main([*argv, "--trace", "--keep", str(tmp_path / "work"), "--out", str(out)])
+    written = json.loads(out.read_text())  # rewritten after every step; the last write is the whole run's
+    assert written["videos_per_gpu_s"] == result["videos_per_gpu_s"] and written["complete"] is True
+    assert result["steps_done"] == 2
+    seconds = result["engine_seconds_per_step"]
+    assert seconds == result["engine_seconds_each"][1]  # the one timed step
+    assert (result["videos_per_step"], result["frames_per_video"]) == (2, 5)
+    assert result["videos_per_gpu_s"] == pytest.approx(2 / seconds)
+    assert result["frames_per_gpu_s"] == pytest.approx(2 * 5 / seconds)
+    assert result["engine_images_per_gpu_s"] == pytest.approx(result["videos_per_gpu_s"])
+    bars = result["engine_trace_s"]
+    assert bars["denoise"]["count"] == bars["decode"]["count"] == 2  # one chunk a step, two steps
+    assert bars["denoise"]["per_step_s"] > 0 and bars["decode"]["per_step_s"] > 0 and "update_actor" in bars
+    assert "flow_seconds_per_step" not in result and not os.path.exists(tmp_path / "work" / "mlflow.db")
+    for key in ("timing_s/generate", "timing_s/update_actor", "perf/time_per_step"):
+        assert result["engine_stage_medians_s"][key] > 0, key
+    assert result["peak_memory_allocated_gib"] is None  # CPU: no CUDA peak to record
+
+
+def test_a_partial_engines_only_record_has_no_rate_until_a_timed_step_ran():
+    """The record written after the warm-up step of a call stopped at its limit: the steps it ran, no medians yet."""
+    import argparse
+
+    from diffrl.configs.schema import load_experiment
+
+    cfg = load_experiment(
+        "wan22_dance_grpo", ["rollout.group_size=2", "rollout.prompts_per_step=1", "train.mini_batch_prompts=1"]
+    )
+    args = argparse.Namespace(config="wan22_dance_grpo", overrides=[], steps=2, warmup=1)
+    step = dict.fromkeys(train_e2e.STAGE_KEYS, 1.0) | {"perf/time_per_step": 120.0}
+    partial = train_e2e.engines_json(args, cfg, {"build_seconds": 9.0, "per_step": [step]}, None, [], complete=False)
+    assert (partial["complete"], partial["steps_done"], partial["engine_seconds_per_step"]) == (False, 1, None)
+    assert partial["engine_images_per_gpu_s"] is None and "videos_per_gpu_s" not in partial
+    assert partial["engine_seconds_each"] == [120.0] and partial["peak_memory_allocated_gib"] == 1.0
+    done = train_e2e.engines_json(args, cfg, {"build_seconds": 9.0, "per_step": [step, step]}, None, [], complete=True)
+    assert done["videos_per_gpu_s"] == pytest.approx(2 / 120.0)
+    assert done["frames_per_gpu_s"] == pytest.approx(2 * 33 / 120.0)  # the recipe's 33 frames

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from diffrl.algorithms.sde import SDEStep
 from diffrl.algorithms.windows import Windows, sample_windows
+from diffrl.engines import trace
 from diffrl.engines.rollout.config import SamplingConfig
 from diffrl.engines.rollout.step import denoise_step
 from diffrl.engines.trajectories import Trajectories
@@ -222,7 +223,9 @@ class RolloutEngine:
         # A worker thread draws the next step's SDE noise on the CPU generators while this thread
         # queues the current forward (torch ops release the GIL); one worker keeps each generator's
         # draws in step order, so the noise is exactly what drawing in the loop would give.
-        with ThreadPoolExecutor(max_workers=1) as pool:
+        # run.trace: "denoise" and "decode" bars per chunk (where a video rollout's time goes); a traced run syncs the
+        # device at the end of the loop so that each bar holds its own GPU work (one sync a chunk; none untraced)
+        with trace.span("denoise", samples=b), ThreadPoolExecutor(max_workers=1) as pool:
             pending = pool.submit(_window_noise, latents.shape, host_masks[0], generators, pin)
             for i in range(cfg.num_inference_steps):
                 noise = pending.result().to(device, non_blocking=pin)
@@ -251,7 +254,10 @@ class RolloutEngine:
                 bar.update(1)
                 bar.images_done = getattr(bar, "images_done", 0.0) + b / cfg.num_inference_steps
                 bar.set_postfix(images_per_s=f"{bar.images_done / (time.perf_counter() - started):.2f}")
-        images = self.adapter.decode(latents, shape).cpu()
+            if trace.enabled() and pin:
+                torch.cuda.synchronize(latents.device)
+        with trace.span("decode", samples=b):
+            images = self.adapter.decode(latents, shape).cpu()
         step_index = starts[:, None] + torch.arange(size)[None, :]  # (b, W) on the host
         return _to_host(stored), _to_host(log_probs), sigmas[step_index], sigmas[step_index + 1], images
 

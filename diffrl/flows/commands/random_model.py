@@ -6,10 +6,14 @@
     diffrl random-model qwen_image /data/qwen-image-configs --configs-only
     diffrl train qwen_image_ocr_lora model.path=random:/data/qwen-image-configs
 
-The folder has the layout and shapes of stabilityai/stable-diffusion-3.5-medium ("sd35m") or Qwen/Qwen-Image
-("qwen_image"), so training and sampling cost what they cost with the real checkpoint, on a machine with
-no hub access. Weights are random (seeded); tokenizers are built in memory. Sizes in bf16: ~16.3 GB (sd35m),
-~57.7 GB (qwen_image); the free disk space is checked first. With --configs-only the folder holds configs,
+    diffrl random-model wan22_a14b /data/wan22-configs --configs-only
+    diffrl train wan22_dance_grpo model.path=random:/data/wan22-configs
+
+The folder has the layout and shapes of stabilityai/stable-diffusion-3.5-medium ("sd35m"), Qwen/Qwen-Image
+("qwen_image") or Wan-AI/Wan2.2-T2V-A14B-Diffusers ("wan22_a14b": two experts), so training and sampling cost what
+they cost with the real checkpoint, on a machine with no hub access. Weights are random (seeded); tokenizers are
+built in memory. Sizes in bf16: ~16.3 GB (sd35m), ~57.7 GB (qwen_image), ~68.8 GB (wan22_a14b, more than a 64 GB
+disk holds); the free disk space is checked first. With --configs-only the folder holds configs,
 tokenizers and the scheduler (a few MB, written in seconds) and `model.path=random:OUT_DIR` builds the weights in
 memory on the run's device instead (the same shapes and compute, nothing read from disk).
 Exit codes: 0 written, 2 bad input (one-line error on stderr).
@@ -28,7 +32,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Registers the `random-model` subcommand on an argparse subparsers object."""
     parser = subparsers.add_parser(
         "random-model",
-        help="write a real-size random-weight pipeline folder (SD3.5-Medium, Qwen-Image) for offline GPU runs",
+        help="write a real-size random-weight pipeline folder (SD3.5-Medium, Qwen-Image, Wan2.2 A14B) for GPU runs",
         description=(
             "Build every component of a real pipeline (transformer, VAE, text encoders at their published "
             "sizes, tokenizers built in memory, scheduler) with random weights, one component at a time on "
@@ -36,7 +40,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         ),
         epilog="example: diffrl random-model qwen_image /data/qwen-image-random --device cuda --dtype bf16",
     )
-    parser.add_argument("arch", metavar="ARCH", help="architecture: sd35m or qwen_image")
+    parser.add_argument("arch", metavar="ARCH", help="architecture: sd35m, qwen_image or wan22_a14b")
     parser.add_argument(
         "out_dir",
         metavar="OUT_DIR",
@@ -51,7 +55,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--configs-only",
         action="store_true",
         help="write no weights: configs, tokenizers and scheduler only, for model.path=random:OUT_DIR (weights "
-        "built in memory on the run's device; Qwen-Image's 58 GB would not fit a 64 GB disk)",
+        "built in memory on the run's device; Qwen-Image's 58 GB and Wan2.2 A14B's 69 GB would not fit a 64 GB disk)",
     )
     parser.set_defaults(func=run)
     return parser
