@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from diffrl.engines.reward.base import RewardOutput, check_positive, register_reward, to_uint8_numpy
-from diffrl.engines.reward.geneval_lite import Detection, GenevalLiteOptions, detect_batch, describe
+from diffrl.engines.reward.geneval_lite import Detection, GenevalLiteOptions, describe, detect_batch
 
 
 @dataclass
