@@ -9,9 +9,11 @@ generated image's size. An expected object is *found* when a detection of its sh
 
 Score = edit_weight x edit + (1 - edit_weight) x keep, in [0, 1]:
 - edit: 1 when the recoloured object is found (its shape, at its place, in the new colour), else 0;
-- keep: the mean of one term per other object (1 when it is found, unchanged) and one term that is 1 when the image
-  holds no detection matching no expected object (nothing added; a leftover object in the old colour counts).
-info["accuracy"] is the strict 0/1: edit, every other object kept, nothing extra.
+- keep: the mean of one term per other object (1 when it is found, unchanged) and a pixel term, 1 - the mean
+  absolute difference / 255 between the edited image and the input image (metadata["image"], resized to the edited
+  image's size) outside the recoloured object's box (grown by 2 pixels of the scene): what was not asked to change
+  stays. The pixel term is graded, so even images far from any scene (an untrained model's) are told apart.
+info["accuracy"] is the strict 0/1: edit, every other object kept, and no detection that matches no expected object.
 For the input image itself (no edit done) the score is (1 - edit_weight); for the correct edit it is 1.
 Deviation from the published edit benchmarks (GEdit-Bench, ImgEdit judge with a VLM): rules instead, on a synthetic
 task whose answer is known exactly.
@@ -23,7 +25,9 @@ import json
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from PIL import Image
 
 from diffrl.engines.reward.base import RewardOutput, check_positive, register_reward, to_uint8_numpy
 from diffrl.engines.reward.geneval_lite import Detection, GenevalLiteOptions, describe, detect_batch
@@ -79,19 +83,49 @@ def _matches(detection: Detection, expected: dict, scale: float, tolerance: floa
     )
 
 
-def score_edit(found: list[Detection], truth: dict, image_width: int, options: ShapesEditOptions) -> tuple[float, bool]:
-    """(score in [0, 1], strict accuracy) of one edited image's detections against its recolour ground truth."""
-    scale = image_width / truth["image_size"]
+def unchanged_outside(edited_HW3: np.ndarray, input_HW3: np.ndarray, truth: dict) -> float:
+    """1 - mean |edited - input| / 255 outside the recoloured object's box (grown by 2 scene pixels), in [0, 1]."""
+    height, width = edited_HW3.shape[:2]
+    if input_HW3.shape[:2] != (height, width):
+        input_HW3 = np.asarray(Image.fromarray(input_HW3).resize((width, height), Image.Resampling.BILINEAR))
+    obj, scale = truth["objects"][truth["index"]], width / truth["image_size"]
+    half = (obj["size"] / 2 + 2) * scale
+    ys, xs = np.mgrid[0:height, 0:width] + 0.5
+    outside = (np.abs(xs - obj["cx"] * scale) > half) | (np.abs(ys - obj["cy"] * scale) > half)
+    if not outside.any():
+        return 1.0
+    diff = np.abs(edited_HW3.astype(np.float64) - input_HW3.astype(np.float64))[outside]
+    return float(1.0 - diff.mean() / 255.0)
+
+
+def score_edit(
+    found: list[Detection], truth: dict, edited_HW3: np.ndarray, input_HW3: np.ndarray, options: ShapesEditOptions
+) -> tuple[float, bool]:
+    """(score in [0, 1], strict accuracy) of one edited image (its detections and pixels) against its recolour
+    ground truth and input image."""
+    scale = edited_HW3.shape[1] / truth["image_size"]
     tol = options.position_tolerance
     hits = [[d for d in found if _matches(d, obj, scale, tol)] for obj in truth["objects"]]
     edit = float(bool(hits[truth["index"]]))
     others = [bool(h) for i, h in enumerate(hits) if i != truth["index"]]
     matched = {id(d) for h in hits for d in h}
     nothing_extra = all(id(d) in matched for d in found)
-    keep_terms = [float(k) for k in others] + [float(nothing_extra)]
+    keep_terms = [float(k) for k in others] + [unchanged_outside(edited_HW3, input_HW3, truth)]
     keep = sum(keep_terms) / len(keep_terms)
     score = options.edit_weight * edit + (1 - options.edit_weight) * keep
     return score, bool(edit and all(others) and nothing_extra)
+
+
+def input_image(meta: dict, index: int) -> np.ndarray:
+    """Sample `index`'s input image (metadata["image"], a path) as uint8 (H, W, 3)."""
+    path = meta.get("image")
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"shapes_edit: sample {index} has no metadata['image'] (the input image's path)")
+    try:
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB"))
+    except OSError as e:
+        raise ValueError(f"shapes_edit: sample {index}: cannot read the input image {path!r} ({e})") from None
 
 
 @dataclass
@@ -113,7 +147,7 @@ class ShapesEditReward:
             raise ValueError(f"shapes_edit: got {len(array)} images but {len(metadata)} metadata entries")
         scores, accuracy, seen = [], [], []
         for i, (found, meta) in enumerate(zip(detect_batch(array, self.options.detector), metadata)):
-            score, strict = score_edit(found, parse_edit(meta, i), array.shape[2], self.options)
+            score, strict = score_edit(found, parse_edit(meta, i), array[i], input_image(meta, i), self.options)
             scores.append(score)
             accuracy.append(float(strict))
             seen.append(describe(found))

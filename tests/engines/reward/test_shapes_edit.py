@@ -4,9 +4,11 @@ a wrong colour, an added object and a blank image, on prompts from the generator
 import json
 import os
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from diffrl.engines.reward.base import build_reward
 from diffrl.engines.store.prompts import PromptDataset
@@ -26,32 +28,37 @@ def _two_object_edit() -> tuple[list[SceneObject], int, str]:
             return objects, index, color
 
 
-def test_scores_in_closed_form():
+def _outside_term(edited: np.ndarray, source: np.ndarray, obj: SceneObject) -> float:
+    """The pixel term by its definition, at the scene's own size (scale 1)."""
+    half = obj.size / 2 + 2
+    ys, xs = np.mgrid[0:64, 0:64] + 0.5
+    outside = (np.abs(xs - obj.cx) > half) | (np.abs(ys - obj.cy) > half)
+    return 1 - np.abs(edited.astype(float) - source.astype(float))[outside].mean() / 255
+
+
+def test_scores_in_closed_form(tmp_path):
     objects, index, color = _two_object_edit()
     truth = edit_target(objects, index, color)
-    meta = {"ground_truth": json.dumps(truth)}
+    source = render(objects)
+    Image.fromarray(source).save(tmp_path / "in.png")
+    meta = {"ground_truth": json.dumps(truth), "image": str(tmp_path / "in.png")}
     edited = _scene(truth["objects"])
-    wrong = [
-        o
-        if i != index
-        else SceneObject(
-            o.shape, next(c for c in ("red", "green") if c not in (color, objects[index].color)), o.cx, o.cy, o.size
-        )
-        for i, o in enumerate(objects)
-    ]  # noqa: E501
+    third = next(c for c in ("red", "green", "blue") if c not in (color, objects[index].color))
+    wrong = [o if i != index else replace(o, color=third) for i, o in enumerate(objects)]
     extra = [*edited, SceneObject("square", "purple", 56.0, 56.0, 6.5)]
     blank = np.full((64, 64, 3), 255, np.uint8)
-    images = np.stack([render(edited), render(objects), render(wrong), render(extra), blank])
-    reward = build_reward("shapes_edit", {})
-    out = reward(images, ["p"] * 5, [meta] * 5)
-    others = len(objects) - 1
+    images = np.stack([render(edited), source, render(wrong), render(extra), blank])
+    out = build_reward("shapes_edit", {})(images, ["p"] * 5, [meta] * 5)
+    k = len(objects) - 1  # the other objects
+    changed = objects[index]
+    assert _outside_term(images[0], source, changed) == 1.0  # a recolour changes nothing outside its box
     assert out.scores.tolist() == pytest.approx(
         [
             1.0,  # the edit, everything kept
-            0.5 * (others + 0.0) / (others + 1),  # no edit: the old-colour object is an extra detection
-            0.5 * (others + 0.0) / (others + 1),  # a third colour: the edit missed, and it is an extra
-            0.5 + 0.5 * others / (others + 1),  # the edit and an added object
-            0.5 * 1 / (others + 1),  # nothing: only "nothing extra" holds
+            0.5,  # no edit: everything kept
+            0.5,  # a third colour: the edit missed, everything else kept
+            0.5 + 0.5 * (k + _outside_term(images[3], source, changed)) / (k + 1),  # the edit, and an added object
+            0.5 * _outside_term(blank, source, changed) / (k + 1),  # nothing at all
         ]
     )
     assert out.info["accuracy"] == [1.0, 0.0, 0.0, 0.0, 0.0]
@@ -91,3 +98,6 @@ def test_missing_or_bad_image_names_the_row(tmp_path):
 def test_missing_ground_truth_is_an_error():
     with pytest.raises(ValueError, match="sample 0 has no recolour ground truth"):
         build_reward("shapes_edit", {})(np.zeros((1, 64, 64, 3), np.uint8), ["p"], [{}])
+    truth = edit_target(*_two_object_edit())
+    with pytest.raises(ValueError, match="sample 0 has no metadata\\['image'\\]"):
+        build_reward("shapes_edit", {})(np.zeros((1, 64, 64, 3), np.uint8), ["p"], [{"ground_truth": truth}])
