@@ -175,6 +175,8 @@ class QwenImageEditAdapter(QwenImageAdapter):
         """Guided velocity (B, L, C*4) fp32 on the noisy tokens; the input image's latents ride along the sequence.
         True CFG as Qwen-Image (cond and uncond share a forward); one forward per input-image grid."""
         grids = [tuple(g) for g in encoding["image_grid"].tolist()]
+        if len(set(grids)) == 1:  # the usual case: one forward for the whole batch
+            return self._velocity_grid(latents, sigma, encoding, negative, grids[0], guidance_scale, shape)
         out = torch.empty(latents.shape, dtype=torch.float32, device=self.device)
         for grid in dict.fromkeys(grids):
             rows = torch.tensor([i for i, g in enumerate(grids) if g == grid], device=self.device)

@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 from diffrl.engines.train.checkpoint import lora_file_name
 from diffrl.flows.train import train
 
-# 2 steps, 2 prompts x 2 edits, 4 denoising steps at 64x64 (the reward's scene size), true CFG with the negative
-# prompt encoded with each input image; input images resized to 128x128 (upstream: 1024x1024) to keep it fast.
+# 2 steps, 2 prompts x 2 edits, 4 denoising steps at 64x64 (the reward's scene size), guidance 1 (true CFG with the
+# negative prompt encoded with each input image is tests/engines/rollout/test_rollout_edit.py's); input images
+# resized to 128x128 (upstream: 1024x1024) to keep it fast.
 TINY_EDIT = [
     "model.path=tiny:qwen_image_edit",
     "model.dtype=fp32",
@@ -30,6 +31,7 @@ TINY_EDIT = [
     "algorithm.window={kind: random_start, size: 2, start_range: [0, 2]}",
     "rollout.num_inference_steps=4",
     "rollout.height=64",
+    "rollout.guidance_scale=1.0",
     "rollout.width=64",
     "rollout.group_size=2",
     "rollout.prompts_per_step=2",

@@ -93,7 +93,8 @@ def test_sample_does_not_depend_on_batch_composition(setup, rollout):
 def test_only_window_steps_are_stochastic(setup):
     _, adapter, prompts, metadata = setup
     engine = RolloutEngine(adapter, progress=False)
-    cfg = config(same_noise_per_group=True, window=WindowPolicy("random_start", size=2, start_range=(1, 2)))
+    window = WindowPolicy("random_start", size=2, start_range=(1, 2))
+    cfg = config(same_noise_per_group=True, window=window, guidance_scale=1.0)  # no CFG: half the forwards
     traj = engine.generate(prompts[:1] * 2, ["g", "g"], [0, 1], [21, 22], cfg, metadata=metadata[:1] * 2)
     assert traj.window_starts.tolist() == [1, 1]
     assert torch.equal(traj.latents[0, 0], traj.latents[1, 0])  # the ODE step before the window is shared
@@ -103,7 +104,7 @@ def test_only_window_steps_are_stochastic(setup):
 def test_embedding_key_is_prompt_and_image_content(setup, tmp_path):
     _, adapter, prompts, metadata = setup
     engine = RolloutEngine(adapter, progress=False)
-    cfg = config(num_inference_steps=2)
+    cfg = config(num_inference_steps=2, guidance_scale=1.0)
     copy = str(tmp_path / "copy.png")
     shutil.copy(metadata[0]["image"], copy)
     keys = [engine.encode(prompts[:1], cfg, [m])[2][0] for m in (metadata[0], {"image": copy}, metadata[1])]
