@@ -46,7 +46,7 @@ TINY_EDIT = [
 ]
 
 
-@pytest.mark.slow  # 85 s on the 2-core machine at load average 6 (three other test runs at once)
+@pytest.mark.slow  # 58 s on the 2-core machine at load average ~7 (other test runs at once)
 def test_flow_grpo_on_tiny_qwen_image_edit_trains_the_lora(workdir):
     result = train(config="qwen_image_edit_flow_grpo", overrides=TINY_EDIT)
     assert result["last_step"] == 2

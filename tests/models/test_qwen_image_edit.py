@@ -90,3 +90,22 @@ def test_lora_gradients_reach_the_targets(path, scenes):
         dead = name.startswith(last) and any(t in name for t in text_only)
         has_grad = p.grad is not None and bool(p.grad.abs().sum() > 0)
         assert has_grad != dead, name
+
+
+def test_tiny_builder_is_deterministic_small_and_names_the_upstream_processor(tmp_path):
+    import json
+
+    from diffrl.models.tiny import build_tiny
+
+    for name in ("a", "b"):
+        build_tiny("qwen_image_edit", str(tmp_path / name), seed=0)
+    files = [
+        {str(p.relative_to(tmp_path / n)): p.read_bytes() for p in (tmp_path / n).rglob("*") if p.is_file()}
+        for n in "ab"
+    ]
+    assert files[0] == files[1] and sum(len(b) for b in files[0].values()) < 10_000_000
+    index = json.loads(files[0]["model_index.json"])
+    assert index["_class_name"] == "QwenImageEditPipeline" and index["processor"] == [
+        "transformers",
+        "Qwen2VLProcessor",
+    ]
