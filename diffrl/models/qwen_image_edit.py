@@ -173,7 +173,8 @@ class QwenImageEditAdapter(QwenImageAdapter):
         shape: SampleShape,
     ) -> torch.Tensor:
         """Guided velocity (B, L, C*4) fp32 on the noisy tokens; the input image's latents ride along the sequence.
-        True CFG as Qwen-Image (cond and uncond share a forward); one forward per input-image grid."""
+        True CFG as Qwen-Image (cond and uncond share a forward); one forward per input-image grid. Reading the grids
+        (`image_grid`, a few ints) is one device-to-host copy per call: on a GPU it waits for the queued work."""
         grids = [tuple(g) for g in encoding["image_grid"].tolist()]
         if len(set(grids)) == 1:  # the usual case: one forward for the whole batch
             return self._velocity_grid(latents, sigma, encoding, negative, grids[0], guidance_scale, shape)
