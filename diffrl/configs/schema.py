@@ -40,8 +40,12 @@ class ModelConfig:
         False  # torch.compile the denoiser's transformer blocks (faster sampling and training after a compile)
     )
     tf32: bool = True  # CUDA fp32 matmuls (e.g. fp32 LoRA branches over a bf16 base) on TF32 tensor cores
+    # editing models only: the pixel area input images are resized to (null: the model's own; Qwen-Image-Edit 1024²)
+    condition_area: int | None = None
 
     def __post_init__(self) -> None:
+        if self.condition_area is not None and self.condition_area < 1:
+            raise ValueError(f"model.condition_area must be a positive pixel count or null; got {self.condition_area}")
         if self.dtype not in ("auto", "fp32", "bf16", "fp16"):
             raise ValueError(f"model.dtype must be one of auto, fp32, bf16, fp16; got {self.dtype!r}")
         if self.attention not in ATTENTION_BACKENDS:

@@ -14,6 +14,7 @@ from diffrl.engines.rollout.engine import RolloutEngine
 from diffrl.engines.step.memory import StepMemory
 from diffrl.engines.store.embeddings import EmbeddingCache
 from diffrl.engines.store.prompts import PromptDataset, PromptSampler, compositional_prompts, ocr_prompts
+from diffrl.engines.store.scene_edit import shapes_edit_prompts
 from diffrl.engines.store.scene_qa import HELDOUT_SEED, HELDOUT_SIZE, scene_questions
 from diffrl.engines.store.scenes import shapes_prompts
 from diffrl.engines.store.tokens import TokenStore
@@ -86,6 +87,10 @@ def load_prompts(source: str, data: DataConfig, *, seed: int) -> PromptDataset:
             "shapes_qa_heldout": lambda n, seed: scene_questions(HELDOUT_SIZE, HELDOUT_SEED, _scene_dir(HELDOUT_SEED)),
             "shapes_qa_text": lambda n, seed: scene_questions(n, seed, None),
             "shapes_qa_text_heldout": lambda n, seed: scene_questions(HELDOUT_SIZE, HELDOUT_SEED, None),
+            # recolour instructions with their input scenes as PNGs under the cache (diffrl/engines/store/scene_edit.py)
+            "shapes_edit": lambda n, seed: shapes_edit_prompts(
+                n, seed, os.path.join(cache_dir(), "scenes", f"shapes_edit-seed{seed}")
+            ),
         }
         if name not in generators:
             raise ValueError(
@@ -157,7 +162,10 @@ def build_engines(
             from diffusers.utils import logging as diffusers_logging
 
             diffusers_logging.disable_progress_bar()
-        adapter = load_adapter(model_path, device=device, dtype=dtype)
+        area = cfg.model.condition_area  # an editing model's option; the others refuse it
+        adapter = load_adapter(
+            model_path, device=device, dtype=dtype, **({} if area is None else {"condition_area": area})
+        )
         adapter.attention = cfg.model.attention
         set_tf32(cfg.model.tf32)
         adapter.check_shape(_shape(cfg))

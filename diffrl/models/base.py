@@ -43,6 +43,7 @@ ADAPTER_MODULES = (
     "diffrl.models.sd3",
     "diffrl.models.flux",
     "diffrl.models.qwen_image",
+    "diffrl.models.qwen_image_edit",
     "diffrl.models.z_image",
     "diffrl.models.wan",
 )
@@ -89,20 +90,21 @@ def load_adapter(
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
-def load_pipeline(pipeline_cls, path: str, *, device, dtype: torch.dtype):
+def load_pipeline(pipeline_cls, path: str, *, device, dtype: torch.dtype, components: dict | None = None):
     """`pipeline_cls.from_pretrained(path, dtype=dtype)` (diffusers' new name of torch_dtype) moved to device, or
     for `random:<folder>` the folder's configs built with random weights on `device`; a clear ValueError when the
-    folder is missing (a string shaped like "owner/name" that is no local folder is tried on the Hub)."""
+    folder is missing (a string shaped like "owner/name" that is no local folder is tried on the Hub).
+    `components`: pipeline components built by the adapter instead of loaded (Qwen-Image-Edit's processor)."""
     random_weights, folder = path.startswith(RANDOM), path.removeprefix(RANDOM)
     if not os.path.isdir(folder) and (random_weights or not _HUB_ID.match(path)):
         raise ValueError(f"model path {path!r} does not exist (expected a diffusers {pipeline_cls.__name__} folder)")
     if random_weights:
         from diffrl.models.random_weights import random_pipeline
 
-        pipe = random_pipeline(pipeline_cls, folder, device=device, dtype=dtype)
+        pipe = random_pipeline(pipeline_cls, folder, device=device, dtype=dtype, components=components)
     else:
         try:
-            pipe = pipeline_cls.from_pretrained(path, dtype=dtype)
+            pipe = pipeline_cls.from_pretrained(path, dtype=dtype, **(components or {}))
         except OSError as err:  # diffusers raises OSError for a missing or incomplete folder / Hub id
             raise ValueError(f"could not load a {pipeline_cls.__name__} from {path!r}: {err}") from err
     pipe.set_progress_bar_config(disable=True)
@@ -201,6 +203,8 @@ class ModelAdapter(ABC):
     arch: ClassVar[str]  # registry name, e.g. "sd3"
     pipeline_classes: ClassVar[tuple[str, ...]]  # model_index.json _class_name values handled
     is_video: ClassVar[bool] = False
+    # Editing models: each prompt comes with an input image (metadata["image"]), passed to encode_prompt(images=).
+    input_image: ClassVar[bool] = False
     default_lora_targets: ClassVar[tuple[str, ...]]  # peft target_modules names in the transformer
     default_guidance_scale: ClassVar[float]
     default_max_sequence_length: ClassVar[int]

@@ -28,19 +28,25 @@ from torch import nn
 SEED = 0  # the weights of a `random:` folder: the same in every process
 
 
-def random_pipeline(pipeline_cls: type, folder: str, *, device, dtype: torch.dtype, seed: int = SEED):
+def random_pipeline(
+    pipeline_cls: type, folder: str, *, device, dtype: torch.dtype, seed: int = SEED, components: dict | None = None
+):
     """`pipeline_cls` with the components model_index.json in `folder` lists: models built from their configs with
-    random weights on `device` in `dtype`, the rest loaded; the pipeline's own config values there (Wan2.2's
-    boundary_ratio) passed to its constructor, as `from_pretrained` passes them. ValueError when the folder holds
-    weight files (it would not be what those weights say) or a model component has no config."""
+    random weights on `device` in `dtype`, the rest loaded (`components`: given ones, used as they are); the
+    pipeline's own config values there (Wan2.2's boundary_ratio) passed to its constructor, as `from_pretrained`
+    passes them. ValueError when the folder holds weight files (it would not be what those weights say) or a model
+    component has no config."""
     with open(os.path.join(folder, "model_index.json")) as f:
         index = json.load(f)
     takes = set(inspect.signature(pipeline_cls.__init__).parameters) - {"self"}
-    components: dict[str, object] = {
-        k: v for k, v in index.items() if k in takes and not isinstance(v, list)
-    }  # e.g. boundary_ratio: without it a Wan2.2 folder would load as one expert
+    given = dict(components or {})
+    # e.g. boundary_ratio: without it a Wan2.2 folder would load as one expert
+    components = {k: v for k, v in index.items() if k in takes and not isinstance(v, list)}
     names = sorted(k for k, v in index.items() if not k.startswith("_") and isinstance(v, list))
     for i, name in enumerate(names):
+        if name in given:
+            components[name] = given[name]
+            continue
         library, class_name = index[name]
         if library is None or class_name is None:  # an optional component the pipeline has none of
             components[name] = None

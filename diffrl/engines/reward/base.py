@@ -37,6 +37,7 @@ _BUILTIN_MODULES = (
     "diffrl.engines.reward.aesthetic",
     "diffrl.engines.reward.http_scorer",
     "diffrl.engines.reward.geneval_lite",
+    "diffrl.engines.reward.shapes_edit",
     "diffrl.engines.reward.answer",
 )
 registry.declare("reward", _BUILTIN_MODULES)

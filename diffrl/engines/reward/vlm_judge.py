@@ -6,6 +6,9 @@ in `image_url` parts, then the text prompt. The answer (choices[0].message.conte
 - "ocr": the answer is a transcription, scored against the target text exactly like the `ocr`
   reward (ground truth, else the first "quoted" text of the prompt).
 - "rating": the first number 1-5 in the answer, normalised to [0, 1] as (r - 1) / 4.
+With `input_image: true` (image editing) the request shows the sample's input image (metadata["image"], a path)
+first and the edited image second, and the default rating question asks how well the edit follows the instruction
+and keeps the rest of the input.
 A malformed answer (no content, no rating) excludes that sample (valid False, counted, logged).
 A request that still fails after `retries` retries raises RewardError: never a silent 0.
 """
@@ -16,7 +19,9 @@ import logging
 import re
 from dataclasses import dataclass
 
+import numpy as np
 import requests
+from PIL import Image
 
 from diffrl.engines.reward.base import (
     RewardOutput,
@@ -45,6 +50,11 @@ DEFAULT_PROMPTS = {
         "5 (perfectly), considering content, text and quality. Answer with the number only."
     ),
 }
+EDIT_RATING_PROMPT = (
+    'The first image is the input; the second is meant to be the input edited by the instruction "{prompt}". '
+    "Rate from 1 (not at all) to 5 (perfectly) how well the second image carries out the instruction while keeping "
+    "everything else of the input unchanged. Answer with the number only."
+)
 # The first number of the answer ("4", "4.5", "Rating: 4/5."); it must lie in [1, 5].
 _RATING = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)(?!\.?\d)")
 
@@ -53,7 +63,8 @@ _RATING = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)(?!\.?\d)")
 class VlmJudgeOptions:
     """base_url: the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1. prompt_template:
     the question; "{prompt}" is replaced by the sample's prompt. api_key_env: the name of the
-    environment variable holding the API key (never the key itself)."""
+    environment variable holding the API key (never the key itself). input_image: show the sample's input image
+    (metadata["image"]) before the generated one, for editing models (default question: EDIT_RATING_PROMPT)."""
 
     base_url: str
     model: str
@@ -69,9 +80,14 @@ class VlmJudgeOptions:
     image_format: str = "png"
     frame_stride: int = 4
     batch_size: int = 32
+    input_image: bool = False
 
     def __post_init__(self):
         check_choice(self.parser, "parser", "vlm_judge", PARSERS)
+        if self.input_image and self.parser != "rating":
+            raise ValueError(
+                "vlm_judge: option 'input_image' needs parser 'rating' (an OCR transcription has no input)"
+            )
         check_request_options(self, "vlm_judge", url_field="base_url")
         check_positive(self.max_tokens, "max_tokens", "vlm_judge")
 
@@ -97,6 +113,18 @@ def message_content(body: dict) -> str:
     return content
 
 
+def input_image(meta: dict) -> np.ndarray:
+    """The sample's input image (metadata["image"], a path) as uint8 (H, W, 3); ValueError naming it otherwise."""
+    path = meta.get("image")
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"vlm_judge (input_image): the sample has no metadata['image'] path; got {path!r}")
+    try:
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB"))
+    except OSError as e:
+        raise ValueError(f"vlm_judge (input_image): cannot read the input image {path!r} ({e})") from None
+
+
 class VlmJudgeReward:
     """Owns an HTTP session to the judge server."""
 
@@ -106,15 +134,19 @@ class VlmJudgeReward:
         self.options = options
         self.batch_size = options.batch_size
         self.url = options.base_url.rstrip("/") + "/chat/completions"
-        self.template = options.prompt_template or DEFAULT_PROMPTS[options.parser]
+        default = EDIT_RATING_PROMPT if options.input_image else DEFAULT_PROMPTS[options.parser]
+        self.template = options.prompt_template or default
         self.session = requests.Session()
         api_key = api_key_from_env(options.api_key_env, "vlm_judge")
         if api_key is not None:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
 
-    def request_body(self, sample, prompt: str) -> dict:
-        """The chat-completions request for one image (or the sampled frames of one video)."""
+    def request_body(self, sample, prompt: str, meta: dict | None = None) -> dict:
+        """The chat-completions request for one image (or the sampled frames of one video); with `input_image`,
+        the input image (metadata["image"]) first."""
         frames = sample_frames(sample, self.options.frame_stride)
+        if self.options.input_image:
+            frames = [input_image(meta or {}), *frames]
         content = [{"type": "image_url", "image_url": {"url": data_url(f, self.options.image_format)}} for f in frames]
         content.append({"type": "text", "text": self.template.replace("{prompt}", prompt)})
         return {
@@ -135,7 +167,7 @@ class VlmJudgeReward:
                 self.session,
                 self.url,
                 reward_name=self.name,
-                json=self.request_body(sample, prompt),
+                json=self.request_body(sample, prompt, meta),
                 timeout_s=o.timeout_s,
                 retries=o.retries,
                 backoff_s=o.backoff_s,

@@ -12,6 +12,7 @@ share its batch or chunk. Steps outside a sample's window are Euler ODE steps (n
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Protocol, Sequence
@@ -45,6 +46,7 @@ class RolloutEngine:
         self.progress = progress
         self._memory: dict[str, Encoding] = {}  # embed key -> encoding of one prompt (batch of 1)
         self._sigma_max: dict[tuple[int, SampleShape], float] = {}
+        self._digests: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256 of an input image
 
     # ---- prompt encodings ----------------------------------------------------------------------
     def _fingerprint(self, cfg: SamplingConfig) -> str:
@@ -52,25 +54,65 @@ class RolloutEngine:
         msl = cfg.max_sequence_length
         return self.adapter.fingerprint() + ("" if msl is None else f"-msl{msl}")
 
-    def embed_key(self, prompt: str, cfg: SamplingConfig) -> str:
-        """Cache key of one prompt's encoding: text-encoder fingerprint + hash of the prompt."""
-        return f"{self._fingerprint(cfg)}:{hashlib.sha1(prompt.encode()).hexdigest()}"
+    def embed_key(self, prompt: str, cfg: SamplingConfig, image_digest: str | None = None) -> str:
+        """Cache key of one prompt's encoding: text-encoder fingerprint + hash of the prompt (and, for an editing
+        model, of its input image's content digest: an edit's encoding depends on the image too)."""
+        return f"{self._fingerprint(cfg)}:{hashlib.sha1(_cache_text(prompt, image_digest).encode()).hexdigest()}"
 
-    def _encode_unique(self, prompts: list[str], cfg: SamplingConfig) -> list[str]:
-        """Make sure every prompt's encoding is in memory; returns their keys."""
-        keys = [self.embed_key(p, cfg) for p in prompts]
-        missing = list(dict.fromkeys(p for p, k in zip(prompts, keys) if k not in self._memory))
+    def input_images(self, count: int, metadata: Sequence[dict] | None) -> list[str | None]:
+        """Each sample's input image path (metadata["image"]) for an editing adapter; Nones for the others."""
+        if not self.adapter.input_image:
+            return [None] * count
+        if metadata is None or len(metadata) != count:
+            raise ValueError(
+                f"{self.adapter.arch} edits input images: give each prompt's metadata with its 'image' path"
+            )
+        paths = [m.get("image") for m in metadata]
+        for i, path in enumerate(paths):
+            if not isinstance(path, str) or not path:
+                raise ValueError(
+                    f"{self.adapter.arch} edits input images: sample {i} has no metadata['image'] (the prompt row's "
+                    f"'image' column, a path to the input image); got {path!r}"
+                )
+        return paths
+
+    def _digest(self, path: str | None) -> str | None:
+        """sha256 of an input image file's bytes, memoised by (path, size, mtime)."""
+        if path is None:
+            return None
+        try:
+            stat = os.stat(path)
+        except OSError as err:
+            raise ValueError(f"input image {path!r} cannot be read: {err}") from None
+        key = (path, stat.st_size, stat.st_mtime_ns)
+        if key not in self._digests:
+            with open(path, "rb") as f:
+                self._digests[key] = hashlib.sha256(f.read()).hexdigest()
+        return self._digests[key]
+
+    def _encode_unique(self, prompts: list[str], cfg: SamplingConfig, images: list[str | None]) -> list[str]:
+        """Make sure every (prompt, input image) encoding is in memory; returns their keys."""
+        digests = [self._digest(path) for path in images]
+        keys = [self.embed_key(p, cfg, d) for p, d in zip(prompts, digests)]
+        # cache text -> (prompt, image path) of what is not in memory yet
+        missing = {
+            _cache_text(p, d): (p, path)
+            for p, d, path, k in zip(prompts, digests, images, keys)
+            if k not in self._memory
+        }
         fingerprint = self._fingerprint(cfg)
+        key_of = {_cache_text(p, d): k for p, d, k in zip(prompts, digests, keys)}
         if missing and self.cache is not None:
-            for prompt, enc in self.cache.get(fingerprint, missing).items():
-                self._memory[self.embed_key(prompt, cfg)] = self._to_device(enc)
-            missing = [p for p in missing if self.embed_key(p, cfg) not in self._memory]
+            for text, enc in self.cache.get(fingerprint, list(missing)).items():
+                self._memory[key_of[text]] = self._to_device(enc)
+            missing = {t: v for t, v in missing.items() if key_of[t] not in self._memory}
         fresh: dict[str, Encoding] = {}
-        for prompt in missing:
+        for text, (prompt, path) in missing.items():
             # One prompt per call: the stored encoding (its padding length) is then the same whatever
             # batch the prompt first appeared in, and equals the upstream pipeline's batch of one.
-            fresh[prompt] = self.adapter.encode_prompt([prompt], max_sequence_length=cfg.max_sequence_length)
-            self._memory[self.embed_key(prompt, cfg)] = fresh[prompt]
+            extra = {} if path is None else {"images": [path]}
+            fresh[text] = self.adapter.encode_prompt([prompt], max_sequence_length=cfg.max_sequence_length, **extra)
+            self._memory[key_of[text]] = fresh[text]
         if fresh and self.cache is not None:
             self.cache.put(fingerprint, fresh)
         return keys
@@ -82,18 +124,23 @@ class RolloutEngine:
         """The guidance scale a config means for this adapter (None -> the adapter's default)."""
         return self.adapter.default_guidance_scale if cfg.guidance_scale is None else float(cfg.guidance_scale)
 
-    def encode(self, prompts: list[str], cfg: SamplingConfig) -> tuple[Encoding, Encoding | None, list[str]]:
+    def encode(
+        self, prompts: list[str], cfg: SamplingConfig, metadata: Sequence[dict] | None = None
+    ) -> tuple[Encoding, Encoding | None, list[str]]:
         """(positive batch, negative batch or None, embed keys); each unique prompt is encoded once
-        over the engine's life (and looked up in the persistent cache first)."""
+        over the engine's life (and looked up in the persistent cache first). An editing adapter encodes each
+        prompt with its input image (metadata[i]["image"]), the negative prompt too."""
         if not prompts:
             raise ValueError("prompts must not be empty")
+        images = self.input_images(len(prompts), metadata)
         with torch.no_grad():  # the text encoders are never trained
-            keys = self._encode_unique(list(prompts), cfg)
+            keys = self._encode_unique(list(prompts), cfg, images)
             positive = pad_and_cat([self._memory[k] for k in keys])
             negative = None
             if self.adapter.needs_negative(self.guidance(cfg)):
-                neg_key = self._encode_unique([cfg.negative_prompt], cfg)[0]
-                negative = pad_and_cat([self._memory[neg_key]] * len(prompts))
+                unique = list(dict.fromkeys(images))
+                neg_keys = dict(zip(unique, self._encode_unique([cfg.negative_prompt] * len(unique), cfg, unique)))
+                negative = pad_and_cat([self._memory[neg_keys[path]] for path in images])
         return positive, negative, keys
 
     # ---- sampling ------------------------------------------------------------------------------
@@ -140,7 +187,7 @@ class RolloutEngine:
             if n != batch:
                 raise ValueError(f"{name} has {n} entries but prompts has {batch}; give one per prompt")
         shape = self._shape(cfg)
-        positive, negative, keys = self.encode(prompts, cfg)
+        positive, negative, keys = self.encode(prompts, cfg, metadata)
         windows = sample_windows(cfg.window, cfg.num_inference_steps, seeds_B, step)
         noise_seeds_B = _initial_noise_seeds(group_ids, seeds_B) if cfg.same_noise_per_group else seeds_B
         sigmas = self.adapter.sigmas(cfg.num_inference_steps, shape).to(device="cpu", dtype=torch.float32)
@@ -282,7 +329,7 @@ class RolloutEngine:
         shape = self._shape(cfg)
         guidance = self.guidance(cfg)
         if encoding is None or (negative is None and self.adapter.needs_negative(guidance)):
-            fetched, fetched_neg, keys = self.encode(traj.prompts, cfg)
+            fetched, fetched_neg, keys = self.encode(traj.prompts, cfg, traj.metadata)
             if keys != list(traj.embed_keys):
                 raise ValueError(
                     "traj.embed_keys do not match this engine's model / max_sequence_length: "
@@ -305,6 +352,11 @@ class RolloutEngine:
             sigma_max=self.sigma_max(cfg, shape) if cfg.sde_type == "sde" else None,
             prev_sample=traj.latents[:, j + 1].to(device),
         )
+
+
+def _cache_text(prompt: str, image_digest: str | None) -> str:
+    """What an encoding is of: the prompt, and for an editing model its input image's digest."""
+    return prompt if image_digest is None else f"{prompt}\x00image:sha256:{image_digest}"
 
 
 def _initial_noise_seeds(group_ids: list[str], seeds_B: torch.Tensor) -> torch.Tensor:

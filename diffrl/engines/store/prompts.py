@@ -7,6 +7,10 @@ A row of an autoregressive run may play audio clips: an `audios` column (a list 
 the prompt file's folder or absolute, local) goes to metadata["audios"] as absolute paths. Each file's header is
 checked when the file loads (it exists, is a PCM WAV, 16 bits a sample); the samples are read when the rollout
 encodes the prompt (diffrl/models/wav.py, audio.py).
+
+A row of an editing model's run names its input image: an `image` column (a path, relative to the prompt file's
+folder or absolute, local), checked to be a readable image when the file loads and kept in metadata["image"] as an
+absolute path: by reference into the trajectory rows, never inlined.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow.parquet as pq
+from PIL import Image
 
 from diffrl.engines.store import fs
 from diffrl.models.wav import wav_info
@@ -141,6 +146,8 @@ def _record(row: dict, index: int, path: str, prompt_column: str) -> PromptRecor
     metadata = {**rest, **metadata}
     if "audios" in metadata:
         metadata["audios"] = _audio_paths(metadata["audios"], index, path)
+    if "image" in metadata:
+        metadata["image"] = _image_path(metadata["image"], index, path)
     return PromptRecord(uid=uid, prompt=prompt, ground_truth=truth, metadata=metadata)
 
 
@@ -165,6 +172,26 @@ def _audio_paths(audios, index: int, path: str) -> list[str]:
             raise ValueError(f"{path}: row {index}: {e}") from None
         resolved.append(os.path.normpath(audio))
     return resolved
+
+
+def _image_path(image, index: int, path: str) -> str:
+    """Row `index`'s input image (an editing model's) as an absolute path (a relative one from the prompt file's
+    folder) to a file PIL reads as an image; a ValueError naming the file, the row and the image otherwise."""
+    if not isinstance(image, str) or not image:
+        raise ValueError(f"{path}: row {index}: image must be the path of an image file, got {image!r}")
+    if not os.path.isabs(image):
+        if "://" in path:
+            raise ValueError(
+                f"{path}: row {index}: image {image!r} is relative to a remote prompt file; input images are read "
+                "from local files: give absolute paths"
+            )
+        image = os.path.join(os.path.dirname(os.path.abspath(path)), image)
+    try:
+        with Image.open(image) as opened:
+            opened.verify()
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: row {index}: image {image!r} is not a readable image file ({e})") from None
+    return os.path.normpath(image)
 
 
 class PromptSampler:

@@ -218,7 +218,9 @@ class PolicyTrainer(TrainerBase):
     # ---- denoising steps (needs.data "denoising_steps") -----------------------------------------
     def _replay_fn(self, engine: RolloutEngine):
         def replay(sub: Trajectories, j: int, encodings=None):
-            enc, neg = encodings if encodings is not None else engine.encode(sub.prompts, self.sampling)[:2]
+            enc, neg = (
+                encodings if encodings is not None else engine.encode(sub.prompts, self.sampling, sub.metadata)[:2]
+            )
             return engine.replay(sub, j, self.sampling, encoding=enc, negative=neg)
 
         return replay
@@ -260,7 +262,7 @@ class PolicyTrainer(TrainerBase):
         for mb in range(0, len(local), self.cfg.micro_batch_size):
             idx = local[mb : mb + self.cfg.micro_batch_size]
             sub = traj.select(idx)
-            encodings = engine.encode(sub.prompts, self.sampling)[:2]
+            encodings = engine.encode(sub.prompts, self.sampling, sub.metadata)[:2]
             for j in steps:
                 out = replay(sub, j, encodings)
                 batch = self._step_batch(replay, sub, j, encodings, out, idx, traj, old, advantages)
@@ -343,7 +345,7 @@ class PolicyTrainer(TrainerBase):
         # A pair shares its noise and noise level: key both by the chosen sample's seed.
         key_seeds = torch.tensor([traj.seeds[unit[0]] for unit in chunk for _ in unit])
         sigma, x_t, target = self._noised(x0, key_seeds, sigmas_N, epoch)
-        encoding = engine.encode(sub.prompts, self.sampling)[0]
+        encoding = engine.encode(sub.prompts, self.sampling, sub.metadata)[0]
         velocity = self._velocity(x_t, sigma, encoding, shape)
         ref_velocity = old_velocity = None
         if needs.reference:

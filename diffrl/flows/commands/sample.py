@@ -37,6 +37,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     parser.add_argument("model", metavar="MODEL", help="diffusers pipeline folder (has model_index.json)")
     parser.add_argument("--prompt", required=True, help="the text prompt")
+    parser.add_argument("--image", default=None, help="the input image (editing models: qwen_image_edit)")
     parser.add_argument(
         "--negative-prompt", default="", help="negative prompt (used by CFG-style models when guidance > 1; default '')"
     )
@@ -172,9 +173,16 @@ def run(args: argparse.Namespace) -> int:
         cfg = _config(args, adapter_cls.is_video)  # checks the settings before the (slow) model load
         device, dtype = _device_and_dtype(args)
         adapter = adapter_cls.from_pretrained(args.model, device=device, dtype=dtype)
+        if (args.image is not None) != adapter_cls.input_image:
+            raise ValueError(
+                f"--image: {adapter_cls.arch} edits an input image, give one"
+                if adapter_cls.input_image
+                else f"--image: {adapter_cls.arch} takes no input image"
+            )
+        metadata = None if args.image is None else [{"image": os.path.abspath(args.image)}] * args.batch
         seeds = [args.seed + i for i in range(args.batch)]
         traj = RolloutEngine(adapter).generate(
-            [args.prompt] * args.batch, ["sample"] * args.batch, list(range(args.batch)), seeds, cfg
+            [args.prompt] * args.batch, ["sample"] * args.batch, list(range(args.batch)), seeds, cfg, metadata=metadata
         )
     except ValueError as e:
         print(f"diffrl sample: error: {e}", file=sys.stderr)

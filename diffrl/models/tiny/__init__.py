@@ -18,6 +18,7 @@ registry.declare(
         "diffrl.models.tiny.flux",
         "diffrl.models.tiny.llava",
         "diffrl.models.tiny.qwen",
+        "diffrl.models.tiny.qwen_edit",
         "diffrl.models.tiny.qwen3_lm",
         "diffrl.models.tiny.qwen3_omni",
         "diffrl.models.tiny.sd3",

@@ -143,3 +143,25 @@ def test_start_up_checks(monkeypatch):
         build_reward("vlm_judge", {"base_url": "http://127.0.0.1:1", "model": "m", "api_key_env": "UNSET_JUDGE_KEY"})
     with pytest.raises(ValueError, match="'parser' must be one of ocr, rating"):
         build_reward("vlm_judge", {"base_url": "http://127.0.0.1:1", "model": "m", "parser": "stars"})
+
+
+def test_input_image_goes_first_for_editing(scripted_server, tmp_path):
+    server = scripted_server(lambda path, headers, body: (200, chat_answer("5"), 0))
+    source = _images(1, seed=3)[0]
+    Image.fromarray(source).save(tmp_path / "in.png")
+    reward = build_reward("vlm_judge", {"base_url": server.url + "/v1", "model": "m", "input_image": True, **FAST})
+    edited = _images(1)
+    out = reward(edited, ["make the red circle blue"], [{"image": str(tmp_path / "in.png")}])
+    assert out.scores.tolist() == [1.0]
+    first, second, text = json.loads(server.requests[0]["body"])["messages"][0]["content"]
+    prefix = "data:image/png;base64,"
+    shown = [
+        np.asarray(Image.open(io.BytesIO(base64.b64decode(p["image_url"]["url"][len(prefix) :]))))
+        for p in (first, second)
+    ]
+    assert np.array_equal(shown[0], source) and np.array_equal(shown[1], edited[0])
+    assert 'instruction "make the red circle blue"' in text["text"]
+    with pytest.raises(ValueError, match="no metadata\\['image'\\]"):
+        reward(edited, ["x"], [{}])
+    with pytest.raises(ValueError, match="needs parser 'rating'"):
+        build_reward("vlm_judge", {"base_url": server.url + "/v1", "model": "m", "input_image": True, "parser": "ocr"})
