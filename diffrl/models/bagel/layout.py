@@ -131,7 +131,8 @@ def random_mot(folder: str, *, device: torch.device, dtype: torch.dtype, seed: i
     config = mot_config(folder, max_latent_size=MAX_LATENT_SIZE, latent_channels=FLUX_AE["z_channels"])
     with seeded(seed, device), default_dtype(dtype), torch.device(device):
         model = BagelMoT(**config)
-    return model.to(dtype)
+    # the fp32 position table follows `dtype` (nn.Module.to: diffusers' own .to warns on every dtype cast)
+    return torch.nn.Module.to(model, dtype).eval()
 
 
 def _with_rotary(model: BagelMoT, device: torch.device) -> BagelMoT:
