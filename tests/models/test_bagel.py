@@ -121,6 +121,22 @@ def test_layout_detection_and_errors(folder, tmp_path):
         load_adapter(f"random:{configs}")
 
 
+def test_configs_only_folder_builds_random_weights(tmp_path):
+    """`random:<folder>` of llm_config.json + tokenizer: the MoT and the FLUX VAE of BAGEL's load_ae, random, seeded."""
+    from diffrl.models.bagel.realsize import write_config_folder
+
+    folder = write_config_folder(str(tmp_path / "configs"), size="tiny")
+    first = load_adapter(f"random:{folder}")
+    assert first.pipe.vae.config.latent_channels == 16 and first.transformer.config.max_latent_size == 64
+    state = layout.random_mot(folder, device=torch.device("cpu"), dtype=torch.float32).state_dict()
+    assert all(torch.equal(v, state[k]) for k, v in first.transformer.state_dict().items())
+    enc = first.encode_prompt(["a cat"])
+    x = first.prepare_latents(SHAPE, [torch.Generator().manual_seed(0)])
+    with torch.no_grad():
+        v = first.velocity(x, torch.tensor([0.9]), enc, None, guidance_scale=4.0, shape=SHAPE)
+    assert v.shape == (1, 16, 64) and torch.isfinite(v).all()
+
+
 def test_vae_layout_round_trip(folder):
     """ae.safetensors in BFL's names goes through diffusers' converter back to the same AutoencoderKL tensors."""
     from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
