@@ -148,3 +148,30 @@ def test_vae_layout_round_trip(folder):
     assert set(converted) == set(vae.state_dict())
     back = layout.diffusers_vae_to_bfl(converted, levels=4)
     assert set(back) == set(bfl) and all(torch.equal(back[k], bfl[k]) for k in bfl)
+
+
+def test_cli_tiny_model_and_sample_write_the_engines_image(folder, adapter, tmp_path, capsys):
+    """`diffrl tiny-model bagel DIR` is deterministic; `diffrl sample DIR` writes the rollout's image at noise 0."""
+    import argparse
+
+    import numpy as np
+    from PIL import Image
+
+    from diffrl.flows.commands import sample, tiny_model
+
+    parser = argparse.ArgumentParser(prog="diffrl")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    sample.add_parser(subparsers)
+    tiny_model.add_parser(subparsers)
+    out_dir = tmp_path / "tiny"
+    assert tiny_model.run(parser.parse_args(["tiny-model", "bagel", str(out_dir)])) == 0
+    for name in (layout.EMA, layout.AE):
+        mine, shipped = load_file(os.path.join(out_dir, name)), load_file(os.path.join(folder, name))
+        assert set(mine) == set(shipped) and all(torch.equal(mine[k], shipped[k]) for k in mine)
+    png = tmp_path / "cube.png"
+    argv = ["sample", str(out_dir), "--prompt", PROMPTS[0], "--steps", "4", "--height", "64", "--width", "64"]
+    assert sample.run(parser.parse_args([*argv, "--seed", "7", "--noise-level", "0", "--out", str(png)])) == 0
+    capsys.readouterr()
+    cfg = sampling(num_inference_steps=4, noise_level=0.0)
+    traj = RolloutEngine(adapter, progress=False).generate([PROMPTS[0]], ["s"], [0], [7], cfg)
+    assert np.array_equal(np.asarray(Image.open(png)), traj.images[0].numpy())

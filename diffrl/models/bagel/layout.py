@@ -35,7 +35,14 @@ FLUX_AE = {"ch": 128, "ch_mult": (1, 2, 4, 4), "num_res_blocks": 2, "z_channels"
 AE_SCALE, AE_SHIFT = 0.3611, 0.1159
 LATENT_PATCH_SIZE = 2  # BagelConfig(latent_patch_size=2) in app.py
 MAX_LATENT_SIZE = 64  # BagelConfig(max_latent_size=64) in app.py (read off the weights when there are weights)
-IGNORED_PREFIXES = ("language_model.lm_head.", "vit_model.", "connector.", "vit_pos_embed.")
+# understanding-only parts, and RoPE tables a writer may have stored (diffrl recomputes them)
+IGNORED_PREFIXES = (
+    "language_model.lm_head.",
+    "vit_model.",
+    "connector.",
+    "vit_pos_embed.",
+    "language_model.model.rotary_emb.",
+)
 SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>")
 
 
@@ -200,9 +207,8 @@ def random_vae(*, device: torch.device, dtype: torch.dtype, seed: int = 0) -> Au
 
 
 def _placed(vae: AutoencoderKL, device: torch.device, dtype: torch.dtype) -> AutoencoderKL:
-    # diffusers warns on every .to(dtype), even a no-op one: cast only when the dtype changes
-    vae = vae.to(device) if dtype == torch.float32 else vae.to(device=device, dtype=dtype)
-    return vae.eval()
+    # nn.Module.to: diffusers' own .to warns on every dtype cast (the FLUX VAE keeps no module in fp32)
+    return torch.nn.Module.to(vae, device=device, dtype=dtype).eval()
 
 
 def diffusers_vae_to_bfl(state: dict[str, torch.Tensor], levels: int) -> dict[str, torch.Tensor]:
