@@ -242,7 +242,7 @@ class BagelMoT(ModelMixin, ConfigMixin, PeftAdapterMixin):
         """Velocity (B, L, P) of the latent tokens x_t at times t (B,) given each sample's text (ids (B, T) and mask
         (B, T), 1 = a real token; a row of zeros = no text, BAGEL's text-CFG branch). marker_ids: the
         <|vision_start|>, <|vision_end|> ids; grid: (rows, cols) of latent tokens."""
-        batch, t_slots = text_ids_BT.shape
+        batch = text_ids_BT.shape[0]
         embed = self.language_model.model.embed_tokens
         markers = embed(torch.tensor(marker_ids, device=latents_BLP.device)).expand(batch, 2, -1)
         und = torch.cat([embed(text_ids_BT), markers], dim=1)
