@@ -91,6 +91,16 @@ def test_replay_log_prob_equals_rollout_log_prob(adapter):
         torch.testing.assert_close(replayed.log_prob.detach(), traj.log_probs[:, j], rtol=0, atol=1e-6)
 
 
+def test_a_sample_does_not_depend_on_its_batch(adapter):
+    """The SDE rollout of a prompt and seed alone equals its row in a batch with another prompt (padded text)."""
+    engine = RolloutEngine(adapter, progress=False)
+    cfg = sampling(num_inference_steps=3)
+    both = engine.generate(PROMPTS, ["a", "b"], [0, 1], [3, 4], cfg)
+    alone = engine.generate(PROMPTS[1:], ["b"], [1], [4], cfg)
+    torch.testing.assert_close(both.latents[1:], alone.latents, rtol=0, atol=1e-5)
+    torch.testing.assert_close(both.log_probs[1:], alone.log_probs, rtol=0, atol=1e-5)
+
+
 def test_lora_gradients_reach_only_the_generation_expert(folder):
     adapter = load_adapter(folder, device="cpu", dtype=torch.float32)
     add_lora(adapter.transformer, TrainConfig(lora=True, lora_rank=4, lora_alpha=8), adapter.default_lora_targets)
