@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from diffrl import registry
-from diffrl.models.kind import RANDOM
+from diffrl.models.kind import RANDOM, is_bagel_folder
 
 # A prompt encoding: batch-first tensors under the names the transformer takes, e.g.
 # {"prompt_embeds": (B, L, D), "pooled_prompt_embeds": (B, D)} or {"prompt_embeds", "prompt_embeds_mask"}.
@@ -46,6 +46,7 @@ ADAPTER_MODULES = (
     "diffrl.models.qwen_image_edit",
     "diffrl.models.z_image",
     "diffrl.models.wan",
+    "diffrl.models.bagel",
 )
 registry.declare("model", ADAPTER_MODULES, label="model architecture")
 
@@ -65,6 +66,8 @@ def detect_architecture(path: str) -> str:
     index_path = os.path.join(path, "model_index.json")
     if not os.path.isdir(path):
         raise ValueError(f"model path {path!r} is not a directory (expected a diffusers pipeline folder)")
+    if is_bagel_folder(path):  # no model_index.json: BAGEL's own layout (diffrl/models/bagel/layout.py)
+        return "bagel"
     if not os.path.isfile(index_path):
         raise ValueError(f"{path!r} has no model_index.json: not a diffusers pipeline folder")
     with open(index_path) as f:

@@ -15,9 +15,15 @@ RANDOM = "random:"  # model.path prefix: a folder of configs only, built with ra
 REFERENCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference")
 
 
+def is_bagel_folder(folder: str) -> bool:
+    """A BAGEL checkpoint folder (ByteDance-Seed/BAGEL-7B-MoT's layout, or its configs only): llm_config.json is its
+    own file (diffrl/models/bagel/layout.py). It may also hold a config.json, so it is checked first."""
+    return os.path.isfile(os.path.join(folder, "llm_config.json"))
+
+
 def folder_kind(folder: str) -> str | None:
     """The kind of a local model folder, or None when it is neither (or does not exist)."""
-    if os.path.isfile(os.path.join(folder, "model_index.json")):
+    if os.path.isfile(os.path.join(folder, "model_index.json")) or is_bagel_folder(folder):
         return "diffusion"
     if os.path.isfile(os.path.join(folder, "config.json")):
         return "autoregressive"

@@ -40,7 +40,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         ),
         epilog="example: diffrl random-model qwen_image /data/qwen-image-random --device cuda --dtype bf16",
     )
-    parser.add_argument("arch", metavar="ARCH", help="architecture: sd35m, qwen_image or wan22_a14b")
+    parser.add_argument(
+        "arch",
+        metavar="ARCH",
+        help="architecture: sd35m, qwen_image, wan22_a14b, or bagel (BAGEL-7B-MoT; --configs-only)",
+    )
     parser.add_argument(
         "out_dir",
         metavar="OUT_DIR",
@@ -70,14 +74,23 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"OUT_DIR {args.out_dir!r} is a file, expected a new folder")
         if args.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}; got {args.dtype!r}")
-        path = build_random(
-            args.arch,
-            args.out_dir,
-            device="cpu" if args.configs_only else args.device,
-            dtype=DTYPES[args.dtype],
-            seed=args.seed,
-            weights=not args.configs_only,
-        )
+        if args.arch == "bagel":  # not a diffusers folder: BAGEL's own layout, configs only (models/bagel/realsize.py)
+            if not args.configs_only:
+                raise ValueError("bagel: only --configs-only is supported (train it with model.path=random:OUT_DIR)")
+            if os.path.exists(args.out_dir):
+                raise ValueError(f"OUT_DIR {args.out_dir!r} exists; give a new folder")
+            from diffrl.models.bagel.realsize import write_config_folder
+
+            path = write_config_folder(args.out_dir)
+        else:
+            path = build_random(
+                args.arch,
+                args.out_dir,
+                device="cpu" if args.configs_only else args.device,
+                dtype=DTYPES[args.dtype],
+                seed=args.seed,
+                weights=not args.configs_only,
+            )
     except ValueError as e:
         print(f"diffrl random-model: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

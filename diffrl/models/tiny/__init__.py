@@ -15,6 +15,7 @@ from diffrl import registry
 registry.declare(
     "tiny",
     (
+        "diffrl.models.tiny.bagel",
         "diffrl.models.tiny.flux",
         "diffrl.models.tiny.llava",
         "diffrl.models.tiny.qwen",
