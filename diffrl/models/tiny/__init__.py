@@ -16,6 +16,7 @@ registry.declare(
     "tiny",
     (
         "diffrl.models.tiny.flux",
+        "diffrl.models.tiny.janus",
         "diffrl.models.tiny.llava",
         "diffrl.models.tiny.qwen",
         "diffrl.models.tiny.qwen3_lm",
