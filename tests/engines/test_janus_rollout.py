@@ -13,12 +13,11 @@ from diffrl.engines.rollout.tokens import TokenSampling, TransformersTokenEngine
 from diffrl.engines.store.tokens import TokenStore
 from diffrl.engines.token_trajectories import TokenTrajectories
 from diffrl.models.janus import JanusImagePolicy
-from diffrl.models.tiny import build_tiny
 
 
 @pytest.fixture(scope="module")
-def policy(tmp_path_factory):
-    return JanusImagePolicy.from_pretrained(build_tiny("janus", str(tmp_path_factory.mktemp("janus")), seed=0))
+def policy(tiny_model):
+    return JanusImagePolicy.from_pretrained(tiny_model("janus"))
 
 
 def _generate(policy, **kwargs) -> TokenTrajectories:

@@ -15,14 +15,13 @@ from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.setup import add_lora
 from diffrl.models.causal_lm import SamplingParams, TokenPrompt
 from diffrl.models.janus import JanusImagePolicy, is_janus_folder
-from diffrl.models.tiny import build_tiny
 
 PROMPTS = [TokenPrompt("a red circle"), TokenPrompt("two blue squares above a green triangle")]
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build_tiny("janus", str(tmp_path_factory.mktemp("janus")), seed=0)
+def folder(tiny_model):
+    return tiny_model("janus")
 
 
 @pytest.fixture(scope="module")
