@@ -4,6 +4,7 @@ a chunk written to a real Lance table reads back with its images; a table of ima
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -50,6 +51,7 @@ def test_image_token_rollout_rows_round_trip_with_images(policy, tmp_path):
     assert store.append(traj, run="r", step=1, chunk=0)
     back = store.read_chunk(1, 0)
     assert torch.equal(back.images, traj.images)  # PNG is lossless
+    assert np.array_equal(np.asarray(store.image(1, "g1", 1)), traj.images[3].numpy())
     assert [r.tolist() for r in back.response_ids] == [r.tolist() for r in traj.response_ids]
     response_ids, log_probs, mask = back.padded()
     with torch.no_grad():

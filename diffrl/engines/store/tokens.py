@@ -179,7 +179,11 @@ class TokenStore(TrajectoryStore):
         return super()._prompts(step, keys, table)
 
     def image(self, step: int, group_id: str, sample_index: int):
-        raise ValueError(f"{self.uri}: token rows hold no generated image (their prompts' images are files)")
+        """The decoded image of one image-token row (Janus); text rows hold none."""
+        dataset = self._table.dataset()
+        if dataset is None or IMAGE_COLUMN not in dataset.schema.names:
+            raise ValueError(f"{self.uri}: token rows hold no generated image (their prompts' images are files)")
+        return super().image(step, group_id, sample_index)
 
     def drop_latents(self, keep_latents_steps: int, current_step: int) -> list[int]:
         return []  # nothing to drop: token rows are small and stay
