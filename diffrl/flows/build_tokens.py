@@ -44,6 +44,11 @@ def check_image_token_config(cfg, janus: bool) -> None:
         )
     if janus and (cfg.rollout.top_p < 1 or cfg.rollout.stop):
         raise ValueError("Janus image generation samples the full distribution: rollout.top_p 1 and no rollout.stop")
+    if janus and cfg.algorithm.needs.overlong_shaping:
+        raise ValueError(
+            f"algorithm.overlong_buffer {cfg.algorithm.overlong_buffer}: every Janus image has the same length (its "
+            "image tokens), so length shaping would penalise all of them alike; set algorithm.overlong_buffer=0"
+        )
     if not janus and cfg.rollout.guidance_scale is not None:
         raise ValueError(
             f"rollout.guidance_scale {cfg.rollout.guidance_scale}: a causal LM samples without classifier-free "

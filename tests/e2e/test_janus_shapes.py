@@ -73,4 +73,5 @@ def test_janus_grpo_trains_on_image_tokens_through_the_flow(workdir, capsys):
         assert name in metrics, name
     # trainer and rollout share the numerics in one process: the replay's log-probs are the rollout's
     assert metrics["rollout_corr/logprob_abs_diff_max"] < 1e-4
+    assert metrics["response_length/mean"] == 16 and metrics["response_length/clip_ratio"] == 0  # whole images
     assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "val/reward")) == [0, 2]

@@ -16,5 +16,8 @@ def test_build_checks_refuse_what_janus_does_not_take():
         check_image_token_config(load_experiment("janus_shapes_grpo", ["rollout.engine=vllm"]), janus=True)
     with pytest.raises(ValueError, match="full distribution"):
         check_image_token_config(load_experiment("janus_shapes_grpo", ["rollout.top_p=0.9"]), janus=True)
+    with pytest.raises(ValueError, match="overlong_buffer=0"):
+        dapo = load_experiment("janus_shapes_grpo", ["algorithm=dapo", "algorithm.overlong_buffer=4"])
+        check_image_token_config(dapo, janus=True)
     with pytest.raises(ValueError, match="without classifier-free guidance"):
         check_image_token_config(load_experiment("omni_quick", ["rollout.guidance_scale=3.0"]), janus=False)
