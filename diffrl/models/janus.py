@@ -65,6 +65,7 @@ class JanusImagePolicy:
     `replay` the trainer's teacher-forced log-probs, `decode` turns image tokens into uint8 images."""
 
     kind = "autoregressive"
+    makes_images = True  # responses are image tokens of a fixed count, decoded to the images the reward scores
 
     def __init__(
         self,

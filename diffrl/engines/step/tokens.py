@@ -34,7 +34,7 @@ def token_metrics(engines: Any, traj: Any, scores_B: torch.Tensor, kept: torch.T
     clipped = (lengths >= engines.config.rollout.max_new_tokens) & ~torch.isin(
         last, torch.tensor(eos, dtype=last.dtype)
     )
-    if getattr(traj, "images", None) is not None:  # image tokens (Janus): an image is whole at its token count
+    if getattr(engines.adapter, "makes_images", False):  # image tokens (Janus): an image is whole at its token count
         clipped = torch.zeros_like(clipped)
     scores = scores_B[kept].float()
     metrics = {}
