@@ -21,6 +21,8 @@ class TokenTrajectories:
     audio_paths: the audio clips it played (WAV files, never waveforms; none by default).
     log_probs: the rollout's per-token log-probs of its own response (temperature-scaled, fp32).
     responses: the decoded response text (special tokens left out): what the reward scores.
+    images: for a policy whose responses are image tokens (Janus, diffrl/models/janus.py), the decoded uint8 images
+    (B, H, W, 3): then what the reward scores; None for text responses.
     metadata: per-sample ground truth etc. (JSON-able), as the prompt dataset gave it.
     """
 
@@ -36,6 +38,7 @@ class TokenTrajectories:
     metadata: list[dict] = field(default_factory=list)
     policy_version: int = 0
     audio_paths: list[tuple[str, ...]] = field(default_factory=list)
+    images: torch.Tensor | None = None  # (B, H, W, 3) uint8
 
     def __post_init__(self) -> None:
         b = len(self.prompts)
@@ -47,14 +50,16 @@ class TokenTrajectories:
         assert all(len(x) == b for x in (*lists, self.responses, self.metadata))
         assert self.sample_index.shape == (b,) and self.seeds.shape == (b,)
         assert all(r.shape == lp.shape for r, lp in zip(self.response_ids, self.log_probs))
+        assert self.images is None or (self.images.shape[0] == b and self.images.dtype == torch.uint8)
 
     def __len__(self) -> int:
         return len(self.prompts)
 
     @property
-    def outputs(self) -> list[str]:
-        """What a reward scores: the response texts (a diffusion rollout's are its images)."""
-        return self.responses
+    def outputs(self) -> list[str] | torch.Tensor:
+        """What a reward scores: the response texts, or the decoded images of image-token responses (a diffusion
+        rollout's are its images)."""
+        return self.responses if self.images is None else self.images
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -77,6 +82,7 @@ class TokenTrajectories:
             metadata=[self.metadata[i] for i in rows],
             policy_version=self.policy_version,
             audio_paths=[self.audio_paths[i] for i in rows],
+            images=None if self.images is None else self.images[rows],
         )
 
     @staticmethod
@@ -95,6 +101,7 @@ class TokenTrajectories:
             metadata=[m for t in parts for m in t.metadata],
             policy_version=parts[0].policy_version,
             audio_paths=[p for t in parts for p in t.audio_paths],
+            images=None if parts[0].images is None else torch.cat([t.images for t in parts]),
         )
 
     def padded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

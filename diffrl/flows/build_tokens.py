@@ -1,10 +1,11 @@
-"""Building the engines of an autoregressive run (an algorithm on tokens): the causal LM policy, the token trainer
-and the token rollout (`rollout.engine`): "transformers" samples in-process on the trainer's module; "vllm" with a
-vLLM server started here from diffrl's vLLM venv (diffrl/engines/vllm_env.py), which takes each new policy version
-from the weight-sync stage (a LoRA adapter loaded at run time, or the full weights reloaded in place) and stops with
-the run (the step memory closes it, on success, failure and Ctrl-C; a killed run's server stops itself,
-diffrl/engines/vllm_launch.py). The rest of a run's engines (prompts, rewards, the trajectory store, the step memory)
-are built as for a diffusion run (diffrl/flows/build.py).
+"""Building the engines of an autoregressive run (an algorithm on tokens): the policy (a causal LM / VLM,
+diffrl/models/causal_lm.py, or Janus-Pro's image generation, diffrl/models/janus.py, by the folder's model_type), the
+token trainer and the token rollout (`rollout.engine`): "transformers" samples in-process on the trainer's module;
+"vllm" with a vLLM server started here from diffrl's vLLM venv (diffrl/engines/vllm_env.py), which takes each new
+policy version from the weight-sync stage (a LoRA adapter loaded at run time, or the full weights reloaded in place)
+and stops with the run (the step memory closes it, on success, failure and Ctrl-C; a killed run's server stops
+itself, diffrl/engines/vllm_launch.py). The rest of a run's engines (prompts, rewards, the trajectory store, the step
+memory) are built as for a diffusion run (diffrl/flows/build.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from diffrl.engines.train.tokens import TokenTrainer
 from diffrl.engines.vllm_env import vllm_python
 from diffrl.flows.errors import RunFailure
 from diffrl.models.causal_lm import CausalLMPolicy
+from diffrl.models.janus import JanusImagePolicy, is_janus_folder
 from diffrl.models.kind import RANDOM, folder_kind
 
 
@@ -33,7 +35,30 @@ def check_token_config(cfg) -> None:
         raise ValueError("model.compile compiles a diffusion denoiser's blocks; set it false for a causal LM")
 
 
-def build_token_model(cfg, model_path: str) -> tuple[CausalLMPolicy, TokenRolloutEngine, TokenTrainer]:
+def check_image_token_config(cfg, janus: bool) -> None:
+    """ValueError for a setting Janus image generation (janus=True) or a text policy (False) does not take."""
+    if janus and cfg.rollout.engine != "transformers":
+        raise ValueError(
+            f"rollout.engine {cfg.rollout.engine!r}: Janus image generation samples in-process only; use "
+            "rollout.engine: transformers"
+        )
+    if janus and (cfg.rollout.top_p < 1 or cfg.rollout.stop):
+        raise ValueError("Janus image generation samples the full distribution: rollout.top_p 1 and no rollout.stop")
+    if janus and cfg.algorithm.needs.overlong_shaping:
+        raise ValueError(
+            f"algorithm.overlong_buffer {cfg.algorithm.overlong_buffer}: every Janus image has the same length (its "
+            "image tokens), so length shaping would penalise all of them alike; set algorithm.overlong_buffer=0"
+        )
+    if not janus and cfg.rollout.guidance_scale is not None:
+        raise ValueError(
+            f"rollout.guidance_scale {cfg.rollout.guidance_scale}: a causal LM samples without classifier-free "
+            "guidance (only diffusion models and Janus image generation take it); leave it unset"
+        )
+
+
+def build_token_model(
+    cfg, model_path: str
+) -> tuple[CausalLMPolicy | JanusImagePolicy, TokenRolloutEngine, TokenTrainer]:
     """(policy, rollout, trainer) of `model_path`: a local Hugging Face folder loaded from safetensors, or
     `random:<folder>`, its config.json built with random weights on the run's device (benchmarks at real size:
     diffrl/models/thinker_config.py). A vLLM rollout's server is running when this returns (its `close()` stops
@@ -50,9 +75,20 @@ def build_token_model(cfg, model_path: str) -> tuple[CausalLMPolicy, TokenRollou
 
         transformers_logging.disable_progress_bar()
     device, dtype = cfg.model.device_and_dtype()
-    policy = CausalLMPolicy.from_pretrained(
-        os.path.abspath(model_path), device=device, dtype=dtype, random_weights=random_weights
-    )
+    janus = is_janus_folder(model_path)
+    check_image_token_config(cfg, janus)
+    if janus:  # responses are image tokens, sampled with CFG; the reward scores the decoded images
+        policy = JanusImagePolicy.from_pretrained(
+            os.path.abspath(model_path),
+            device=device,
+            dtype=dtype,
+            random_weights=random_weights,
+            guidance_scale=cfg.rollout.guidance_scale,
+        )
+    else:
+        policy = CausalLMPolicy.from_pretrained(
+            os.path.abspath(model_path), device=device, dtype=dtype, random_weights=random_weights
+        )
     trainer = TokenTrainer(
         policy, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size, device=device
     )

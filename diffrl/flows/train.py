@@ -120,7 +120,8 @@ def validate(engines: cluster.Engines, tracker: Tracker, step: int) -> dict:
 def _log_samples(engines: cluster.Engines, tracker: Tracker, outputs, prompts, rewards, key: str, step: int) -> None:
     """Up to 16 samples into MLflow: a captioned image grid, or a token run's responses as a text table."""
     shown = min(len(outputs), 16)
-    if engines.config.algorithm.needs.data == "tokens":
+    # a token run's responses are texts, except those of an image-token policy (Janus): its outputs are images
+    if engines.config.algorithm.needs.data == "tokens" and not isinstance(outputs, torch.Tensor):
         tracker.log_responses(list(prompts[:shown]), list(outputs[:shown]), list(rewards[:shown]), key, step)
         return
     images = outputs.numpy() if isinstance(outputs, torch.Tensor) else np.asarray(outputs)

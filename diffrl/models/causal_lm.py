@@ -115,13 +115,15 @@ def _repeat_rows(x: torch.Tensor, sizes: list[int], n: int) -> torch.Tensor:
 
 @dataclass
 class TokenSamples:
-    """Sampled responses: response_ids, log_probs (temperature-scaled, fp32), mask (B, T), lengths (B,)."""
+    """Sampled responses: response_ids, log_probs (temperature-scaled, fp32), mask (B, T), lengths (B,); images: the
+    decoded uint8 (B, H, W, 3) of a policy whose responses are image tokens (diffrl/models/janus.py), else None."""
 
     prompts: PromptInputs
     response_ids: torch.Tensor
     log_probs: torch.Tensor
     mask: torch.Tensor
     lengths: torch.Tensor
+    images: torch.Tensor | None = None
 
 
 class CausalLMPolicy:

@@ -1,7 +1,8 @@
 """Which family a model path belongs to, read without loading it: "diffusion" (a diffusers pipeline folder with
 model_index.json; the adapters of diffrl/models/base.py) or "autoregressive" (a Hugging Face model folder with
-config.json; diffrl/models/causal_lm.py). The step core builds its engines by this kind, and a config whose algorithm
-trains the other family is refused before anything loads.
+config.json; diffrl/models/causal_lm.py, and Janus-Pro's image-token generation, diffrl/models/janus.py). The step
+core builds its engines by this kind, and a config whose algorithm trains the other family is refused before anything
+loads.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import os
 
 KINDS = ("diffusion", "autoregressive")
 # `tiny:<arch>` builders (diffrl/models/tiny/) that write a causal LM folder
-AUTOREGRESSIVE_TINY = ("qwen3_omni", "qwen3")
+AUTOREGRESSIVE_TINY = ("qwen3_omni", "qwen3", "janus")
 RANDOM = "random:"  # model.path prefix: a folder of configs only, built with random weights in memory
 REFERENCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference")
 

@@ -17,6 +17,7 @@ import torch
 
 from diffrl.engines.token_trajectories import TokenTrajectories
 from diffrl.models.causal_lm import CausalLMPolicy, SamplingParams, TokenPrompt
+from diffrl.models.janus import JanusImagePolicy
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,10 @@ def clipped_responses(traj: TokenTrajectories, max_new_tokens: int, eos_token_id
 
 
 class TransformersTokenEngine:
-    """In-process rollout with a CausalLMPolicy (transformers `generate`); shares its module with the trainer, so
-    `adapter` is the policy the trainer trains."""
+    """In-process rollout with a CausalLMPolicy (transformers `generate`) or a JanusImagePolicy (image tokens with
+    CFG, decoded to images); shares its module with the trainer, so `adapter` is the policy the trainer trains."""
 
-    def __init__(self, policy: CausalLMPolicy):
+    def __init__(self, policy: CausalLMPolicy | JanusImagePolicy):
         self.policy = policy
         self.adapter = policy
         self.policy_version = 0
@@ -111,7 +112,8 @@ class TransformersTokenEngine:
     ) -> TokenTrajectories:
         """One response per row, cfg.batch_size rows per generate call, each call seeded by its first row's seed
         (rows of one prompt may share a call: the call's RNG draws them in turn). `on_batch(start, stop,
-        responses)` gets each call's decoded responses as soon as they are there (streamed rewards)."""
+        outputs)` gets each call's decoded responses (or, for image-token responses, its decoded images) as soon as
+        they are there (streamed rewards)."""
         metadata = metadata if metadata is not None else [{} for _ in prompts]
         if not len(prompts) == len(group_ids) == len(sample_index) == len(seeds) == len(metadata):
             raise ValueError("prompts, group_ids, sample_index, seeds and metadata must have one entry per sample")
@@ -125,7 +127,7 @@ class TransformersTokenEngine:
             part = self._sample(rows[start:stop], cfg, int(seeds[start]) % (2**63 - 1))
             parts.append(part)
             if on_batch is not None:
-                on_batch(start, stop, part[3])
+                on_batch(start, stop, part[3] if part[4] is None else part[4])
         return TokenTrajectories(
             prompts=list(prompts),
             group_ids=list(group_ids),
@@ -139,10 +141,12 @@ class TransformersTokenEngine:
             metadata=list(metadata),
             policy_version=policy_version,
             audio_paths=[r.audios for r in rows],
+            images=None if parts[0][4] is None else torch.cat([p[4] for p in parts]),
         )
 
-    def _sample(self, rows: list[TokenPrompt], cfg: TokenSampling, seed: int) -> tuple[list, list, list, list[str]]:
-        """(prompt ids, response ids, log-probs, texts) of one generate call, each a per-row list, unpadded."""
+    def _sample(self, rows: list[TokenPrompt], cfg: TokenSampling, seed: int) -> tuple:
+        """(prompt ids, response ids, log-probs, texts, images or None) of one generate call, each a per-row list,
+        unpadded; images (b, H, W, 3) uint8 when the responses are image tokens (the policy decoded them)."""
         params = SamplingParams(
             n=1, max_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, stop=cfg.stop, seed=seed
         )
@@ -152,5 +156,7 @@ class TransformersTokenEngine:
         prompt_ids = [samples.prompts.input_ids[i][prompt_mask[i]].clone() for i in range(len(rows))]
         response_ids = [samples.response_ids[i, :n].clone() for i, n in enumerate(lengths)]
         log_probs = [samples.log_probs[i, :n].float().clone() for i, n in enumerate(lengths)]
+        if samples.images is not None:  # image tokens: the policy says what the row's response text is
+            return prompt_ids, response_ids, log_probs, self.policy.responses(response_ids), samples.images
         texts = self.policy.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-        return prompt_ids, response_ids, log_probs, texts
+        return prompt_ids, response_ids, log_probs, texts, None

@@ -34,6 +34,8 @@ def token_metrics(engines: Any, traj: Any, scores_B: torch.Tensor, kept: torch.T
     clipped = (lengths >= engines.config.rollout.max_new_tokens) & ~torch.isin(
         last, torch.tensor(eos, dtype=last.dtype)
     )
+    if getattr(engines.adapter, "makes_images", False):  # image tokens (Janus): an image is whole at its token count
+        clipped = torch.zeros_like(clipped)
     scores = scores_B[kept].float()
     metrics = {}
     for name, values in (("response_length", lengths), ("prompt_length", prompts), ("critic/score", scores)):

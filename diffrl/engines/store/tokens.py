@@ -11,6 +11,10 @@ steps stored by their step number), with token rows instead of latent rows:
                                                           including its end token, no padding) and their rollout
                                                           log-probs: masks and lengths follow from the list lengths
     response, seed, metadata (JSON), policy_version, write_id
+    image                                                 only in the table of a policy whose responses are image
+                                                          tokens (Janus): the decoded image as PNG, what the reward
+                                                          scored (a table is made with or without it by its first
+                                                          rows; the other kind of rows is refused)
 
 There are no latents: retention has nothing to drop, and a row is a few hundred bytes.
 """
@@ -25,6 +29,8 @@ import pyarrow.compute as pc
 import torch
 
 from diffrl.engines.numbering import step_number
+from diffrl.engines.store.png import encode_batch
+from diffrl.engines.store.records import decode_images
 from diffrl.engines.store.samples import key_table
 from diffrl.engines.store.tables import sql_in
 from diffrl.engines.store.trajectories import SampleKeys, TrajectoryStore
@@ -52,10 +58,15 @@ TOKEN_SCHEMA = pa.schema(
     ],
     metadata={"diffrl.rows": "tokens"},
 )
+IMAGE_COLUMN = "image"  # PNG bytes of an image-token row's decoded image
+IMAGE_TOKEN_SCHEMA = TOKEN_SCHEMA.append(pa.field(IMAGE_COLUMN, pa.binary()))
 
 
-def token_rows(traj: TokenTrajectories, *, run: str, step: int, chunk: int, write_id: str) -> pa.Table:
-    """One chunk's samples as Arrow rows of TOKEN_SCHEMA (`step` is the step number the table holds)."""
+def token_rows(
+    traj: TokenTrajectories, *, run: str, step: int, chunk: int, write_id: str, compress_level: int = 1
+) -> pa.Table:
+    """One chunk's samples as Arrow rows of TOKEN_SCHEMA (`step` is the step number the table holds), with the
+    image column (IMAGE_TOKEN_SCHEMA) when the responses are image tokens with decoded images."""
     n = len(traj)
     columns = {
         "run": pa.array([run] * n, pa.string()),
@@ -76,7 +87,11 @@ def token_rows(traj: TokenTrajectories, *, run: str, step: int, chunk: int, writ
         "policy_version": pa.array([traj.policy_version] * n, pa.int64()),
         "write_id": pa.array([write_id] * n, pa.string()),
     }
-    return pa.table(columns, schema=TOKEN_SCHEMA)
+    if traj.images is None:
+        return pa.table(columns, schema=TOKEN_SCHEMA)
+    blobs = encode_batch(traj.images.detach().cpu().contiguous().numpy(), compress_level)
+    columns[IMAGE_COLUMN] = pa.array(blobs, pa.binary())
+    return pa.table(columns, schema=IMAGE_TOKEN_SCHEMA)
 
 
 def from_token_rows(rows: pa.Table) -> TokenTrajectories:
@@ -96,6 +111,7 @@ def from_token_rows(rows: pa.Table) -> TokenTrajectories:
         metadata=[json.loads(m) for m in data["metadata"]],
         policy_version=min(versions) if versions else 0,
         audio_paths=[tuple(p) for p in data.get("audios", [])],  # none from a table without the audios column
+        images=decode_images(data[IMAGE_COLUMN], 0) if data.get(IMAGE_COLUMN) else None,
     )
 
 
@@ -112,14 +128,28 @@ class TokenStore(TrajectoryStore):
         meta = self._table.schema_metadata()
         if meta and meta.get("diffrl.rows") != "tokens":
             raise ValueError(f"{self.uri}: this table holds diffusion rows, not token rows. Nothing was written.")
-        if meta and "audios" not in self._table.dataset().schema.names:
+        names = self._table.dataset().schema.names if meta else []
+        if meta and (IMAGE_COLUMN in names) != (traj.images is not None):
+            held, given = ("image-token rows", "text") if IMAGE_COLUMN in names else ("text rows", "image-token")
+            raise ValueError(
+                f"{self.uri}: this table holds {held}; diffrl appends no {given} rows to it (another model than the "
+                "run's first): train under a new run.name. Nothing was written."
+            )
+        if meta and "audios" not in names:
             raise ValueError(
                 f"{self.uri}: this table was written before token rows had an audios column; diffrl appends no rows "
                 "of another layout to it: train under a new run.name. Nothing was written."
             )
 
     def _rows(self, traj, *, run: str, step: int, chunk: int, write_id: str) -> pa.Table:
-        return token_rows(traj, run=run, step=step_number(step), chunk=chunk, write_id=write_id)
+        return token_rows(
+            traj,
+            run=run,
+            step=step_number(step),
+            chunk=chunk,
+            write_id=write_id,
+            compress_level=self.png_compress_level,
+        )
 
     def _read_rows(
         self, step: int, keys: pa.Table, where_extra: str, *, with_latents: bool, with_images: bool
@@ -128,7 +158,8 @@ class TokenStore(TrajectoryStore):
         winners = pc.unique(keys.column("write_id")).to_pylist()
         where = f"step = {step_number(step)} AND {sql_in('write_id', winners)}" + where_extra
         stored = set(self._table.dataset().schema.names)  # a table from before the audios column reads without it
-        data = self._table.scan([f.name for f in TOKEN_SCHEMA if f.name in stored], filter=where)
+        wanted = [f.name for f in IMAGE_TOKEN_SCHEMA if f.name != IMAGE_COLUMN or with_images]
+        data = self._table.scan([name for name in wanted if name in stored], filter=where)
         if data is None or data.num_rows != keys.num_rows:
             raise ValueError(
                 f"{self.uri}: step {step} changed while being read ({0 if data is None else data.num_rows} rows, "
@@ -148,7 +179,11 @@ class TokenStore(TrajectoryStore):
         return super()._prompts(step, keys, table)
 
     def image(self, step: int, group_id: str, sample_index: int):
-        raise ValueError(f"{self.uri}: token rows hold no generated image (their prompts' images are files)")
+        """The decoded image of one image-token row (Janus); text rows hold none."""
+        dataset = self._table.dataset()
+        if dataset is None or IMAGE_COLUMN not in dataset.schema.names:
+            raise ValueError(f"{self.uri}: token rows hold no generated image (their prompts' images are files)")
+        return super().image(step, group_id, sample_index)
 
     def drop_latents(self, keep_latents_steps: int, current_step: int) -> list[int]:
         return []  # nothing to drop: token rows are small and stay

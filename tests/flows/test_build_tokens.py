@@ -1,0 +1,23 @@
+"""The build-time checks of a token run (diffrl.flows.build_tokens): what Janus image generation does not take, and
+CFG on a causal LM, are ValueErrors naming the setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from diffrl.configs.schema import load_experiment
+from diffrl.flows.build_tokens import check_image_token_config
+
+
+def test_build_checks_refuse_what_janus_does_not_take():
+    cfg = load_experiment("janus_shapes_grpo", [])
+    check_image_token_config(cfg, janus=True)
+    with pytest.raises(ValueError, match="in-process only"):
+        check_image_token_config(load_experiment("janus_shapes_grpo", ["rollout.engine=vllm"]), janus=True)
+    with pytest.raises(ValueError, match="full distribution"):
+        check_image_token_config(load_experiment("janus_shapes_grpo", ["rollout.top_p=0.9"]), janus=True)
+    with pytest.raises(ValueError, match="overlong_buffer=0"):
+        dapo = load_experiment("janus_shapes_grpo", ["algorithm=dapo", "algorithm.overlong_buffer=4"])
+        check_image_token_config(dapo, janus=True)
+    with pytest.raises(ValueError, match="without classifier-free guidance"):
+        check_image_token_config(load_experiment("omni_quick", ["rollout.guidance_scale=3.0"]), janus=False)
