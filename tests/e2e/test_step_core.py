@@ -15,7 +15,9 @@ from safetensors.torch import load_file
 
 from diffrl.configs.schema import load_experiment
 from diffrl.engines import cluster, trace
-from diffrl.engines.step.run import DirectStages, StepClock, add_perf, run_step
+from diffrl.engines.step.plan import num_chunks
+from diffrl.engines.step.records import Synced
+from diffrl.engines.step.run import DirectStages, StepClock, add_perf, run_step, sync_engines
 from diffrl.engines.train.checkpoint import trainable_state
 from diffrl.flows.build import build_engines
 from diffrl.flows.train import train
@@ -94,3 +96,35 @@ def test_prefetched_rollouts_equal_rollouts_on_demand(workdir):
     for key in ("critic/rewards/mean", "critic/rewards/max", "actor/pg_loss", "actor/grad_norm"):
         assert [m[key] for m in prefetched] == [m[key] for m in on_demand], key
     assert all(torch.equal(weights[k], weights_on_demand[k]) for k in weights)
+
+
+class _SyncCachedFromAnEarlierProcess(DirectStages):
+    """The stages of a resumed step whose weight sync comes back Cached from Prefect: the record the earlier process
+    persisted (it prefetched the next step's chunks), with no sync and no prefetch in this process."""
+
+    def call(self, name: str, step: int, chunk: int = 0, replica: int | None = None):
+        if name == "sync_weights":
+            return Synced(step, prefetched=num_chunks(self.engines.config), metrics={})
+        return super().call(name, step, chunk, replica)
+
+
+def test_a_weight_sync_cached_from_an_earlier_process_starts_no_run_ahead():
+    """The run-ahead starts the next step only after a rollout this process prefetched. A resumed run's cached sync
+    record says "prefetched" while the rollout engine may still hold other weights (a vLLM server that just started
+    holds version 0): the next step must wait for the resume's own sync, not sample and train ahead of it."""
+    cfg = load_experiment(None, TINY + ["run.name=cached-sync", "run.steps=3"])
+    engines = build_engines(cfg, durable=False)
+    try:
+        run_step(engines, 0, _SyncCachedFromAnEarlierProcess(engines))
+        before = trainable_state(engines.trainer, all_lora=True)
+        engines.memory.ahead.wait()  # whatever the run-ahead started has run
+        assert not engines.memory.has_chunk(1, 0)  # step 2 neither prefetched nor sampled ahead
+        after = trainable_state(engines.trainer, all_lora=True)
+        assert all(torch.equal(before[k], after[k]) for k in before)  # and not trained ahead either
+        version = engines.policy_version
+        sync_engines(engines, -1, prefetch_next=False)  # the resume's own sync (diffrl/flows/train.py)
+        run_step(engines, 1, DirectStages(engines))
+        assert engines.policy_version == version + 2  # the resume's sync, then step 2's
+        engines.memory.drain()
+    finally:
+        cluster.drop("cached-sync")

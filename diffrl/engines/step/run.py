@@ -141,7 +141,11 @@ def run_step(engines: Any, step: int, stages: Stages) -> StepResult:
     ahead = _run_ahead(engines)
     if ahead is not None:
         ahead.done_before(step)
-        if synced.prefetched:  # the next step's rollout runs: its other stages follow it now, not after the flow's
+        # the next step's rollout runs: its other stages follow it now, not after the flow's. Only a rollout started
+        # in this process counts: a resumed step's weight sync can come back Cached from Prefect, its record saying
+        # that the earlier process prefetched, while here nothing synced yet (a vLLM server just started holds
+        # version 0: the run-ahead sampled "version 1" before the resume's own sync, and failed)
+        if synced.prefetched and engines.memory.has_chunk(step + 1, 0):
             if ahead.stages is None:
                 ahead.stages = DirectStages(engines)
             ahead.start(step + 1, functools.partial(_run_stages, engines, step + 1, ahead.stages))
