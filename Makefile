@@ -30,13 +30,8 @@ lint: install
 	$(VENV)/bin/ruff format --check diffrl tests benchmarks
 	$(VENV)/bin/lint-imports --no-cache
 
-# Two test files at a time (pytest-xdist, one worker a core; a file's tests and its module fixtures, such as a vLLM
-# server, stay on one worker): most tests wait on subprocesses and servers and used ~1.2 of the 2 cores one at a
-# time. One torch thread a process: two processes spinning two OpenMP threads each on 2 cores ran tiny models many
-# times slower.
-PYTEST_PARALLEL ?= -n 2 --dist loadfile
 test: lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest tests $(PYTEST_PARALLEL)
+	$(PY) -m pytest tests
 
 test-fast: install
 	$(PY) -m pytest tests -m "not slow"
