@@ -30,10 +30,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import write_json  # noqa: E402  (benchmarks/common.py, beside this script)
+from common import record_steps  # noqa: E402  (benchmarks/common.py, beside this script)
 
 from diffrl.configs.schema import load_experiment  # noqa: E402
-from diffrl.engines.step.run import DirectStages, StepClock, add_perf, run_step  # noqa: E402
 from diffrl.flows.build import build_engines  # noqa: E402
 from diffrl.models.bagel.realsize import write_config_folder  # noqa: E402
 
@@ -131,24 +130,10 @@ def main(argv: list[str] | None = None) -> dict:
             "steps": [],
         }
         try:
-            _steps(engines, cfg, result, out)
+            record_steps(engines, cfg, result, out, lambda m: {k: float(m[k]) for k in KEPT if k in m}, summary)
         finally:
             engines.memory.close()
     return result
-
-
-def _steps(engines, cfg, result: dict, out: str) -> None:
-    """Run the RL steps through the step core; after each, the result with its summary so far goes to `out`."""
-    stages, clock = DirectStages(engines), StepClock()
-    for step in range(cfg.run.steps):
-        metrics = add_perf(run_step(engines, step, stages).metrics, clock.lap())
-        kept = {k: float(metrics[k]) for k in KEPT if k in metrics}
-        if torch.cuda.is_available() and cfg.model.device != "cpu":
-            kept["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-        result["steps"].append(kept)
-        result.update(summary(result["steps"]))
-        write_json(out, result)
-        print(f"step {step + 1}: {kept}", flush=True)
 
 
 if __name__ == "__main__":

@@ -178,6 +178,23 @@ def write_json(path: str | None, result: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
+def record_steps(engines, cfg, result: dict, out: str | None, keep: Callable[[dict], dict], summary) -> None:
+    """Run cfg.run.steps RL steps through the step core (engines only); after each, `keep(metrics)` (plus the GPU's
+    peak memory) is appended to result["steps"], `summary(steps)` merged into `result`, and the result written to
+    `out` (so a run stopped early keeps the steps it ran)."""
+    from diffrl.engines.step.run import DirectStages, StepClock, add_perf, run_step
+
+    stages, clock = DirectStages(engines), StepClock()
+    for step in range(cfg.run.steps):
+        kept = keep(add_perf(run_step(engines, step, stages).metrics, clock.lap()))
+        if torch.cuda.is_available() and cfg.model.device != "cpu":
+            kept["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        result["steps"].append(kept)
+        result.update(summary(result["steps"]))
+        write_json(out, result)
+        print(f"step {step + 1}: {kept}", flush=True)
+
+
 def synchronize(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()

@@ -32,11 +32,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import write_json  # noqa: E402  (benchmarks/common.py, beside this script)
-from omni_rl import KEPT, summary  # noqa: E402  (the same per-step record and means)
+from common import record_steps  # noqa: E402  (benchmarks/common.py, beside this script)
+from omni_rl import keep_token_metrics, summary  # noqa: E402  (the same per-step record and means)
 
 from diffrl.configs.schema import load_experiment  # noqa: E402
-from diffrl.engines.step.run import DirectStages, StepClock, add_perf, run_step  # noqa: E402
 from diffrl.flows.build import build_engines  # noqa: E402
 from diffrl.models.tiny.janus import build_janus, janus_tokenizer, tiny_janus_config  # noqa: E402
 
@@ -166,17 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
             "steps": [],
         }
         try:
-            stages, clock = DirectStages(engines), StepClock()
-            for step in range(cfg.run.steps):
-                metrics = add_perf(run_step(engines, step, stages).metrics, clock.lap())
-                kept = {k: float(metrics[k]) for k in KEPT if k in metrics}
-                kept["response_tokens"] = metrics["response_length/mean"] * metrics["rollout/samples"]
-                if torch.cuda.is_available() and args.device != "cpu":
-                    kept["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-                result["steps"].append(kept)
-                result.update(summary(result["steps"]))
-                write_json(out, result)
-                print(f"step {step + 1}: {kept}", flush=True)
+            record_steps(engines, cfg, result, out, keep_token_metrics, summary)
         finally:
             engines.memory.close()
     return result

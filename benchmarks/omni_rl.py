@@ -35,10 +35,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import write_json  # noqa: E402  (benchmarks/common.py, beside this script)
+from common import record_steps  # noqa: E402  (benchmarks/common.py, beside this script)
 
 from diffrl.configs.schema import load_experiment  # noqa: E402
-from diffrl.engines.step.run import DirectStages, StepClock, add_perf, run_step  # noqa: E402
 from diffrl.flows.build import build_engines  # noqa: E402
 from diffrl.models.thinker_config import write_config_folder  # noqa: E402
 
@@ -135,25 +134,17 @@ def main(argv: list[str] | None = None) -> dict:
             "steps": [],
         }
         try:
-            _steps(engines, cfg, result, out)
+            record_steps(engines, cfg, result, out, keep_token_metrics, summary)
         finally:
             engines.memory.close()
     return result
 
 
-def _steps(engines, cfg, result: dict, out: str) -> None:
-    """Run the RL steps through the step core; after each, the result with its summary so far goes to `out`."""
-    stages, clock = DirectStages(engines), StepClock()
-    for step in range(cfg.run.steps):
-        metrics = add_perf(run_step(engines, step, stages).metrics, clock.lap())
-        kept = {k: float(metrics[k]) for k in KEPT if k in metrics}
-        kept["response_tokens"] = metrics["response_length/mean"] * metrics["rollout/samples"]
-        if torch.cuda.is_available() and cfg.model.device != "cpu":
-            kept["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-        result["steps"].append(kept)
-        result.update(summary(result["steps"]))
-        write_json(out, result)
-        print(f"step {step + 1}: {kept}", flush=True)
+def keep_token_metrics(metrics: dict) -> dict:
+    """A token run's per-step record: the KEPT metrics and the response tokens it generated."""
+    kept = {k: float(metrics[k]) for k in KEPT if k in metrics}
+    kept["response_tokens"] = metrics["response_length/mean"] * metrics["rollout/samples"]
+    return kept
 
 
 if __name__ == "__main__":
