@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import numpy as np  # noqa: E402
 
 from diffrl.engines.reward.base import build_reward, iter_batches  # noqa: E402
+from diffrl.engines.reward.http_client import encode_image  # noqa: E402
 from diffrl.engines.reward.multi import score_in_batches  # noqa: E402
 from diffrl.engines.store.prompts import ocr_prompts  # noqa: E402
 from diffrl.engines.vllm_env import vllm_python  # noqa: E402
@@ -183,6 +184,7 @@ def one_setting(server: VllmServer, args, concurrency: int, max_tokens: int, ind
         "requests": len(latencies),
         "parsed": step["parsed"],
         "warmup_s": warmup["seconds"],
+        "png_bytes_mean": float(np.mean([len(encode_image(image)) for image in images[:8]])),
         "answer_example": step["answer_example"],
     }
 
