@@ -138,10 +138,12 @@ def score_step(reward, images: np.ndarray, prompts: list[str], metadata: list[di
     """Score `images` chunk by chunk as a run's reward role does; seconds, parsed answers, one answer shown."""
     began = time.perf_counter()
     valid, answers, chunk_s = 0, [], []
-    for part in iter_batches(len(prompts), chunk):
+    chunks = -(-len(prompts) // chunk)
+    for k, part in enumerate(iter_batches(len(prompts), chunk)):
         started = time.perf_counter()
         output = score_in_batches(reward, images[part], prompts[part], metadata[part])
         chunk_s.append(time.perf_counter() - started)
+        print(f"  chunk {k + 1}/{chunks}: {part.stop - part.start} images in {chunk_s[-1]:.2f} s", flush=True)
         valid += int(output.valid.sum())
         answers += list(output.info["answer"])
     seconds = time.perf_counter() - began
@@ -220,6 +222,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="CPU: a tiny judge, a handful of small images")
     parser.add_argument("--judge", choices=JUDGES, default=None, help="default qwen3-vl-8b (smoke: llava-tiny)")
+    parser.add_argument("--model-dir", default=None, help="a judge folder with weights instead (--load-format auto)")
     parser.add_argument("--prompts", type=int, default=None, help="prompts a step (recipe: 32; smoke 2)")
     parser.add_argument("--group-size", type=int, default=None, help="images a prompt (recipe: 16; smoke 4)")
     parser.add_argument("--chunk", type=int, default=None, help="images a reward call (recipe chunk_size 64; smoke 4)")
@@ -254,9 +257,13 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     work = tempfile.mkdtemp(prefix="vllm_judge_")
-    folder, load_format = judge_folder(args.judge, os.path.join(work, "judge"))
+    if args.model_dir:  # a real judge: its answers parse, so 'parsed' then measures the judge too
+        folder, load_format = args.model_dir, "auto"
+    else:
+        folder, load_format = judge_folder(args.judge, os.path.join(work, "judge"))
     server = VllmServer(folder, server_options(args, load_format), python=vllm_python())
-    print(f"starting the {args.judge} judge ({load_format} weights): {' '.join(server.command())}", flush=True)
+    name = args.model_dir or args.judge
+    print(f"starting the {name} judge ({load_format} weights): {' '.join(server.command())}", flush=True)
     result = {
         "benchmark": "vllm_judge",
         "command": " ".join([sys.executable, *sys.argv]),
