@@ -26,10 +26,16 @@ MODULES = [
     "vllm_omni.diffusion.worker.diffusion_model_runner",
     "vllm_omni.diffusion.model_loader.diffusers_loader",
     "vllm_omni.diffusion.attention.backends.utils.fa",
+    "vllm_omni.diffusion.cache.cache_dit_backend",
+    "vllm_omni.platforms.cuda.platform",
     "vllm_omni.diffusion.models.sd3.pipeline_sd3",
+    "vllm_omni.diffusion.models.sd3.sd3_transformer",
     "vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image",
     "vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit",
+    "vllm_omni.diffusion.models.qwen_image.qwen_image_transformer",
+    "vllm_omni.diffusion.models.qwen_image.autoencoder_kl_qwenimage",
 ]
+VERSIONS = ["vllm_omni", "vllm", "diffusers", "accelerate", "transformers", "torch", "numpy", "pydantic"]
 
 
 def origin_groups(paths: list[str]) -> dict[str, set[str]]:
@@ -59,6 +65,9 @@ def main() -> None:
     from vllm_omni.entrypoints.omni import Omni  # noqa: F401
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams  # noqa: F401
 
+    for name in VERSIONS:
+        mod = sys.modules.get(name) or importlib.import_module(name)
+        print(f"version {name} {getattr(mod, '__version__', '?')} {os.path.dirname(mod.__file__ or '')}")
     print(f"{len(MODULES) + len(sys.argv) - 1 - failed} imported, {failed} failed, {time.time() - began:.1f} s")
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p]
     for where, tops in origin_groups(paths).items():
