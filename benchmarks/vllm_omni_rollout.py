@@ -2,7 +2,11 @@
 machine, and how fast. Records a result or the exact failure; nothing here runs on a CPU (vllm-omni has no CPU
 platform).
 
-    export DIFFRL_VLLM_OMNI_PYTHON=python3 DIFFRL_VLLM_OMNI_PYTHONPATH=/tmp/omni-site   # vllm-omni's own environment
+    # the offline bundles (tools/vllm-omni-bundle/README.md), carried one piece per call, then unpacked:
+    mkdir -p /tmp/pieces && cp piece-K/* /tmp/pieces/          # vllm's vllm.tar.xz.* and omni's omni.tar.xz.*
+    mkdir -p /tmp/vsite && cat /tmp/pieces/vllm.tar.xz.* | tar -C /tmp/vsite -xJ
+    mkdir -p /tmp/omni-site && cat /tmp/pieces/omni.tar.xz.* | tar -C /tmp/omni-site -xJ
+    export DIFFRL_VLLM_OMNI_PYTHON=python3 DIFFRL_VLLM_OMNI_PYTHONPATH=/tmp/omni-site:/tmp/vsite  # omni first
     python benchmarks/vllm_omni_rollout.py --out benchmarks/results/vllm_omni_rollout_h200.json
 
 1. diffrl writes SD3.5-Medium at real size with random weights (`diffrl random-model sd35m`, 16 GB) unless
