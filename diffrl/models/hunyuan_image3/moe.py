@@ -23,6 +23,8 @@ Written from them here:
   at L + hw. Frequency pair i of the head uses theta_i = base^(-2i/d) on y for even i and on x for odd i, with the
   half-split rotation; for text it is ordinary 1D RoPE.
 
+RoPE and the q/k norms run in fp32 whatever the model dtype (the reference's fp32 cos/sin tables promote them).
+
 Deviation: the expert dispatch loops over the experts that received tokens (index_select / index_add) instead of
 the reference's dense one-hot einsum; the sums are the same up to float rounding.
 
@@ -93,7 +95,8 @@ class Attention(nn.Module):
         q = q.reshape(batch, seq, self.heads, self.head_dim).transpose(1, 2)
         k = k.reshape(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.reshape(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = cos_BSd[:, None].to(q.dtype), sin_BSd[:, None].to(q.dtype)
+        # RoPE and the q/k norms in fp32, as the reference's fp32 cos/sin promote them, then back to v's dtype
+        cos, sin, q, k = cos_BSd[:, None], sin_BSd[:, None], q.float(), k.float()
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         q, k = self.query_layernorm(q), self.key_layernorm(k)
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
