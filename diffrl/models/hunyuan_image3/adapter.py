@@ -188,8 +188,9 @@ class HunyuanImage3Adapter(ModelAdapter):
     # ---- pixels --------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, shape: SampleShape) -> torch.Tensor:
-        """(B, H, W, 3) uint8 as the reference pipeline's decode and PIL postprocess (rounded)."""
-        image = self.pipe.vae.decode(latents.to(self.device))
+        """(B, H, W, 3) uint8 as the reference pipeline's decode and PIL postprocess (rounded); one image at a time
+        (the 3D decoder's activations at 1024x1024 are several GB per image)."""
+        image = torch.cat([self.pipe.vae.decode(z[None]) for z in latents.to(self.device)])
         image = (image.float() / 2 + 0.5).clamp(0, 1) * 255
         return image.round().permute(0, 2, 3, 1).to(torch.uint8).cpu()
 
