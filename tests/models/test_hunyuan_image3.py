@@ -129,6 +129,15 @@ def test_layout_detection_and_errors(folder, tmp_path):
         load_adapter(str(extra))
     with pytest.raises(ValueError, match="configs only"):
         load_adapter(f"random:{folder}")
+    instruct = tmp_path / "instruct"
+    shutil.copytree(folder, instruct)
+    with open(instruct / layout.GENERATION_CONFIG, "w") as f:
+        json.dump({"sequence_template": "instruct"}, f)
+    with pytest.raises(ValueError, match="only the base model's 'pretrain'"):
+        load_adapter(str(instruct))
+    os.remove(instruct / layout.TOKENIZER)
+    with pytest.raises(ValueError, match="tokenizer.json"):
+        load_adapter(str(instruct))
 
 
 def test_configs_only_folder_and_real_size_count(tmp_path):

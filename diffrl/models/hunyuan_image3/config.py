@@ -65,14 +65,12 @@ class HunyuanImage3Config:
         checks = {
             "hidden_act": (self.hidden_act, ("silu",)),
             "img_proj_type": (self.img_proj_type, ("unet",)),
-            "patch_size": (self.patch_size, (1, 2, 4, 8)),
+            "patch_size": (self.patch_size, (1,)),  # the reference allows 1, 2, 4, 8; the release uses 1
             "use_qk_norm": (self.use_qk_norm, (True,)),
         }
         for name, (value, allowed) in checks.items():
             if value not in allowed:
                 raise ValueError(f"config.json {name}={value!r} is not supported; HunyuanImage-3.0 uses {allowed}")
-        if self.patch_size != 1:
-            raise ValueError(f"config.json patch_size={self.patch_size}: only the released patch_size 1 is supported")
 
     @property
     def head_dim(self) -> int:
