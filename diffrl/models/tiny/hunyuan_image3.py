@@ -6,9 +6,9 @@ with top-2 routing and one shared expert, the MoE fields as per-layer lists as i
 a 5-level VAE with 16x spatial / 4x temporal factors and 4 latent channels), `generation_config.json` (the
 release's sampler settings), `model.safetensors.index.json` with two shards (the backbone in one, the image head
 and the VAE in the other, plus an `lm_head`, `model.ln_f` and a VAE encoder tensor as the real shards have and the
-loader skips) and `tokenizer.json` (a byte-level BPE trained in memory, with HunyuanImage-3.0's added tokens).
-About 4 MB. Norm gains start near 1, and the ResBlocks' zero-initialised output convs of the reference are random
-here, so the velocity depends on every part.
+loader skips) and `tokenizer.json` (a byte-level BPE trained in memory, with HunyuanImage-3.0's added tokens). About
+5.6 MB (the VAE decoder's 3D convolutions are most of it). Norm gains start near 1, and the ResBlocks' zero-
+initialised output convs of the reference are random here, so the velocity depends on every part.
 """
 
 from __future__ import annotations
