@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from diffrl import registry
-from diffrl.models.kind import RANDOM, is_bagel_folder
+from diffrl.models.kind import RANDOM, is_bagel_folder, is_hunyuan_image3_folder
 
 # A prompt encoding: batch-first tensors under the names the transformer takes, e.g.
 # {"prompt_embeds": (B, L, D), "pooled_prompt_embeds": (B, D)} or {"prompt_embeds", "prompt_embeds_mask"}.
@@ -47,6 +47,7 @@ ADAPTER_MODULES = (
     "diffrl.models.z_image",
     "diffrl.models.wan",
     "diffrl.models.bagel",
+    "diffrl.models.hunyuan_image3",
 )
 registry.declare("model", ADAPTER_MODULES, label="model architecture")
 
@@ -68,6 +69,8 @@ def detect_architecture(path: str) -> str:
         raise ValueError(f"model path {path!r} is not a directory (expected a diffusers pipeline folder)")
     if is_bagel_folder(path):  # no model_index.json: BAGEL's own layout (diffrl/models/bagel/layout.py)
         return "bagel"
+    if is_hunyuan_image3_folder(path):  # config.json, not model_index.json (diffrl/models/hunyuan_image3/layout.py)
+        return "hunyuan_image3"
     if not os.path.isfile(index_path):
         raise ValueError(f"{path!r} has no model_index.json: not a diffusers pipeline folder")
     with open(index_path) as f:

@@ -7,6 +7,7 @@ loads.
 
 from __future__ import annotations
 
+import json
 import os
 
 KINDS = ("diffusion", "autoregressive")
@@ -22,9 +23,25 @@ def is_bagel_folder(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, "llm_config.json"))
 
 
+def is_hunyuan_image3_folder(folder: str) -> bool:
+    """A HunyuanImage-3.0 folder (tencent/HunyuanImage-3.0's layout, or its configs only): a config.json naming
+    HunyuanImage3ForCausalMM or model_type hunyuan_image_3_moe (diffrl/models/hunyuan_image3/layout.py). Its
+    config.json would otherwise read as a causal LM's, so it is checked first."""
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        raw = json.load(f)
+    return (
+        "HunyuanImage3ForCausalMM" in (raw.get("architectures") or []) or raw.get("model_type") == "hunyuan_image_3_moe"
+    )
+
+
 def folder_kind(folder: str) -> str | None:
     """The kind of a local model folder, or None when it is neither (or does not exist)."""
     if os.path.isfile(os.path.join(folder, "model_index.json")) or is_bagel_folder(folder):
+        return "diffusion"
+    if is_hunyuan_image3_folder(folder):
         return "diffusion"
     if os.path.isfile(os.path.join(folder, "config.json")):
         return "autoregressive"

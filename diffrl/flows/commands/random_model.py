@@ -9,6 +9,8 @@
     diffrl random-model wan22_a14b /data/wan22-configs --configs-only
     diffrl train wan22_dance_grpo model.path=random:/data/wan22-configs
 
+    diffrl random-model hunyuan_image3 /data/hunyuan-image3-configs --configs-only
+
 The folder has the layout and shapes of stabilityai/stable-diffusion-3.5-medium ("sd35m"), Qwen/Qwen-Image
 ("qwen_image") or Wan-AI/Wan2.2-T2V-A14B-Diffusers ("wan22_a14b": two experts), so training and sampling cost what
 they cost with the real checkpoint, on a machine with no hub access. Weights are random (seeded); tokenizers are
@@ -22,10 +24,13 @@ Exit codes: 0 written, 2 bad input (one-line error on stderr).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
+# architectures in their own (non-diffusers) layout: configs only, each module's write_config_folder(out_dir)
+CONFIGS_ONLY = {"bagel": "diffrl.models.bagel.realsize", "hunyuan_image3": "diffrl.models.hunyuan_image3.realsize"}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -43,7 +48,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "arch",
         metavar="ARCH",
-        help="architecture: sd35m, qwen_image, wan22_a14b, or bagel (BAGEL-7B-MoT; --configs-only)",
+        help="architecture: sd35m, qwen_image, wan22_a14b, bagel (BAGEL-7B-MoT; --configs-only) or hunyuan_image3 "
+        "(HunyuanImage-3.0, 80 B; --configs-only)",
     )
     parser.add_argument(
         "out_dir",
@@ -74,14 +80,14 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"OUT_DIR {args.out_dir!r} is a file, expected a new folder")
         if args.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}; got {args.dtype!r}")
-        if args.arch == "bagel":  # not a diffusers folder: BAGEL's own layout, configs only (models/bagel/realsize.py)
+        if args.arch in CONFIGS_ONLY:  # not diffusers folders: their own layouts, configs only (models/*/realsize.py)
             if not args.configs_only:
-                raise ValueError("bagel: only --configs-only is supported (train it with model.path=random:OUT_DIR)")
+                raise ValueError(
+                    f"{args.arch}: only --configs-only is supported (train it with model.path=random:OUT_DIR)"
+                )
             if os.path.exists(args.out_dir):
                 raise ValueError(f"OUT_DIR {args.out_dir!r} exists; give a new folder")
-            from diffrl.models.bagel.realsize import write_config_folder
-
-            path = write_config_folder(args.out_dir)
+            path = importlib.import_module(CONFIGS_ONLY[args.arch]).write_config_folder(args.out_dir)
         else:
             path = build_random(
                 args.arch,

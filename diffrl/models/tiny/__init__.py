@@ -17,6 +17,7 @@ registry.declare(
     (
         "diffrl.models.tiny.bagel",
         "diffrl.models.tiny.flux",
+        "diffrl.models.tiny.hunyuan_image3",
         "diffrl.models.tiny.janus",
         "diffrl.models.tiny.llava",
         "diffrl.models.tiny.qwen",
