@@ -72,8 +72,8 @@ def child(args: argparse.Namespace) -> dict:
             result["outputs_type"] = type(outputs).__name__
         kept = times[1:] or times
         result.update(stage="done", batch_s=times, images_per_s=args.batch * len(kept) / sum(kept))
-        if torch.cuda.is_available():
-            result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        # the diffusion worker holds the GPU memory, not this process: read the device's use (nvidia-smi)
+        result["gpu_memory_used_mib"] = _gpu_memory_used_mib()
     except BaseException as e:  # the attempt's purpose is to record the exact failure
         result.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
     return result
@@ -123,7 +123,12 @@ def main() -> None:
             result["error"] = f"diffrl random-model failed: {made.stderr[-2000:]}"
             return _write(result, args.out)
     python = os.environ.get("DIFFRL_VLLM_OMNI_PYTHON", sys.executable)
+    if not os.path.isfile(os.path.join(args.model, "model_index.json")):
+        raise SystemExit(f"--model {args.model}: no model_index.json there (vLLM-Omni would take it for a Hub id)")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # the vllm bundle leaves out vllm's FA2 kernels (TRIM_VLLM=1), which vLLM-Omni's default diffusion attention calls
+    env.setdefault("DIFFUSION_ATTENTION_BACKEND", "TORCH_SDPA")
+    result["diffusion_attention_backend"] = env["DIFFUSION_ATTENTION_BACKEND"]
     if os.environ.get("DIFFRL_VLLM_OMNI_PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["DIFFRL_VLLM_OMNI_PYTHONPATH"]
     cmd = [
@@ -152,6 +157,20 @@ def main() -> None:
     except subprocess.TimeoutExpired:
         result["omni"] = {"error": f"no result within {CHILD_TIMEOUT_S} s"}
     _write(result, args.out)
+
+
+def _gpu_memory_used_mib() -> int | None:
+    """The device's used memory in MiB (nvidia-smi; None without it)."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return int(done.stdout.split()[0]) if done.returncode == 0 else None
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
 
 
 def _write(result: dict, out: str | None) -> None:
