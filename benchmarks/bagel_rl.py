@@ -118,21 +118,27 @@ def main(argv: list[str] | None = None) -> dict:
             os.path.join(tmp, "bagel"), size="tiny" if args.smoke else "7b-mot", layers=args.layers
         )
         cfg = load_experiment("bagel_flow_grpo", recipe(folder, args) + [f"run.root={tmp}/runs"])
-        started = time.perf_counter()
-        engines = build_engines(cfg, durable=False)
-        result = {
-            "recipe": vars(args),
-            "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-            "parameters": sum(p.numel() for p in engines.adapter.transformer.parameters()),
-            "trainable_parameters": sum(p.numel() for p in engines.trainer.params),
-            "build_s": time.perf_counter() - started,
-            "torch": torch.__version__,
-            "steps": [],
-        }
-        try:
-            record_steps(engines, cfg, result, out, lambda m: {k: float(m[k]) for k in KEPT if k in m}, summary)
-        finally:
-            engines.memory.close()
+        return train_steps(cfg, args, out)
+
+
+def train_steps(cfg, args, out: str | None) -> dict:
+    """Build `cfg`'s engines (durable=False) and run its steps through the step core, recording the model's size,
+    the build seconds and each step's KEPT metrics into `out` as they come (also benchmarks/hunyuan_image3_rl.py)."""
+    started = time.perf_counter()
+    engines = build_engines(cfg, durable=False)
+    result = {
+        "recipe": vars(args),
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "parameters": sum(p.numel() for p in engines.adapter.transformer.parameters()),
+        "trainable_parameters": sum(p.numel() for p in engines.trainer.params),
+        "build_s": time.perf_counter() - started,
+        "torch": torch.__version__,
+        "steps": [],
+    }
+    try:
+        record_steps(engines, cfg, result, out, lambda m: {k: float(m[k]) for k in KEPT if k in m}, summary)
+    finally:
+        engines.memory.close()
     return result
 
 

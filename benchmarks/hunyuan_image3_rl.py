@@ -27,17 +27,12 @@ import argparse
 import os
 import sys
 import tempfile
-import time
-
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bagel_rl import KEPT, summary  # noqa: E402  (benchmarks/bagel_rl.py, beside this script)
-from common import record_steps  # noqa: E402
+from bagel_rl import train_steps  # noqa: E402  (benchmarks/bagel_rl.py, beside this script)
 
 from diffrl.configs.schema import load_experiment  # noqa: E402
-from diffrl.flows.build import build_engines  # noqa: E402
 from diffrl.models.hunyuan_image3.realsize import write_config_folder  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,22 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
         size = "tiny" if args.smoke else "80b"
         folder = write_config_folder(os.path.join(tmp, "hunyuan_image3"), size=size, layers=args.layers)
         cfg = load_experiment("hunyuan_image3_flow_grpo", recipe(folder, args) + [f"run.root={tmp}/runs"])
-        started = time.perf_counter()
-        engines = build_engines(cfg, durable=False)
-        result = {
-            "recipe": vars(args),
-            "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-            "parameters": sum(p.numel() for p in engines.adapter.transformer.parameters()),
-            "trainable_parameters": sum(p.numel() for p in engines.trainer.params),
-            "build_s": time.perf_counter() - started,
-            "torch": torch.__version__,
-            "steps": [],
-        }
-        try:
-            record_steps(engines, cfg, result, out, lambda m: {k: float(m[k]) for k in KEPT if k in m}, summary)
-        finally:
-            engines.memory.close()
-    return result
+        return train_steps(cfg, args, out)
 
 
 if __name__ == "__main__":
