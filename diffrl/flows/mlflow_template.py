@@ -15,6 +15,8 @@ import logging
 import os
 import shutil
 import sqlite3
+import tempfile
+import threading
 
 import mlflow
 from mlflow.tracking import MlflowClient
@@ -32,16 +34,23 @@ def seed_sqlite_store(uri: str) -> None:
     path = uri[len(SQLITE) :]
     if os.path.exists(path) or not os.path.isdir(os.path.dirname(path) or "."):
         return
-    tmp = f"{path}.{os.getpid()}.seed"
+    tmp = None
     try:
-        shutil.copyfile(_template(), tmp)
+        template = _template()
+        # a name of its own for each call: two threads of one process (the command's early open and the flow's
+        # Tracker) may seed the same database at once, and a shared name would rewrite the file one of them linked
+        fd, tmp = tempfile.mkstemp(
+            prefix=os.path.basename(path) + ".", suffix=".seed", dir=os.path.dirname(path) or "."
+        )
+        os.close(fd)
+        shutil.copyfile(template, tmp)
         os.link(tmp, path)  # fails where a database appeared meanwhile: never over another process's
     except FileExistsError:
         pass
     except (OSError, sqlite3.Error, mlflow.exceptions.MlflowException) as e:
         log.debug("no MLflow template for %s (%s): MLflow creates it", path, e)
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
 
 
@@ -57,7 +66,7 @@ def _template() -> str:
     with open(path + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(path):
-            tmp = f"{path}.{os.getpid()}.tmp"
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
             MlflowClient(tracking_uri=SQLITE + tmp).search_experiments(max_results=1)  # MLflow migrates it
             with sqlite3.connect(tmp) as db:  # MLflow makes the Default experiment of each copy itself
                 db.execute("DELETE FROM experiments")
