@@ -16,8 +16,7 @@ import torch
 from diffrl.algorithms.catalog import Algorithm, get_algorithm
 from diffrl.configs.loader import ConfigError, apply_overrides, build, coerce, parse_override, to_dict
 from diffrl.engines.reward.multi import RewardComponent, RewardConfig
-from diffrl.engines.rollout.config import SamplingConfig
-from diffrl.engines.rollout.tokens import TokenSampling
+from diffrl.engines.rollout.config import SamplingConfig, TokenSampling
 from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.vllm_server import VllmRolloutOptions, check_rollout_options
 from diffrl.models.base import ATTENTION_BACKENDS

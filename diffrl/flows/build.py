@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import sys
@@ -40,7 +39,7 @@ REFERENCE_DIR = os.path.join(PACKAGE_DIR, "models", "reference")
 
 
 def resolve_model_path(path: str, *, seed: int = 0) -> str:
-    """`tiny:<arch>` -> a tiny offline pipeline folder, built on first use (file-locked) and cached;
+    """`tiny:<arch>` -> a tiny offline pipeline folder, built on first use and cached (diffrl/models/tiny/cache.py);
     `reference:<name>` -> a model shipped in diffrl/models/reference/<name> (e.g. reference:shapes)."""
     if path.startswith("reference:"):
         name = path.split(":", 1)[1]
@@ -51,7 +50,8 @@ def resolve_model_path(path: str, *, seed: int = 0) -> str:
         return folder
     if not path.startswith("tiny:"):
         return path
-    from diffrl.models.tiny import build_tiny, tiny_architectures
+    from diffrl.models.tiny import tiny_architectures
+    from diffrl.models.tiny.cache import cached_tiny
 
     arch = path.split(":", 1)[1]
     if arch not in tiny_architectures():
@@ -59,18 +59,7 @@ def resolve_model_path(path: str, *, seed: int = 0) -> str:
             f"model.path {path!r}: unknown tiny architecture; choose one of "
             f"{['tiny:' + a for a in tiny_architectures()]}"
         )
-    out = os.path.join(cache_dir(), "tiny", f"{arch}-seed{seed}")
-    if folder_kind(out) is not None:  # model_index.json (diffusers) or config.json (a causal LM)
-        return out
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two processes building the same tiny model wait for one
-        if folder_kind(out) is None:
-            log.info("building tiny %s model in %s", arch, out)
-            tmp = out + ".tmp"
-            build_tiny(arch, tmp, seed=seed)
-            os.replace(tmp, out)
-    return out
+    return cached_tiny(arch, os.path.join(cache_dir(), "tiny"), seed=seed)
 
 
 def load_prompts(source: str, data: DataConfig, *, seed: int) -> PromptDataset:

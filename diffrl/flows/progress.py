@@ -70,6 +70,10 @@ class Console:
                 bar_format=BAR_FORMAT,
                 ncols=size.columns,
                 nrows=size.lines,
+                # the cursor's line, whatever other bars are alive: tqdm would give a new bar the first free
+                # position, and any bar not closed (a library's, a failed stage's) moved the step line below it with
+                # a newline and cursor-up codes
+                position=0,
             )
             return
         self._bar.set_description_str(status, refresh=False)

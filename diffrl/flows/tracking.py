@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from PIL import Image, ImageDraw
 
 from diffrl.engines.step.background import Background
+from diffrl.flows.mlflow_template import seed_sqlite_store
 
 log = logging.getLogger("diffrl")
 
@@ -34,6 +35,7 @@ def open_tracking_store() -> None:
 @functools.cache
 def _open_store(uri: str) -> None:
     # once per store and process: the command's early open and the flow's are then one
+    seed_sqlite_store(uri)  # a new database: a copy of a migrated one (diffrl/flows/mlflow_template.py)
     MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
 
 
@@ -93,6 +95,7 @@ class Tracker:
         # an explicit client, not mlflow.set_tracking_uri: that exports MLFLOW_TRACKING_URI, so a later
         # run in the same process from another working directory would log into this run's database
         self.uri = tracking_uri()
+        seed_sqlite_store(self.uri)
         self.client = MlflowClient(tracking_uri=self.uri)
         self.state_path = state_path
         state = self._read_state()

@@ -37,20 +37,36 @@ def _full_weights(checkpoint, tmp) -> dict:
     return torch.load(tmp)["model"]
 
 
-def _task_states(flow_run: str, like: str) -> dict[str, list[str]]:
-    """The state names of the task runs named like `like` in the flow runs named `flow_run`, oldest first."""
+def _task_states(flow_run: str, like: str, *, runs: int, timeout_s: float = 120.0) -> dict[str, list[str]]:
+    """The final state names of the task runs named like `like` in the flow runs named `flow_run`, one entry per
+    flow run, oldest flow run first; waits until `runs` such task runs are all in a final state.
+
+    Prefect 3 records a task run's states from the events its process sends, after the flow has returned (a loaded
+    machine lags): reading at once saw some still Running, or not there yet. Flow runs are ordered by their own
+    creation (written by the API call that started them), not by the task rows' creation (written as events arrive).
+    """
+    import time
+
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, TaskRunFilter, TaskRunFilterName
 
+    deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run])),
-            task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=like)),
-            limit=200,
-        )
+        while True:
+            flows = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run])))
+            tasks = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run])),
+                task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=like)),
+                limit=200,
+            )
+            settled = len(tasks) == runs and all(t.state is not None and t.state.is_final() for t in tasks)
+            if settled or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    order = {f.id: i for i, f in enumerate(sorted(flows, key=lambda f: f.created))}
     states: dict[str, list[str]] = {}
-    for run in sorted(runs, key=lambda r: r.created):
-        states.setdefault(run.name, []).append(run.state.name)
+    for task in sorted(tasks, key=lambda t: (order.get(t.flow_run_id, len(order)), t.created)):
+        states.setdefault(task.name, []).append(task.state.name if task.state else "no state")
     return states
 
 
@@ -152,7 +168,7 @@ def test_a_failed_replica_generates_again_and_the_others_come_back_cached(ray_cl
     cluster.stop_actors("retry")  # the actors took the fault spec with them: fresh ones without it
     monkeypatch.delenv("DIFFRL_INJECT_FAULT")
     train(config=None, overrides=overrides)
-    states = _task_states("retry-step-2", "generate-step2-replica")
+    states = _task_states("retry-step-2", "generate-step2-replica", runs=4)  # 2 replicas x 2 runs
     assert states["generate-step2-replica0-chunk0"] == ["Completed", "Cached"]
     assert states["generate-step2-replica1-chunk1"] == ["Failed", "Completed"]
     store = TrajectoryStore(workdir / "runs/retry/trajectories.lance")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 
+import pytest
+from tqdm import tqdm
+
 from diffrl.flows.progress import Console
 
 
@@ -24,14 +27,20 @@ def _steps(console: Console) -> None:
     console.say("done.")
 
 
-def test_a_terminal_gets_one_live_line_rewritten_in_place():
+@pytest.mark.parametrize("other_bar", [False, True])
+def test_a_terminal_gets_one_live_line_rewritten_in_place(other_bar):
     """Each step rewrites the same line ('\\r', no newline) with a bar, the reward, images/s and the time left; the
-    run's other lines (and a step's validation results) are printed above it, whole."""
+    run's other lines (and a step's validation results) are printed above it, whole. Also while another tqdm bar of
+    the process is alive (not closed, or not collected yet): tqdm gave the step line the next free position, a
+    newline and cursor-up codes (this test failed in whichever test process an earlier test's bar lived on)."""
+    other = tqdm(total=5, file=io.StringIO()) if other_bar else None
     out = _Terminal()
     _steps(Console(out))
+    if other is not None:
+        other.close()
     text = out.getvalue()
     assert "\r[diffrl] step 1/3 |" in text and "| reward 0.4583, 16.08 images/s (2.98 s), eta 0m06s" in text
-    assert "\n[diffrl] step 1/3" not in text  # a step never starts a new line of its own
+    assert "\n[diffrl] step 1/3" not in text and "\x1b[A" not in text  # no new line of its own, no cursor moves
     lines = [line.rsplit("\r", 1)[-1] for line in text.split("\n")]  # what the terminal shows of each line
     assert lines[0] == "[diffrl] before training: val/reward 0.4222"
     assert "[diffrl] a note between steps" in lines and "[diffrl] step 3/3: val/reward 0.5245" in lines

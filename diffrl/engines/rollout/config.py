@@ -1,4 +1,7 @@
-"""Sampling settings of one rollout (what `diffrl sample` and the RL flows pass to the engine)."""
+"""Sampling settings of one rollout (what `diffrl sample` and the RL flows pass to the engine): SamplingConfig for
+diffusion, TokenSampling for autoregressive models. Plain dataclasses, so the config schema loads without the
+engines' model libraries (importing diffrl.engines.rollout.tokens for TokenSampling took transformers' modeling
+with it: 3.6 s of the 6.5 s a mistyped `diffrl train` key took to report)."""
 
 from __future__ import annotations
 
@@ -49,3 +52,28 @@ class SamplingConfig:
             raise ValueError(f"max_sequence_length must be >= 1 or None; got {self.max_sequence_length}")
         if not isinstance(self.window, WindowPolicy):
             raise TypeError(f"window must be an algorithms.windows.WindowPolicy; got {type(self.window).__name__}")
+
+
+@dataclass(frozen=True)
+class TokenSampling:
+    """How an autoregressive rollout samples (the run's rollout section; names as vLLM's SamplingParams).
+
+    max_new_tokens: response tokens at most. temperature: > 0 samples, 0 decodes greedily (validation).
+    top_p in (0, 1]. stop: strings that end a response. batch_size: sequences per generate call.
+    """
+
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ValueError(
+                f"max_new_tokens and batch_size must be >= 1; got {self.max_new_tokens}, {self.batch_size}"
+            )
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0: greedy); got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")

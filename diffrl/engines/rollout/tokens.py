@@ -10,39 +10,14 @@ trainer's weights of a version, which the in-process engine shares already.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
 
+from diffrl.engines.rollout.config import TokenSampling  # re-exported: defined with the other sampling settings
 from diffrl.engines.token_trajectories import TokenTrajectories
 from diffrl.models.causal_lm import CausalLMPolicy, SamplingParams, TokenPrompt
 from diffrl.models.janus import JanusImagePolicy
-
-
-@dataclass(frozen=True)
-class TokenSampling:
-    """How an autoregressive rollout samples (the run's rollout section; names as vLLM's SamplingParams).
-
-    max_new_tokens: response tokens at most. temperature: > 0 samples, 0 decodes greedily (validation).
-    top_p in (0, 1]. stop: strings that end a response. batch_size: sequences per generate call.
-    """
-
-    max_new_tokens: int = 32
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    batch_size: int = 8
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1 or self.batch_size < 1:
-            raise ValueError(
-                f"max_new_tokens and batch_size must be >= 1; got {self.max_new_tokens}, {self.batch_size}"
-            )
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0: greedy); got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
 
 
 class TokenRolloutEngine(Protocol):

@@ -105,31 +105,38 @@ def test_sigkill_mid_append_leaves_whole_chunks_and_resume_completes(tmp_path):
     assert pc.all(pc.equal(ds.to_table(columns=["run"]).column("run"), "r")).as_py()
 
 
-def _create_worker(uri, value, barrier, results):
+TRIALS = 10
+
+
+def _create_worker(root, value, barrier, results):
+    """TRIALS races, one table each: both workers find no table, then both create it."""
     import pyarrow as pa
 
     from diffrl.engines.store.tables import LanceTable
 
     table = pa.table({"x": [value] * 10})
-    barrier.wait()  # both processes find no table, then both create it
-    LanceTable(uri).append(table)
-    results.put(value)
+    for trial in range(TRIALS):
+        barrier.wait()  # both processes find no table t<trial>, then both create it
+        LanceTable(os.path.join(root, f"t{trial}.lance")).append(table)
+        results.put((trial, value))
 
 
 def test_two_processes_creating_one_table_lose_no_rows(tmp_path):
     """Lance's local create is not atomic against another creator: before LanceTable created tables by
-    rename, the loser of such a race failed ("Dataset already exists") or, rarely, lost its rows silently."""
+    rename, the loser of such a race failed ("Dataset already exists") or, rarely, lost its rows silently.
+    Two processes race TRIALS times, on a new table each time (the same two processes: a spawned process
+    pays ~2 s of imports, 20 of them were most of this test's 35 s)."""
     ctx = mp.get_context("spawn")
-    for trial in range(10):
-        uri = str(tmp_path / f"t{trial}.lance")
-        barrier, results = ctx.Barrier(2), ctx.Queue()
-        procs = [ctx.Process(target=_create_worker, args=(uri, v, barrier, results)) for v in (1, 2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=120)
-            assert p.exitcode == 0
-        assert sorted([results.get(), results.get()]) == [1, 2]
-        values = lance.dataset(uri).to_table().column("x").to_pylist()
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_create_worker, args=(str(tmp_path), v, barrier, results)) for v in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    done = sorted(results.get(timeout=10) for _ in range(2 * TRIALS))
+    assert done == [(trial, v) for trial in range(TRIALS) for v in (1, 2)]
+    for trial in range(TRIALS):
+        values = lance.dataset(str(tmp_path / f"t{trial}.lance")).to_table().column("x").to_pylist()
         assert sorted(values) == [1] * 10 + [2] * 10, f"trial {trial}: {len(values)} rows"
         assert not glob.glob(str(tmp_path / f"t{trial}.lance.creating-*"))  # no staging left behind
