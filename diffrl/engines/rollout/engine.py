@@ -48,7 +48,7 @@ class RolloutEngine:
         self._memory: dict[str, Encoding] = {}  # embed key -> encoding of one prompt (batch of 1)
         self._sigma_max: dict[tuple[int, SampleShape], float] = {}
         self._digests: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256 of an input image
-        self.evaluations = 0  # transformer evaluations (forwards of a chunk's batch) made by generate, all calls
+        self.evaluations = 0  # per-sample transformer evaluations of generate, all calls (a forward of b samples: b)
 
     # ---- prompt encodings ----------------------------------------------------------------------
     def _fingerprint(self, cfg: SamplingConfig) -> str:
@@ -303,7 +303,7 @@ class RolloutEngine:
                 latents = out.prev_sample
                 stored[arange_dev, j + 1] = torch.where(in_window.view(bcast), latents, stored[arange_dev, j + 1])
                 log_probs[arange_dev, j] = torch.where(in_window, out.log_prob.float(), log_probs[arange_dev, j])
-                self.evaluations += 1
+                self.evaluations += b
                 _advance(bar, 1, b / cfg.num_inference_steps, started)
             latents = self._shortcut(latents, last, cfg.num_inference_steps, cfg.ode_tail, *segment)
             if trace.enabled() and pin:
@@ -333,7 +333,7 @@ class RolloutEngine:
             return latents
         with trace.span("ode_shortcut", steps=hi - lo, evaluations=option.evaluations):
             out = run_shortcut(self.adapter, latents, sigmas, sigmas_dev, lo, hi, option, enc, neg, guidance, shape)
-        self.evaluations += option.evaluations
+        self.evaluations += latents.shape[0] * option.evaluations
         _advance(bar, hi - lo, latents.shape[0] * (hi - lo) / (len(sigmas) - 1), started)
         return out
 

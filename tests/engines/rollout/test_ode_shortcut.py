@@ -50,10 +50,12 @@ def _config(**overrides) -> SamplingConfig:
 
 
 def _generate(engine: RolloutEngine, cfg: SamplingConfig):
-    """(trajectories, transformer evaluations counted at the adapter)."""
-    before = engine.adapter.calls
+    """(trajectories, transformer evaluations counted at the adapter); the engine's own count agrees."""
+    before, engine_before = engine.adapter.calls, engine.evaluations
     traj = engine.generate(PROMPTS, ["a", "b", "c", "d"], [0] * 4, SEEDS, cfg)
-    return traj, engine.adapter.calls - before
+    calls = engine.adapter.calls - before
+    assert engine.evaluations - engine_before == 4 * calls  # one chunk of 4: each forward counts 4 samples
+    return traj, calls
 
 
 def _step_by_step(engine: RolloutEngine, cfg: SamplingConfig, starts: torch.Tensor) -> torch.Tensor:
