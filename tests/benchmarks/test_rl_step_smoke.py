@@ -65,5 +65,5 @@ def test_rl_step_ode_shortcut_levers():
     assert not rl_step.ode_shortcut(args.ode_head).on
     with pytest.raises(ValueError, match="SOLVER:EVALUATIONS"):
         rl_step.parse_args(["--recipe", "sd35m_flow_grpo", "--ode-tail", "dpm2m"])
-    with pytest.raises(ValueError, match="solver must be 'off' or one of"):
+    with pytest.raises(ValueError, match=r"solver must be 'none' \(off\) or one of"):
         rl_step.parse_args(["--recipe", "sd35m_flow_grpo", "--ode-head", "heun:2"])

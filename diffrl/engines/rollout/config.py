@@ -13,24 +13,24 @@ from diffrl.algorithms.windows import WindowPolicy
 class OdeShortcut:
     """Fewer transformer evaluations for a run of deterministic steps that every sample of a chunk shares.
 
-    ``solver`` "off" (the default) runs those steps one by one as Euler steps, as without this option; "euler",
-    "dpm2m" or "ab2" (algorithms/ode.py) integrates them on a sub-schedule of the model's own sigmas with
-    ``evaluations`` transformer evaluations (MixGRPO-Flash, arXiv:2507.21802). It applies only where the run has
-    more steps than ``evaluations``; shorter runs keep their steps.
+    ``solver`` "none" (the default; not "off", which YAML reads as false) runs those steps one by one as Euler steps,
+    as without this option; "euler", "dpm2m" or "ab2" (algorithms/ode.py) integrates them on a sub-schedule of the
+    model's own sigmas with ``evaluations`` transformer evaluations (MixGRPO-Flash, arXiv:2507.21802). It applies
+    only where the run has more steps than ``evaluations``; shorter runs keep their steps.
     """
 
-    solver: str = "off"
+    solver: str = "none"
     evaluations: int = 2
 
     def __post_init__(self) -> None:
-        if self.solver != "off" and self.solver not in ODE_SOLVERS:
-            raise ValueError(f"solver must be 'off' or one of {list(ODE_SOLVERS)}; got {self.solver!r}")
+        if self.solver != "none" and self.solver not in ODE_SOLVERS:
+            raise ValueError(f"solver must be 'none' (off) or one of {list(ODE_SOLVERS)}; got {self.solver!r}")
         if self.evaluations < 1:
             raise ValueError(f"evaluations must be >= 1 (transformer evaluations of the run); got {self.evaluations}")
 
     @property
     def on(self) -> bool:
-        return self.solver != "off"
+        return self.solver != "none"
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,8 @@ def test_head_moves_the_window_input_and_saves_evaluations(engine):
 def test_config_section_and_its_checks():
     cfg = load_experiment(None, ["rollout.ode_tail.solver=dpm2m", "rollout.ode_tail.evaluations=3"])
     assert cfg.sampling.ode_tail == OdeShortcut("dpm2m", 3) and not cfg.sampling.ode_head.on
-    with pytest.raises(ConfigError, match=r"rollout.ode_tail: solver must be 'off' or one of"):
+    assert not load_experiment(None, ["rollout.ode_tail.solver=none"]).sampling.ode_tail.on
+    with pytest.raises(ConfigError, match=r"rollout.ode_tail: solver must be 'none' \(off\) or one of"):
         load_experiment(None, ["rollout.ode_tail.solver=heun"])
     with pytest.raises(ConfigError, match="evaluations must be >= 1"):
         load_experiment(None, ["rollout.ode_head.evaluations=0"])
