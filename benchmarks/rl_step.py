@@ -44,6 +44,7 @@ from diffrl.configs.schema import DataConfig, ExperimentConfig, RolloutConfig, R
 from diffrl.engines import cluster  # noqa: E402
 from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig  # noqa: E402
 from diffrl.engines.rollout import RolloutEngine  # noqa: E402
+from diffrl.engines.rollout.config import OdeShortcut  # noqa: E402
 from diffrl.engines.step.memory import StepMemory  # noqa: E402
 from diffrl.engines.step.run import DirectStages, StepClock, run_step  # noqa: E402
 from diffrl.engines.store.prompts import PromptDataset, PromptRecord, PromptSampler  # noqa: E402
@@ -124,6 +125,9 @@ VARIANTS = {  # name -> lever overrides of the main measurement (one "before" st
     "no_tf32": {"tf32": False},
     "lora_base": {"lora_compute": "base"},
     "lora_fp32": {"lora_compute": "fp32"},
+    # issue 33: the deterministic steps after each chunk's last SDE window on fewer evaluations (rollout.ode_tail)
+    "ode_tail_dpm2m_3": {"ode_tail": "dpm2m:3"},
+    "ode_tail_ab2_2": {"ode_tail": "ab2:2"},
     "compile": {"compile": True},  # last: compilation cannot be undone
 }
 
@@ -139,6 +143,18 @@ class Levers:
     kl: bool = True
     tf32: bool = False
     lora_compute: str = "fp32"
+    ode_tail: str = "off"  # rollout.ode_tail as SOLVER:EVALUATIONS (dpm2m:3, ab2:2) or off
+    ode_head: str = "off"  # rollout.ode_head, the same form
+
+
+def ode_shortcut(text: str) -> OdeShortcut:
+    """`off` or `SOLVER:EVALUATIONS` (e.g. dpm2m:3) -> the rollout's OdeShortcut."""
+    if text == "off":
+        return OdeShortcut()
+    solver, _, evaluations = text.partition(":")
+    if not evaluations.isdigit():
+        raise ValueError(f"an ODE shortcut is off or SOLVER:EVALUATIONS (dpm2m:3); got {text!r}")
+    return OdeShortcut(solver, int(evaluations))
 
 
 class Bench:
@@ -213,7 +229,12 @@ class Bench:
         self.config = dataclasses.replace(
             self.config,
             algorithm=algorithm,
-            rollout=dataclasses.replace(self.config.rollout, batch_size=levers.rollout_batch),
+            rollout=dataclasses.replace(
+                self.config.rollout,
+                batch_size=levers.rollout_batch,
+                ode_tail=ode_shortcut(levers.ode_tail),
+                ode_head=ode_shortcut(levers.ode_head),
+            ),
         )
         self.engines.config = self.config
         self.trainer.cfg.micro_batch_size = levers.micro_batch
@@ -392,6 +413,8 @@ def choose_levers(args, recipe: Recipe, probes: dict) -> list[Levers]:
             old_log_probs=args.old_log_probs,
             tf32=args.tf32,
             lora_compute=args.lora_compute,
+            ode_tail=args.ode_tail,
+            ode_head=args.ode_head,
         )
         for f, m in ranked
     ]
@@ -405,6 +428,8 @@ def run_phase(bench: Bench, name: str, levers: Levers, warmup: int, steps: int) 
     common.reset_peak(bench.device)
     records, clock = [], StepClock()
     for i in range(warmup + steps):
+        if i == warmup:
+            evaluations = bench.engine.evaluations
         records.append(bench.step(bench.args.step_offset + i, clock))
     bench.args.step_offset += warmup + steps
     timed = records[warmup:]
@@ -425,6 +450,8 @@ def run_phase(bench: Bench, name: str, levers: Levers, warmup: int, steps: int) 
         "first_step_seconds": records[0]["step"],
         "peak_memory_gib": common.peak_gib(bench.device),
         "logprob_gap_mean": timed[-1]["logprob_gap"],
+        # transformer evaluations per image in the rollout (the schedule's steps, fewer with an ODE shortcut)
+        "rollout_evaluations_per_image": (bench.engine.evaluations - evaluations) / (images * steps),
         "phase_wall_seconds": time.perf_counter() - started,
     }
 
@@ -435,12 +462,13 @@ def trained_steps(recipe: Recipe) -> int:
     return window.size if window.kind == "random_start" else recipe.num_inference_steps - 1
 
 
-def flop_model(recipe: Recipe, probes: dict, levers: Levers) -> dict:
-    """Model FLOPs per image of one RL step (see the module docstring)."""
+def flop_model(recipe: Recipe, probes: dict, levers: Levers, evaluations: float | None = None) -> dict:
+    """Model FLOPs per image of one RL step (see the module docstring); `evaluations`: the rollout's measured
+    transformer evaluations per image (None: the schedule's steps)."""
     f, c = probes["forward"]["forward_flops"], 2 if recipe.guidance_scale > 1 else 1
     trained = trained_steps(recipe)
     parts = {
-        "rollout": recipe.num_inference_steps * c * f,
+        "rollout": (recipe.num_inference_steps if evaluations is None else evaluations) * c * f,
         "decode": probes["forward"]["decode_flops"],
         "train": trained * c * 2 * f,
         "reference": trained * c * f if recipe.algorithm.kl_coef > 0 and levers.kl else 0,
@@ -494,6 +522,8 @@ def parse_args(argv: list[str] | None):
         default="recompute_old_log_probs,full_checkpointing,no_kl,sdpa_default,compile",
         help=f"comma list of {sorted(VARIANTS)} (or empty), each timed after the main measurement",
     )
+    parser.add_argument("--ode-tail", default="off", help="rollout.ode_tail of the main levers: off or SOLVER:K")
+    parser.add_argument("--ode-head", default="off", help="rollout.ode_head of the main levers: off or SOLVER:K")
     parser.add_argument("--variant-steps", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=480.0, help="skip variants that would end past this (s)")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<recipe>_<device>.json)")
@@ -502,6 +532,7 @@ def parse_args(argv: list[str] | None):
         value = getattr(args, name)
         if value != "auto":
             setattr(args, name, int(value) if name == "micro_batch" else float(value))
+    ode_shortcut(args.ode_tail), ode_shortcut(args.ode_head)  # a bad value fails here, before the model is built
     unknown = [v for v in filter(None, args.variants.split(",")) if v not in VARIANTS]
     if unknown:
         raise ValueError(f"--variants {unknown} unknown; choose from {sorted(VARIANTS)}")
@@ -583,7 +614,7 @@ def main(argv: list[str] | None = None) -> dict:
             common.reset_peak(args.device)
     if main_phase is None:
         raise RuntimeError(f"every probed setting ran out of memory in a full step: {result['main_attempts']}")
-    result["flops"] = flop_model(recipe, probes, levers)
+    result["flops"] = flop_model(recipe, probes, levers, main_phase["rollout_evaluations_per_image"])
     add_mfu(main_phase, result["flops"], result["matmul_tflops_measured"])
     result.update(
         images_per_gpu_s=main_phase["images_per_gpu_s"],
@@ -615,6 +646,10 @@ def _run_variant(bench: Bench, result: dict, name: str, levers: Levers, main_pha
         result["variants"].append({"name": name, "skipped": "same as the main levers"})
         return
     warmup = 1 if name == "compile" or bench.compiled else 0  # compiled blocks recompile for changed levers
+    if name.startswith("ode_"):
+        # a rollout lever: the run-ahead worker has already sampled the next step with the previous levers (measured
+        # on the CPU: the first variant's timed step then made no transformer evaluation), so warm up one step
+        warmup = max(warmup, 1)
     # Compilation costs several steps' worth of time; others about one step each.
     expected = main_phase["seconds_per_step"] * (args.variant_steps + warmup * 4)
     if time.perf_counter() - started + expected > args.time_limit:
@@ -633,7 +668,8 @@ def _run_variant(bench: Bench, result: dict, name: str, levers: Levers, main_pha
         common.reset_peak(args.device)
         bench.apply(levers)
         return
-    add_mfu(phase, flop_model(bench.recipe, result["probes"], changed), result["matmul_tflops_measured"])
+    flops = flop_model(bench.recipe, result["probes"], changed, phase["rollout_evaluations_per_image"])
+    add_mfu(phase, flops, result["matmul_tflops_measured"])
     if name == "compile":
         phase["compile_seconds_estimate"] = phase["first_step_seconds"] - phase["seconds_per_step"]
     result["variants"].append(phase)

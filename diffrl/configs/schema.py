@@ -16,7 +16,7 @@ import torch
 from diffrl.algorithms.catalog import Algorithm, get_algorithm
 from diffrl.configs.loader import ConfigError, apply_overrides, build, coerce, parse_override, to_dict
 from diffrl.engines.reward.multi import RewardComponent, RewardConfig
-from diffrl.engines.rollout.config import SamplingConfig, TokenSampling
+from diffrl.engines.rollout.config import OdeShortcut, SamplingConfig, TokenSampling
 from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.vllm_server import VllmRolloutOptions, check_rollout_options
 from diffrl.models.base import ATTENTION_BACKENDS
@@ -78,6 +78,10 @@ class RolloutConfig:
     prompts_per_step: int = 32  # prompts per RL step (x group_size images)
     chunk_size: int = 64  # samples per generate chunk (scored while the next chunk generates)
     same_noise_per_group: bool = False
+    # issue 33, off by default: the deterministic steps after every window of a chunk has ended (ode_tail) or before
+    # the first one starts (ode_head; changes the window's input) on fewer evaluations: {solver: dpm2m, evaluations: 2}
+    ode_tail: OdeShortcut = field(default_factory=OdeShortcut)
+    ode_head: OdeShortcut = field(default_factory=OdeShortcut)
     # autoregressive policies: "transformers" samples in-process with the trainer's module; "vllm" with a vLLM server
     # started from diffrl's vLLM venv (rollout.vllm: its options and how weights reach it; docs/operations.md)
     engine: str = "transformers"
@@ -140,6 +144,8 @@ class RolloutConfig:
             max_sequence_length=self.max_sequence_length,
             batch_size=self.batch_size,
             same_noise_per_group=self.same_noise_per_group,
+            ode_tail=self.ode_tail,
+            ode_head=self.ode_head,
         )
 
 

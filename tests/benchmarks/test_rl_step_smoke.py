@@ -57,3 +57,13 @@ def test_rl_step_tiny_cpu_writes_result(tmp_path, recipe):
 def test_rl_step_rejects_unknown_variant():
     with pytest.raises(ValueError, match="--variants"):
         rl_step.parse_args(["--recipe", "sd35m_flow_grpo", "--variants", "warp_speed"])
+
+
+def test_rl_step_ode_shortcut_levers():
+    args = rl_step.parse_args(["--recipe", "qwen_image_ocr_lora", "--ode-tail", "dpm2m:3"])
+    assert rl_step.ode_shortcut(args.ode_tail) == rl_step.OdeShortcut("dpm2m", 3)
+    assert not rl_step.ode_shortcut(args.ode_head).on
+    with pytest.raises(ValueError, match="SOLVER:EVALUATIONS"):
+        rl_step.parse_args(["--recipe", "sd35m_flow_grpo", "--ode-tail", "dpm2m"])
+    with pytest.raises(ValueError, match=r"solver must be 'none' \(off\) or one of"):
+        rl_step.parse_args(["--recipe", "sd35m_flow_grpo", "--ode-head", "heun:2"])

@@ -7,8 +7,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from diffrl.algorithms.ode import ODE_SOLVERS
 from diffrl.algorithms.sde import SDE_TYPES
 from diffrl.algorithms.windows import WindowPolicy
+
+
+@dataclass(frozen=True)
+class OdeShortcut:
+    """Fewer transformer evaluations for a run of deterministic steps that every sample of a chunk shares.
+
+    ``solver`` "none" (the default; not "off", which YAML reads as false) runs those steps one by one as Euler steps,
+    as without this option; "euler", "dpm2m" or "ab2" (algorithms/ode.py) integrates them on a sub-schedule of the
+    model's own sigmas with ``evaluations`` transformer evaluations (MixGRPO-Flash, arXiv:2507.21802). It applies
+    only where the run has more steps than ``evaluations``; shorter runs keep their steps.
+    """
+
+    solver: str = "none"
+    evaluations: int = 2
+
+    def __post_init__(self) -> None:
+        if self.solver != "none" and self.solver not in ODE_SOLVERS:
+            raise ValueError(f"solver must be 'none' (off) or one of {list(ODE_SOLVERS)}; got {self.solver!r}")
+        if self.evaluations < 1:
+            raise ValueError(f"evaluations must be >= 1 (transformer evaluations of the run); got {self.evaluations}")
+
+    @property
+    def on(self) -> bool:
+        return self.solver != "none"
 
 
 @dataclass(frozen=True)
@@ -18,7 +43,10 @@ class SamplingConfig:
     guidance_scale None means the adapter's default; it maps to the architecture's own knob (SD3/Wan
     CFG, Qwen-Image true CFG, FLUX distilled guidance, Z-Image CFG). negative_prompt is used only when
     the adapter needs a negative at that scale. Steps inside a sample's window (``window``) are
-    ``sde_type`` steps at ``noise_level``; all others are Euler ODE steps.
+    ``sde_type`` steps at ``noise_level``; all others are Euler ODE steps, except that ``ode_tail`` can integrate the
+    steps after the last window of a chunk ends (the stored window latents, sigmas and log-probs do not change,
+    the final sample does) and ``ode_head`` those before its first window starts (this changes the window's input
+    latents) with fewer evaluations. Both are off by default.
     """
 
     num_inference_steps: int = 10
@@ -33,6 +61,8 @@ class SamplingConfig:
     max_sequence_length: int | None = None
     batch_size: int = 8  # samples per transformer forward
     same_noise_per_group: bool = False  # DanceGRPO: a group shares its initial noise
+    ode_tail: OdeShortcut = field(default_factory=OdeShortcut)
+    ode_head: OdeShortcut = field(default_factory=OdeShortcut)
 
     def __post_init__(self) -> None:
         if self.num_inference_steps < 1:
@@ -50,6 +80,9 @@ class SamplingConfig:
             raise ValueError(f"guidance_scale must be >= 0 or None (the model's default); got {self.guidance_scale}")
         if self.max_sequence_length is not None and self.max_sequence_length < 1:
             raise ValueError(f"max_sequence_length must be >= 1 or None; got {self.max_sequence_length}")
+        for name in ("ode_tail", "ode_head"):
+            if not isinstance(getattr(self, name), OdeShortcut):
+                raise TypeError(f"{name} must be an engines.rollout.config.OdeShortcut; got {getattr(self, name)!r}")
         if not isinstance(self.window, WindowPolicy):
             raise TypeError(f"window must be an algorithms.windows.WindowPolicy; got {type(self.window).__name__}")
 

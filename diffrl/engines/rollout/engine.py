@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 from diffrl.algorithms.sde import SDEStep
 from diffrl.algorithms.windows import Windows, sample_windows
 from diffrl.engines import trace
-from diffrl.engines.rollout.config import SamplingConfig
+from diffrl.engines.rollout.config import OdeShortcut, SamplingConfig
+from diffrl.engines.rollout.shortcut import run_shortcut, shortcut_bounds
 from diffrl.engines.rollout.step import denoise_step
 from diffrl.engines.trajectories import Trajectories
 from diffrl.models.base import Encoding, ModelAdapter, SampleShape, pad_and_cat
@@ -47,6 +48,7 @@ class RolloutEngine:
         self._memory: dict[str, Encoding] = {}  # embed key -> encoding of one prompt (batch of 1)
         self._sigma_max: dict[tuple[int, SampleShape], float] = {}
         self._digests: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256 of an input image
+        self.evaluations = 0  # per-sample transformer evaluations of generate, all calls (a forward of b samples: b)
 
     # ---- prompt encodings ----------------------------------------------------------------------
     def _fingerprint(self, cfg: SamplingConfig) -> str:
@@ -272,11 +274,14 @@ class RolloutEngine:
         # draws in step order, so the noise is exactly what drawing in the loop would give.
         # run.trace: "denoise" and "decode" bars per chunk (where a video rollout's time goes); a traced run syncs the
         # device at the end of the loop so that each bar holds its own GPU work (one sync a chunk; none untraced)
+        first, last = shortcut_bounds(cfg, starts, size)  # (0, N) unless an ODE shortcut is on and saves evaluations
+        segment = (sigmas, sigmas_dev, enc, neg, guidance, shape, bar, started)
         with trace.span("denoise", samples=b), ThreadPoolExecutor(max_workers=1) as pool:
-            pending = pool.submit(_window_noise, latents.shape, host_masks[0], generators, pin)
-            for i in range(cfg.num_inference_steps):
+            latents = self._shortcut(latents, 0, first, cfg.ode_head, *segment)
+            pending = pool.submit(_window_noise, latents.shape, host_masks[first], generators, pin)
+            for i in range(first, last):
                 noise = pending.result().to(device, non_blocking=pin)
-                if i + 1 < cfg.num_inference_steps:
+                if i + 1 < last:
                     pending = pool.submit(_window_noise, latents.shape, host_masks[i + 1], generators, pin)
                 in_window = (starts_dev <= i) & (starts_dev + size > i)  # (b,) on device
                 j = (i - starts_dev).clamp(0, size - 1)  # window position
@@ -298,15 +303,39 @@ class RolloutEngine:
                 latents = out.prev_sample
                 stored[arange_dev, j + 1] = torch.where(in_window.view(bcast), latents, stored[arange_dev, j + 1])
                 log_probs[arange_dev, j] = torch.where(in_window, out.log_prob.float(), log_probs[arange_dev, j])
-                bar.update(1)
-                bar.images_done = getattr(bar, "images_done", 0.0) + b / cfg.num_inference_steps
-                bar.set_postfix(images_per_s=f"{bar.images_done / (time.perf_counter() - started):.2f}")
+                self.evaluations += b
+                _advance(bar, 1, b / cfg.num_inference_steps, started)
+            latents = self._shortcut(latents, last, cfg.num_inference_steps, cfg.ode_tail, *segment)
             if trace.enabled() and pin:
                 torch.cuda.synchronize(latents.device)
         with trace.span("decode", samples=b):
             images = self.adapter.decode(latents, shape).cpu()
         step_index = starts[:, None] + torch.arange(size)[None, :]  # (b, W) on the host
         return _to_host(stored), _to_host(log_probs), sigmas[step_index], sigmas[step_index + 1], images
+
+    def _shortcut(
+        self,
+        latents: torch.Tensor,
+        lo: int,
+        hi: int,
+        option: OdeShortcut,
+        sigmas: torch.Tensor,
+        sigmas_dev: torch.Tensor,
+        enc: Encoding,
+        neg: Encoding | None,
+        guidance: float,
+        shape: SampleShape,
+        bar,
+        started: float,
+    ) -> torch.Tensor:
+        """Steps [lo, hi) of a chunk on the ODE shortcut `option` (shortcut.py); latents unchanged when lo == hi."""
+        if lo == hi:
+            return latents
+        with trace.span("ode_shortcut", steps=hi - lo, evaluations=option.evaluations):
+            out = run_shortcut(self.adapter, latents, sigmas, sigmas_dev, lo, hi, option, enc, neg, guidance, shape)
+        self.evaluations += latents.shape[0] * option.evaluations
+        _advance(bar, hi - lo, latents.shape[0] * (hi - lo) / (len(sigmas) - 1), started)
+        return out
 
     # ---- replay (the trainer) ------------------------------------------------------------------
     def replay(
@@ -380,6 +409,13 @@ def _window_noise(
     for r in in_window.nonzero().squeeze(1).tolist():
         torch.randn(latent_shape[1:], generator=generators[r], dtype=torch.float32, out=noise[r])
     return noise
+
+
+def _advance(bar, steps: int, images: float, started: float) -> None:
+    """Move the sampling bar by `steps` steps worth `images` images and show the images per second so far."""
+    bar.update(steps)
+    bar.images_done = getattr(bar, "images_done", 0.0) + images
+    bar.set_postfix(images_per_s=f"{bar.images_done / (time.perf_counter() - started):.2f}")
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
