@@ -68,6 +68,7 @@ class JanusPretrainConfig:
     vq_lr: float = 2e-3
     fg_weight: float = 10.0
     restart_every: int = 50
+    restart_until: float = 0.5  # dead-code restarts stop after this fraction of vq_steps (the codebook then settles)
     hidden: int = 128
     layers: int = 3
     lm_steps: int = 600
@@ -219,7 +220,7 @@ def train_vq(vq, pixels: torch.Tensor, cfg: JanusPretrainConfig) -> dict:
         loss.backward()
         optimizer.step()
         used[indices.flatten()] = True
-        if cfg.restart_every and (step + 1) % cfg.restart_every == 0 and step + 1 < 0.8 * cfg.vq_steps:
+        if cfg.restart_every and (step + 1) % cfg.restart_every == 0 and step + 1 < cfg.restart_until * cfg.vq_steps:
             restarts += restart_dead_codes(vq, batch, used, generator)
             used[:] = False
         history.append(metrics["mse"])
