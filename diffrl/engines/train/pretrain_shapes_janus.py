@@ -58,7 +58,7 @@ class JanusPretrainConfig:
     """All knobs of one pretraining run (the CLI flags, --snake-case)."""
 
     seed: int = 0
-    threads: int = 2
+    threads: int = 1  # on the shared 2-core CPU under load, 2 threads ran 4-10x slower than 1 (measured)
     num_images: int = 20_000
     codebook: int = 512
     embed_dim: int = 8

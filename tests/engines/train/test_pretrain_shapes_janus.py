@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
 import torch
 
 from diffrl.engines.store.prompts import PromptDataset
@@ -17,7 +16,6 @@ from diffrl.flows.build import resolve_model_path
 from diffrl.models.janus import JanusImagePolicy
 
 
-@pytest.mark.slow  # 72-112 s measured on the shared 2-core CPU under load 5-7 (other engineers' jobs)
 def test_short_run_writes_a_janus_folder_that_samples_64_tokens(tmp_path):
     cfg = JanusPretrainConfig(
         num_images=32, vq_steps=2, vq_batch=4, lm_steps=2, lm_batch=4, warmup=1, eval_prompts=4, ceiling_scenes=4
