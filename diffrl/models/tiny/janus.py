@@ -82,22 +82,23 @@ def tiny_janus_config(tokenizer) -> JanusConfig:
     )
 
 
-@register_tiny("janus")
-def build_janus(out_dir: str, seed: int) -> None:
-    """Tiny JanusForConditionalGeneration folder: weights (safetensors), tokenizer, image processor and a generation
-    config with the ids Janus' image generation reads (BOS, pad, begin-of-image) and its CFG scale 5."""
-    tokenizer = janus_tokenizer()
-    config = tiny_janus_config(tokenizer)
-    with torch.random.fork_rng(devices=[]):  # seed the weights without touching the caller's RNG
-        torch.manual_seed(seed)
-        model = JanusForConditionalGeneration(config).eval()
-    model.generation_config = GenerationConfig(
+def janus_generation_config(tokenizer, model: JanusForConditionalGeneration, guidance_scale: float = 5.0):
+    """The generation config Janus' image generation reads: BOS, pad, begin-of-image ids and the CFG scale."""
+    return GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=config.text_config.eos_token_id,
-        guidance_scale=5.0,
+        eos_token_id=model.config.text_config.eos_token_id,
+        guidance_scale=guidance_scale,
         generation_kwargs={"boi_token_id": tokenizer.convert_tokens_to_ids(JANUS_SPECIALS["boi_token"])},
     )
+
+
+def save_janus_folder(
+    out_dir: str, model: JanusForConditionalGeneration, tokenizer, guidance_scale: float = 5.0
+) -> None:
+    """Write a Janus folder: weights (safetensors), tokenizer, image processor (64x64, mean/std 0.5) and the
+    generation config of `janus_generation_config`."""
+    model.generation_config = janus_generation_config(tokenizer, model, guidance_scale)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     JanusImageProcessorPil(
@@ -105,3 +106,14 @@ def build_janus(out_dir: str, seed: int) -> None:
         image_mean=[0.5, 0.5, 0.5],
         image_std=[0.5, 0.5, 0.5],
     ).save_pretrained(out_dir)
+
+
+@register_tiny("janus")
+def build_janus(out_dir: str, seed: int) -> None:
+    """Tiny JanusForConditionalGeneration folder with random weights (save_janus_folder: CFG scale 5)."""
+    tokenizer = janus_tokenizer()
+    config = tiny_janus_config(tokenizer)
+    with torch.random.fork_rng(devices=[]):  # seed the weights without touching the caller's RNG
+        torch.manual_seed(seed)
+        model = JanusForConditionalGeneration(config).eval()
+    save_janus_folder(out_dir, model, tokenizer)
