@@ -462,6 +462,14 @@ def trained_steps(recipe: Recipe) -> int:
     return window.size if window.kind == "random_start" else recipe.num_inference_steps - 1
 
 
+def shortcut_evaluations(phase: dict, levers: Levers) -> float | None:
+    """The phase's measured rollout evaluations per image when an ODE shortcut is on, else None (the schedule's
+    steps): a variant timed without a warm-up step can time a rollout the run-ahead sampled before it started, whose
+    evaluations it never saw."""
+    shortcut = levers.ode_tail != "off" or levers.ode_head != "off"
+    return phase["rollout_evaluations_per_image"] if shortcut else None
+
+
 def flop_model(recipe: Recipe, probes: dict, levers: Levers, evaluations: float | None = None) -> dict:
     """Model FLOPs per image of one RL step (see the module docstring); `evaluations`: the rollout's measured
     transformer evaluations per image (None: the schedule's steps)."""
@@ -614,7 +622,7 @@ def main(argv: list[str] | None = None) -> dict:
             common.reset_peak(args.device)
     if main_phase is None:
         raise RuntimeError(f"every probed setting ran out of memory in a full step: {result['main_attempts']}")
-    result["flops"] = flop_model(recipe, probes, levers, main_phase["rollout_evaluations_per_image"])
+    result["flops"] = flop_model(recipe, probes, levers, shortcut_evaluations(main_phase, levers))
     add_mfu(main_phase, result["flops"], result["matmul_tflops_measured"])
     result.update(
         images_per_gpu_s=main_phase["images_per_gpu_s"],
@@ -668,7 +676,7 @@ def _run_variant(bench: Bench, result: dict, name: str, levers: Levers, main_pha
         common.reset_peak(args.device)
         bench.apply(levers)
         return
-    flops = flop_model(bench.recipe, result["probes"], changed, phase["rollout_evaluations_per_image"])
+    flops = flop_model(bench.recipe, result["probes"], changed, shortcut_evaluations(phase, changed))
     add_mfu(phase, flops, result["matmul_tflops_measured"])
     if name == "compile":
         phase["compile_seconds_estimate"] = phase["first_step_seconds"] - phase["seconds_per_step"]
