@@ -54,7 +54,11 @@ from diffrl.engines.train.trainer import PolicyTrainer  # noqa: E402
 from diffrl.models.base import SampleShape, pad_and_cat, set_tf32  # noqa: E402
 
 DATASHEET_TFLOPS = 989.4  # H100/H200 SXM dense bf16 (datasheet); the measured matmul rate is recorded too
-PUBLISHED = {"qwen_image_ocr_lora": {"verl_omni_4xH800": 0.305}, "sd35m_flow_grpo": {"flow_grpo_reference": 1.1}}
+PUBLISHED = {
+    "qwen_image_ocr_lora": {"verl_omni_4xH800": 0.305},
+    "sd35m_flow_grpo": {"flow_grpo_reference": 1.1},
+    "sd35m_mix_grpo": {},
+}
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,24 @@ RECIPES = {
         rollout_batch=24,
         algorithm=get_algorithm("flow_grpo"),
         train_candidates=((1.0, 12), (0.0, 4), (0.0, 8), (0.0, 12), (0.0, 24), (0.5, 24)),
+    ),
+    # diffrl/configs/sd35m_mix_grpo_ocr.yaml at the flow_grpo recipe's batch: MixGRPO (dance SDE, progressive
+    # 4-step window starting at 0 for RL steps 1-25), the rest as sd35m_flow_grpo; the ODE-tail lever's best case
+    # (6 deterministic steps after the window, issue 33).
+    "sd35m_mix_grpo": Recipe(
+        arch="sd3",
+        guidance_scale=4.5,
+        negative_prompt="",
+        group_size=24,
+        prompts_per_step=48,
+        mini_batch_prompts=24,
+        lora_rank=32,
+        lora_alpha=64,
+        text_tokens=77 + 128,
+        negative_tokens=77 + 128,
+        rollout_batch=24,
+        algorithm=get_algorithm("mix_grpo"),
+        train_candidates=((0.0, 12), (0.0, 24)),
     ),
 }
 VARIANTS = {  # name -> lever overrides of the main measurement (one "before" state each)
@@ -459,7 +481,8 @@ def run_phase(bench: Bench, name: str, levers: Levers, warmup: int, steps: int) 
 def trained_steps(recipe: Recipe) -> int:
     """Denoising steps trained per sample."""
     window = recipe.algorithm.window
-    return window.size if window.kind == "random_start" else recipe.num_inference_steps - 1
+    sized = ("random_start", "mix_random", "mix_progressive")  # a window of `size` steps; all_but_last: N - 1
+    return window.size if window.kind in sized else recipe.num_inference_steps - 1
 
 
 def shortcut_evaluations(phase: dict, levers: Levers) -> float | None:
