@@ -6,7 +6,10 @@ In-process, rollout and trainer share one module, so the copy cannot replace the
 the start of a ``generate`` call (so it reflects the weights of the latest sync), kept as plain attributes (not
 parameters or buffers: ``state_dict`` and the optimizer never see it), switched on per forward by swapping each
 linear's class to a subclass whose forward reads the copy, and freed at the end of the call. The original classes
-are restored on every exit, an exception included, so the trainer's replay always runs the LoRA path.
+are restored on every exit, an exception included, so the trainer's replay always runs the LoRA path. Every thread
+sees a class swap: each rollout forward holds its denoiser's lock (``forward_lock``), so a generate beside another on
+the same module (validation beside the run-ahead rollout) never runs on the other's classes. The trainer's forwards
+never overlap a rollout of their module (a step trains on finished trajectories) and take no lock.
 
 FP8 (e4m3, max 448) uses symmetric per-row scales: a weight row (output feature) or an input row (token) is divided
 by amax / 448 before the cast, the product multiplied back by both scales. On CUDA sm89+ the product is one
@@ -18,7 +21,9 @@ transformer block fuses it (the class swap makes dynamo compile each mode once).
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager, nullcontext
+import threading
+import weakref
+from contextlib import contextmanager
 from typing import ContextManager, Iterator
 
 import torch
@@ -31,6 +36,8 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 _log = logging.getLogger(__name__)
 _warned_emulated = False
+_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # denoiser -> its forward lock
+_LOCKS_GUARD = threading.Lock()
 
 
 # ---- FP8 math (pure functions) -------------------------------------------------------------------------------
@@ -104,8 +111,7 @@ _SUBCLASSES: dict[tuple[type, type], type] = {}
 
 
 def _fast_class(original: type, forward: type) -> type:
-    """A subclass of `original` (isinstance checks, peft's included, still hold) with `forward`'s forward; cached,
-    so dynamo sees one class per (layer type, mode)."""
+    """`original` with `forward`'s forward: a subclass (peft's isinstance checks hold), one per (type, mode)."""
     key = (original, forward)
     if key not in _SUBCLASSES:
         _SUBCLASSES[key] = type(f"Rollout{forward.__name__[1:]}{original.__name__}", (forward, original), {})
@@ -150,6 +156,10 @@ def _plan(roots: list[nn.Module], kind: str) -> list[tuple[nn.Module, torch.Tens
     """(module, weight (N, K) to run, bias) for every linear the kind replaces."""
     plan = []
     for root in roots:
+        if any(type(p).__name__ == "DTensor" for p in root.parameters()):
+            raise ValueError(
+                "rollout.weights.kind merged/fp8 needs an unsharded denoiser (FSDP-sharded here): use lora"
+            )
         wrappers, inner = _lora_linears(root)
         for module in wrappers:
             weight = merged_weight(module)
@@ -165,11 +175,20 @@ def _plan(roots: list[nn.Module], kind: str) -> list[tuple[nn.Module, torch.Tens
     return plan
 
 
+def forward_lock(root: nn.Module) -> threading.Lock:
+    """The lock a rollout forward on `root` holds (kept beside the module, not in it: a module stays deep-copyable)."""
+    with _LOCKS_GUARD:
+        if root not in _LOCKS:
+            _LOCKS[root] = threading.Lock()
+        return _LOCKS[root]
+
+
 class FastWeights:
-    """The rollout-only weight copy of one generate call; ``use(on)`` swaps the linears to it for a forward."""
+    """The rollout-only weight copy of one generate call; ``for_forward`` swaps the linears to it for a forward."""
 
     def __init__(self, roots: list[nn.Module], weights: RolloutWeights):
         self.weights = weights
+        self._lock = forward_lock(roots[0])
         self._swapped: list[tuple[nn.Module, type, type]] = []  # (module, original class, fast class)
         if weights.kind == "lora":
             return
@@ -185,21 +204,22 @@ class FastWeights:
                 self._swapped.append((module, type(module), _fast_class(type(module), forward)))
 
     def for_forward(self, stochastic: bool) -> ContextManager:
-        """The context of one transformer forward: fast weights unless off, or `stochastic` (an in-window sample in
-        the batch) with ``steps: deterministic``."""
+        """The context of one transformer forward (holding the lock): on the fast weights, except with kind lora or a
+        `stochastic` forward (an in-window sample in the batch) under ``steps: deterministic``."""
         if not self._swapped or (stochastic and self.weights.steps == "deterministic"):
-            return nullcontext()
+            return self._lock
         return self._active()
 
     @contextmanager
     def _active(self) -> Iterator[None]:
-        try:
-            for module, _, fast in self._swapped:
-                module.__class__ = fast
-            yield
-        finally:
-            for module, original, _ in self._swapped:
-                module.__class__ = original
+        with self._lock:
+            try:
+                for module, _, fast in self._swapped:
+                    module.__class__ = fast
+                yield
+            finally:
+                for module, original, _ in self._swapped:
+                    module.__class__ = original
 
     def free(self) -> None:
         """Drop the copies (an fp8 copy of a 20 B-parameter model is ~20 GB)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 
 import pytest
 import torch
@@ -135,6 +136,28 @@ def test_the_emulated_path_warns_once(lora_engine, caplog, monkeypatch):
         for _ in range(2):
             FastWeights(engine.adapter.denoisers(), RolloutWeights("fp8")).free()
     assert [r.message for r in caplog.records if "emulating" in r.message] == [caplog.records[0].message]
+
+
+def test_a_forward_beside_a_fast_one_waits_and_runs_the_original_classes(lora_engine):
+    # validation's generate (kind lora) beside the run-ahead rollout's (fp8) on the same module, in two threads
+    engine, _ = lora_engine
+    roots = engine.adapter.denoisers()
+    fast, plain = FastWeights(roots, RolloutWeights("fp8")), FastWeights(roots, RolloutWeights("lora"))
+    module = fast._swapped[0][0]
+    original, seen = type(module), []
+
+    def other_forward() -> None:
+        with plain.for_forward(stochastic=False):
+            seen.append(type(module))
+
+    with fast.for_forward(stochastic=False):
+        thread = threading.Thread(target=other_forward)
+        thread.start()
+        thread.join(timeout=0.2)
+        assert thread.is_alive() and not seen  # waiting for the fast forward to end
+    thread.join()
+    fast.free()
+    assert seen == [original]
 
 
 # ---- fp8 math -----------------------------------------------------------------------------------------------
