@@ -81,7 +81,7 @@ def fp8_linear(
     x_fp8_MK, x_scale_M1 = quantize_rows(x.reshape(-1, k))
     if scaled_mm:
         out_MN = torch._scaled_mm(
-            x_fp8_MK, w_fp8_NK.t(), scale_a=x_scale_M1, scale_b=w_scale_N1.t(), out_dtype=torch.bfloat16
+            x_fp8_MK, w_fp8_NK.t(), scale_a=x_scale_M1, scale_b=w_scale_N1.reshape(1, -1), out_dtype=torch.bfloat16
         ).to(x.dtype)
     else:
         out_MN = (dequantize_rows(x_fp8_MK, x_scale_M1) @ dequantize_rows(w_fp8_NK, w_scale_N1).t()).to(x.dtype)
