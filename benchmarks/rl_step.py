@@ -44,7 +44,7 @@ from diffrl.configs.schema import DataConfig, ExperimentConfig, RolloutConfig, R
 from diffrl.engines import cluster  # noqa: E402
 from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig  # noqa: E402
 from diffrl.engines.rollout import RolloutEngine  # noqa: E402
-from diffrl.engines.rollout.config import OdeShortcut  # noqa: E402
+from diffrl.engines.rollout.config import OdeShortcut, RolloutWeights  # noqa: E402
 from diffrl.engines.step.memory import StepMemory  # noqa: E402
 from diffrl.engines.step.run import DirectStages, StepClock, run_step  # noqa: E402
 from diffrl.engines.store.prompts import PromptDataset, PromptRecord, PromptSampler  # noqa: E402
@@ -150,6 +150,10 @@ VARIANTS = {  # name -> lever overrides of the main measurement (one "before" st
     # issue 33: the deterministic steps after each chunk's last SDE window on fewer evaluations (rollout.ode_tail)
     "ode_tail_dpm2m_3": {"ode_tail": "dpm2m:3"},
     "ode_tail_ab2_2": {"ode_tail": "ab2:2"},
+    # issue 33: the rollout's forwards on a merged-LoRA / FP8 copy of the weights (rollout.weights)
+    "weights_merged": {"weights": "merged"},
+    "weights_fp8": {"weights": "fp8"},
+    "weights_fp8_deterministic": {"weights": "fp8:deterministic"},
     "compile": {"compile": True},  # last: compilation cannot be undone
 }
 
@@ -167,6 +171,7 @@ class Levers:
     lora_compute: str = "fp32"
     ode_tail: str = "off"  # rollout.ode_tail as SOLVER:EVALUATIONS (dpm2m:3, ab2:2) or off
     ode_head: str = "off"  # rollout.ode_head, the same form
+    weights: str = "lora"  # rollout.weights as KIND or KIND:STEPS (merged, fp8, fp8:deterministic)
 
 
 def ode_shortcut(text: str) -> OdeShortcut:
@@ -177,6 +182,12 @@ def ode_shortcut(text: str) -> OdeShortcut:
     if not evaluations.isdigit():
         raise ValueError(f"an ODE shortcut is off or SOLVER:EVALUATIONS (dpm2m:3); got {text!r}")
     return OdeShortcut(solver, int(evaluations))
+
+
+def rollout_weights(text: str) -> RolloutWeights:
+    """`KIND` or `KIND:STEPS` (e.g. fp8:deterministic) -> the rollout's RolloutWeights (steps default: all)."""
+    kind, _, steps = text.partition(":")
+    return RolloutWeights(kind, steps or "all")
 
 
 class Bench:
@@ -256,9 +267,12 @@ class Bench:
                 batch_size=levers.rollout_batch,
                 ode_tail=ode_shortcut(levers.ode_tail),
                 ode_head=ode_shortcut(levers.ode_head),
+                weights=rollout_weights(levers.weights),
             ),
         )
         self.engines.config = self.config
+        # the trainer reads rollout.weights from its sampling config (whether the rollout's log-probs are its own)
+        self.trainer.sampling = self.config.sampling
         self.trainer.cfg.micro_batch_size = levers.micro_batch
         self.trainer.cfg.old_log_probs = levers.old_log_probs
         self.trainer.algorithm = algorithm
@@ -437,6 +451,7 @@ def choose_levers(args, recipe: Recipe, probes: dict) -> list[Levers]:
             lora_compute=args.lora_compute,
             ode_tail=args.ode_tail,
             ode_head=args.ode_head,
+            weights=args.weights,
         )
         for f, m in ranked
     ]
@@ -555,6 +570,9 @@ def parse_args(argv: list[str] | None):
     )
     parser.add_argument("--ode-tail", default="off", help="rollout.ode_tail of the main levers: off or SOLVER:K")
     parser.add_argument("--ode-head", default="off", help="rollout.ode_head of the main levers: off or SOLVER:K")
+    parser.add_argument(
+        "--weights", default="lora", help="rollout.weights of the main levers: lora, merged, fp8 or KIND:deterministic"
+    )
     parser.add_argument("--variant-steps", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=480.0, help="skip variants that would end past this (s)")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<recipe>_<device>.json)")
@@ -564,6 +582,7 @@ def parse_args(argv: list[str] | None):
         if value != "auto":
             setattr(args, name, int(value) if name == "micro_batch" else float(value))
     ode_shortcut(args.ode_tail), ode_shortcut(args.ode_head)  # a bad value fails here, before the model is built
+    rollout_weights(args.weights)
     unknown = [v for v in filter(None, args.variants.split(",")) if v not in VARIANTS]
     if unknown:
         raise ValueError(f"--variants {unknown} unknown; choose from {sorted(VARIANTS)}")
@@ -677,7 +696,7 @@ def _run_variant(bench: Bench, result: dict, name: str, levers: Levers, main_pha
         result["variants"].append({"name": name, "skipped": "same as the main levers"})
         return
     warmup = 1 if name == "compile" or bench.compiled else 0  # compiled blocks recompile for changed levers
-    if name.startswith("ode_"):
+    if name.startswith(("ode_", "weights_")):
         # a rollout lever: the run-ahead worker has already sampled the next step with the previous levers (measured
         # on the CPU: the first variant's timed step then made no transformer evaluation), so warm up one step
         warmup = max(warmup, 1)

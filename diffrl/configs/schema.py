@@ -16,7 +16,7 @@ import torch
 from diffrl.algorithms.catalog import Algorithm, get_algorithm
 from diffrl.configs.loader import ConfigError, apply_overrides, build, coerce, parse_override, to_dict
 from diffrl.engines.reward.multi import RewardComponent, RewardConfig
-from diffrl.engines.rollout.config import OdeShortcut, SamplingConfig, TokenSampling
+from diffrl.engines.rollout.config import OdeShortcut, RolloutWeights, SamplingConfig, TokenSampling
 from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.vllm_server import VllmRolloutOptions, check_rollout_options
 from diffrl.models.base import ATTENTION_BACKENDS
@@ -82,6 +82,9 @@ class RolloutConfig:
     # the first one starts (ode_head; changes the window's input) on fewer evaluations: {solver: dpm2m, evaluations: 2}
     ode_tail: OdeShortcut = field(default_factory=OdeShortcut)
     ode_head: OdeShortcut = field(default_factory=OdeShortcut)
+    # issue 33, off by default: the rollout's forwards on a merged-LoRA or FP8 copy of the weights, for every forward
+    # or only those without an in-window sample: {kind: lora | merged | fp8, steps: all | deterministic}
+    weights: RolloutWeights = field(default_factory=RolloutWeights)
     # autoregressive policies: "transformers" samples in-process with the trainer's module; "vllm" with a vLLM server
     # started from diffrl's vLLM venv (rollout.vllm: its options and how weights reach it; docs/operations.md)
     engine: str = "transformers"
@@ -146,6 +149,7 @@ class RolloutConfig:
             same_noise_per_group=self.same_noise_per_group,
             ode_tail=self.ode_tail,
             ode_head=self.ode_head,
+            weights=self.weights,
         )
 
 

@@ -67,3 +67,26 @@ def test_rl_step_ode_shortcut_levers():
         rl_step.parse_args(["--recipe", "sd35m_flow_grpo", "--ode-tail", "dpm2m"])
     with pytest.raises(ValueError, match=r"solver must be 'none' \(off\) or one of"):
         rl_step.parse_args(["--recipe", "sd35m_flow_grpo", "--ode-head", "heun:2"])
+
+
+@pytest.mark.slow  # ~20 s of CPU time
+def test_rl_step_tiny_cpu_weights_variant(tmp_path):
+    out = tmp_path / "result.json"
+    argv = ["--recipe", "sd35m_flow_grpo", "--tiny", "--device", "cpu", "--warmup", "0", "--steps", "1"]
+    rl_step.main([*argv, "--variants", "weights_fp8,weights_fp8_deterministic", "--out", str(out)])
+    recorded = json.loads(out.read_text())
+    fp8, deterministic = recorded["variants"]
+    assert fp8["levers"]["weights"] == "fp8" and deterministic["levers"]["weights"] == "fp8:deterministic"
+    assert fp8["images_per_gpu_s"] > 0 and deterministic["images_per_gpu_s"] > 0
+    # fp8 in the window: old log-probs recomputed, their gap to the rollout's measured; deterministic: the window ran
+    # the trainer's numerics (fp32 on the CPU), so the gap is that of the main levers
+    assert fp8["logprob_gap_mean"] > 1e-4 and deterministic["logprob_gap_mean"] < 1e-4
+
+
+def test_rl_step_weights_lever():
+    args = rl_step.parse_args(["--recipe", "qwen_image_ocr_lora", "--weights", "fp8:deterministic"])
+    assert rl_step.rollout_weights(args.weights) == rl_step.RolloutWeights("fp8", "deterministic")
+    assert rl_step.rollout_weights("merged") == rl_step.RolloutWeights("merged", "all")
+    assert list(rl_step.VARIANTS)[-1] == "compile"
+    with pytest.raises(ValueError, match="weights.kind must be one of"):
+        rl_step.parse_args(["--recipe", "sd35m_flow_grpo", "--weights", "int4"])

@@ -36,6 +36,38 @@ class OdeShortcut:
         return self.solver != "none"
 
 
+WEIGHT_KINDS = ("lora", "merged", "fp8")
+WEIGHT_STEPS = ("all", "deterministic")
+
+
+@dataclass(frozen=True)
+class RolloutWeights:
+    """Which weights the rollout's transformer forwards run with (issue 33; engines/rollout/fast_weights.py).
+
+    ``kind`` "lora" (the default) runs the trained module as the trainer does; "merged" runs each LoRA-wrapped
+    linear as one matmul on a rollout-only copy of W + the active adapters' delta; "fp8" also runs every eligible
+    linear with an FP8 e4m3 copy of its weight and per-token FP8 inputs. ``steps`` "all" uses those weights for every
+    forward, so the rollout's log-probs are no longer the trainer's numerics and ``train.old_log_probs: auto``
+    recomputes them; "deterministic" only for forwards in which no sample is inside its SDE window (and the ODE
+    shortcuts), so the stored window latents and log-probs stay the trainer's numerics and only the final sample
+    changes.
+    """
+
+    kind: str = "lora"
+    steps: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.kind not in WEIGHT_KINDS:
+            raise ValueError(f"weights.kind must be one of {list(WEIGHT_KINDS)}; got {self.kind!r}")
+        if self.steps not in WEIGHT_STEPS:
+            raise ValueError(f"weights.steps must be one of {list(WEIGHT_STEPS)}; got {self.steps!r}")
+
+    @property
+    def trainer_numerics(self) -> bool:
+        """Whether every stored log-prob of a rollout with these weights is computed as the trainer's replay is."""
+        return self.kind == "lora" or self.steps == "deterministic"
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How to sample: resolution, steps, guidance, and which steps are stochastic.
@@ -46,7 +78,8 @@ class SamplingConfig:
     ``sde_type`` steps at ``noise_level``; all others are Euler ODE steps, except that ``ode_tail`` can integrate the
     steps after the last window of a chunk ends (the stored window latents, sigmas and log-probs do not change,
     the final sample does) and ``ode_head`` those before its first window starts (this changes the window's input
-    latents) with fewer evaluations. Both are off by default.
+    latents) with fewer evaluations. Both are off by default. ``weights`` (RolloutWeights) can run the rollout's
+    forwards on a merged or FP8 copy of the weights; off ("lora") by default.
     """
 
     num_inference_steps: int = 10
@@ -63,6 +96,7 @@ class SamplingConfig:
     same_noise_per_group: bool = False  # DanceGRPO: a group shares its initial noise
     ode_tail: OdeShortcut = field(default_factory=OdeShortcut)
     ode_head: OdeShortcut = field(default_factory=OdeShortcut)
+    weights: RolloutWeights = field(default_factory=RolloutWeights)
 
     def __post_init__(self) -> None:
         if self.num_inference_steps < 1:
@@ -83,6 +117,8 @@ class SamplingConfig:
         for name in ("ode_tail", "ode_head"):
             if not isinstance(getattr(self, name), OdeShortcut):
                 raise TypeError(f"{name} must be an engines.rollout.config.OdeShortcut; got {getattr(self, name)!r}")
+        if not isinstance(self.weights, RolloutWeights):
+            raise TypeError(f"weights must be an engines.rollout.config.RolloutWeights; got {self.weights!r}")
         if not isinstance(self.window, WindowPolicy):
             raise TypeError(f"window must be an algorithms.windows.WindowPolicy; got {type(self.window).__name__}")
 

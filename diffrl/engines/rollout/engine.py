@@ -24,6 +24,7 @@ from diffrl.algorithms.sde import SDEStep
 from diffrl.algorithms.windows import Windows, sample_windows
 from diffrl.engines import trace
 from diffrl.engines.rollout.config import OdeShortcut, SamplingConfig
+from diffrl.engines.rollout.fast_weights import FastWeights, rollout_weights
 from diffrl.engines.rollout.shortcut import run_shortcut, shortcut_bounds
 from diffrl.engines.rollout.step import denoise_step
 from diffrl.engines.trajectories import Trajectories
@@ -202,11 +203,24 @@ class RolloutEngine:
             leave=False,  # gone once sampled: `diffrl train`'s live step line stays the one line on screen
         )
         parts, started = [], time.perf_counter()
-        with torch.no_grad():  # not inference_mode: the trainer later uses cached tensors under autograd
+        # not inference_mode: the trainer later uses cached tensors under autograd. rollout.weights: a rollout-only
+        # copy of the current weights, built here (after the latest sync) and freed when the call ends
+        with torch.no_grad(), rollout_weights(self.adapter.denoisers(), cfg.weights) as fast:
             for rows in chunks:
                 parts.append(
                     self._sample_chunk(
-                        rows, positive, negative, seeds_B, noise_seeds_B, windows, sigmas, cfg, shape, bar, started
+                        rows,
+                        positive,
+                        negative,
+                        seeds_B,
+                        noise_seeds_B,
+                        windows,
+                        sigmas,
+                        cfg,
+                        shape,
+                        bar,
+                        started,
+                        fast,
                     )
                 )
                 if on_batch is not None:
@@ -243,11 +257,14 @@ class RolloutEngine:
         shape: SampleShape,
         bar,
         started: float,
+        fast: FastWeights,
     ):
         """Denoise one chunk; returns (latents (b, W+1, *S), log_probs, sigmas, sigmas_prev (b, W), images).
 
         The step loop moves nothing between host and device (a blocking copy would stall the GPU each
         step): per-step masks and indices are computed on the device, results stay there until the end.
+        `fast` (rollout.weights) runs each forward on the fast weights, except, with ``steps: deterministic``, a
+        forward with an in-window sample (host_masks[i].any()); the ODE shortcuts are deterministic by construction.
         """
         device, b, size = self.adapter.device, len(rows), windows.size
         generators = [torch.Generator().manual_seed(int(seeds_B[r])) for r in rows]
@@ -277,7 +294,8 @@ class RolloutEngine:
         first, last = shortcut_bounds(cfg, starts, size)  # (0, N) unless an ODE shortcut is on and saves evaluations
         segment = (sigmas, sigmas_dev, enc, neg, guidance, shape, bar, started)
         with trace.span("denoise", samples=b), ThreadPoolExecutor(max_workers=1) as pool:
-            latents = self._shortcut(latents, 0, first, cfg.ode_head, *segment)
+            with fast.for_forward(stochastic=False):
+                latents = self._shortcut(latents, 0, first, cfg.ode_head, *segment)
             pending = pool.submit(_window_noise, latents.shape, host_masks[first], generators, pin)
             for i in range(first, last):
                 noise = pending.result().to(device, non_blocking=pin)
@@ -286,26 +304,28 @@ class RolloutEngine:
                 in_window = (starts_dev <= i) & (starts_dev + size > i)  # (b,) on device
                 j = (i - starts_dev).clamp(0, size - 1)  # window position
                 stored[:, 0] = torch.where((starts_dev == i).view(bcast), latents, stored[:, 0])
-                out = denoise_step(
-                    self.adapter,
-                    latents,
-                    sigmas_dev[i].expand(b),
-                    sigmas_dev[i + 1].expand(b),
-                    enc,
-                    neg,
-                    guidance_scale=guidance,
-                    shape=shape,
-                    noise=noise,
-                    sde_type=cfg.sde_type,
-                    noise_level=in_window.to(torch.float32) * cfg.noise_level,
-                    sigma_max=sigma_max,
-                )
+                with fast.for_forward(stochastic=bool(host_masks[i].any())):
+                    out = denoise_step(
+                        self.adapter,
+                        latents,
+                        sigmas_dev[i].expand(b),
+                        sigmas_dev[i + 1].expand(b),
+                        enc,
+                        neg,
+                        guidance_scale=guidance,
+                        shape=shape,
+                        noise=noise,
+                        sde_type=cfg.sde_type,
+                        noise_level=in_window.to(torch.float32) * cfg.noise_level,
+                        sigma_max=sigma_max,
+                    )
                 latents = out.prev_sample
                 stored[arange_dev, j + 1] = torch.where(in_window.view(bcast), latents, stored[arange_dev, j + 1])
                 log_probs[arange_dev, j] = torch.where(in_window, out.log_prob.float(), log_probs[arange_dev, j])
                 self.evaluations += b
                 _advance(bar, 1, b / cfg.num_inference_steps, started)
-            latents = self._shortcut(latents, last, cfg.num_inference_steps, cfg.ode_tail, *segment)
+            with fast.for_forward(stochastic=False):
+                latents = self._shortcut(latents, last, cfg.num_inference_steps, cfg.ode_tail, *segment)
             if trace.enabled() and pin:
                 torch.cuda.synchronize(latents.device)
         with trace.span("decode", samples=b):

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from diffrl.engines.numbering import step_number
-from diffrl.engines.rollout.config import OdeShortcut
+from diffrl.engines.rollout.config import OdeShortcut, RolloutWeights
 
 STALL_S = 5.0  # how long a `stall` fault point hangs before it kills the process
 
@@ -73,9 +73,12 @@ def validation_rollout(rollout, cfg, records: list, *, step: int = 0, **sampling
     if cfg.algorithm.needs.data == "tokens":
         greedy = dataclasses.replace(cfg.sampling, temperature=0.0, **sampling)
         return rollout.generate(cfg=greedy, step=step, policy_version=rollout.policy_version, **batch)
-    # the ODE shortcuts (rollout.ode_tail / ode_head) are a rollout lever, not the policy: validation samples every step
+    # the ODE shortcuts (rollout.ode_tail / ode_head) and rollout.weights are rollout levers, not the policy:
+    # validation samples every step with the trained weights
     off = OdeShortcut()
-    ode = dataclasses.replace(cfg.sampling, noise_level=0.0, ode_tail=off, ode_head=off, **sampling)
+    ode = dataclasses.replace(
+        cfg.sampling, noise_level=0.0, ode_tail=off, ode_head=off, weights=RolloutWeights(), **sampling
+    )
     if ode.window.size > ode.num_inference_steps:
         ode = dataclasses.replace(
             ode, window=dataclasses.replace(ode.window, size=ode.num_inference_steps, start_range=(0, None))

@@ -21,7 +21,8 @@ class TrainConfig:
     Batching: an optimizer step consumes ``mini_batch_prompts`` prompts x group size samples
     (over all ranks); each forward/backward sees ``micro_batch_size`` samples of one rank.
     ``old_log_probs``: "auto" reuses the rollout's log-probs as the old policy's when the rollout
-    ran in this process on this trainer's adapter at the current policy version (same numerics);
+    ran in this process on this trainer's adapter at the current policy version (same numerics) with weights the
+    replay also runs (not ``rollout.weights`` kind merged/fp8 with steps all);
     otherwise (or with "recompute", or whenever ``rollout_correction`` is on) they are recomputed
     with the current weights before the first optimizer step.
     ``rollout_correction``: "tis" multiplies each sample's loss by min(exp(old - rollout), is_cap);

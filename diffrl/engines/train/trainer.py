@@ -237,12 +237,14 @@ class PolicyTrainer(TrainerBase):
 
     def _train_denoising_steps(self, traj, advantages, rollout, engine, sums, counts) -> None:
         """Every PPO epoch and mini-batch of the step's samples, replaying their trained window steps."""
-        # Rollout log-probs are the old policy's only if they came from these very weights.
+        # Rollout log-probs are the old policy's only if they came from these very weights, run as the replay runs
+        # them (not on rollout.weights' merged/fp8 copy in the window steps: the run's sampling config says).
         same_numerics = (
             rollout is not None
             and (rollout.adapter is self.adapter or rollout.adapter is self.rollout_copy)
             and traj.policy_version == self._version
             and not self._stepped_since_sync
+            and self.sampling.weights.trainer_numerics
         )
         old = self._old_policy(traj, engine, same_numerics)
         if old.recomputed:
