@@ -121,25 +121,13 @@ RECIPES = {
         algorithm=get_algorithm("flow_grpo"),
         train_candidates=((1.0, 12), (0.0, 4), (0.0, 8), (0.0, 12), (0.0, 24), (0.5, 24)),
     ),
-    # diffrl/configs/sd35m_mix_grpo_ocr.yaml at the flow_grpo recipe's batch: MixGRPO (dance SDE, progressive
-    # 4-step window starting at 0 for RL steps 1-25), the rest as sd35m_flow_grpo; the ODE-tail lever's best case
-    # (6 deterministic steps after the window, issue 33).
-    "sd35m_mix_grpo": Recipe(
-        arch="sd3",
-        guidance_scale=4.5,
-        negative_prompt="",
-        group_size=24,
-        prompts_per_step=48,
-        mini_batch_prompts=24,
-        lora_rank=32,
-        lora_alpha=64,
-        text_tokens=77 + 128,
-        negative_tokens=77 + 128,
-        rollout_batch=24,
-        algorithm=get_algorithm("mix_grpo"),
-        train_candidates=((0.0, 12), (0.0, 24)),
-    ),
 }
+# diffrl/configs/sd35m_mix_grpo_ocr.yaml at the flow_grpo recipe's batch: MixGRPO (dance SDE, progressive 4-step window
+# starting at 0 for RL steps 1-25), the rest as sd35m_flow_grpo; the ODE-tail lever's best case (6 deterministic steps
+# after the window, issue 33).
+RECIPES["sd35m_mix_grpo"] = dataclasses.replace(
+    RECIPES["sd35m_flow_grpo"], algorithm=get_algorithm("mix_grpo"), train_candidates=((0.0, 12), (0.0, 24))
+)
 VARIANTS = {  # name -> lever overrides of the main measurement (one "before" state each)
     "recompute_old_log_probs": {"old_log_probs": "recompute"},
     "full_checkpointing": {"checkpointing": 1.0},
