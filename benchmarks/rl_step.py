@@ -144,6 +144,8 @@ VARIANTS = {  # name -> lever overrides of the main measurement (one "before" st
     "weights_merged": {"weights": "merged"},
     "weights_fp8": {"weights": "fp8"},
     "weights_fp8_deterministic": {"weights": "fp8:deterministic"},
+    # issue 33: forward batches of rows sorted by window start (rollout.sort_by_window; saves with an ODE tail on)
+    "sort_by_window": {"sort_by_window": True},
     "compile": {"compile": True},  # last: compilation cannot be undone
 }
 
@@ -162,6 +164,7 @@ class Levers:
     ode_tail: str = "off"  # rollout.ode_tail as SOLVER:EVALUATIONS (dpm2m:3, ab2:2) or off
     ode_head: str = "off"  # rollout.ode_head, the same form
     weights: str = "lora"  # rollout.weights as KIND or KIND:STEPS (merged, fp8, fp8:deterministic)
+    sort_by_window: bool = False  # rollout.sort_by_window
 
 
 def ode_shortcut(text: str) -> OdeShortcut:
@@ -257,6 +260,7 @@ class Bench:
                 batch_size=levers.rollout_batch,
                 ode_tail=ode_shortcut(levers.ode_tail),
                 ode_head=ode_shortcut(levers.ode_head),
+                sort_by_window=levers.sort_by_window,
                 weights=rollout_weights(levers.weights),
             ),
         )
@@ -442,6 +446,7 @@ def choose_levers(args, recipe: Recipe, probes: dict) -> list[Levers]:
             ode_tail=args.ode_tail or recipe.ode_tail,
             ode_head=args.ode_head,
             weights=args.weights,
+            sort_by_window=args.sort_by_window,
         )
         for f, m in ranked
     ]
@@ -562,6 +567,11 @@ def parse_args(argv: list[str] | None):
         "--ode-tail", default=None, help="rollout.ode_tail of the main levers: off or SOLVER:K (default: the recipe's)"
     )
     parser.add_argument("--ode-head", default="off", help="rollout.ode_head of the main levers: off or SOLVER:K")
+    parser.add_argument(
+        "--sort-by-window",
+        action="store_true",
+        help="rollout.sort_by_window of the main levers: forward batches of rows sorted by window start",
+    )
     parser.add_argument(
         "--weights", default="lora", help="rollout.weights of the main levers: lora, merged, fp8 or KIND:deterministic"
     )
@@ -691,7 +701,7 @@ def _run_variant(bench: Bench, result: dict, name: str, levers: Levers, main_pha
         result["variants"].append({"name": name, "skipped": "same as the main levers"})
         return
     warmup = 1 if name == "compile" or bench.compiled else 0  # compiled blocks recompile for changed levers
-    if name.startswith(("ode_", "weights_")):
+    if name.startswith(("ode_", "weights_")) or name == "sort_by_window":
         # a rollout lever: the run-ahead worker has already sampled the next step with the previous levers (measured
         # on the CPU: the first variant's timed step then made no transformer evaluation), so warm up one step
         warmup = max(warmup, 1)

@@ -82,6 +82,9 @@ class RolloutConfig:
     # the first one starts (ode_head; changes the window's input) on fewer evaluations: {solver: dpm2m, evaluations: 2}
     ode_tail: OdeShortcut = field(default_factory=OdeShortcut)
     ode_head: OdeShortcut = field(default_factory=OdeShortcut)
+    # issue 33, off by default: forward batches of the rows sorted by window start, so that a batch's loop (and its
+    # ode_tail) ends at its own latest window end; each sample's math is unchanged (rounding aside)
+    sort_by_window: bool = False
     # issue 33, off by default: the rollout's forwards on a merged-LoRA or FP8 copy of the weights, for every forward
     # or only those without an in-window sample: {kind: lora | merged | fp8, steps: all | deterministic}
     weights: RolloutWeights = field(default_factory=RolloutWeights)
@@ -149,6 +152,7 @@ class RolloutConfig:
             same_noise_per_group=self.same_noise_per_group,
             ode_tail=self.ode_tail,
             ode_head=self.ode_head,
+            sort_by_window=self.sort_by_window,
             weights=self.weights,
         )
 

@@ -90,3 +90,24 @@ def test_rl_step_weights_lever():
     assert list(rl_step.VARIANTS)[-1] == "compile"
     with pytest.raises(ValueError, match="weights.kind must be one of"):
         rl_step.parse_args(["--recipe", "sd35m_flow_grpo", "--weights", "int4"])
+
+
+@pytest.mark.slow  # ~20 s of CPU time
+def test_rl_step_tiny_cpu_sort_by_window_variant(tmp_path):
+    out = tmp_path / "result.json"
+    argv = ["--recipe", "qwen_image_ocr_lora", "--tiny", "--device", "cpu", "--warmup", "0", "--steps", "1"]
+    rl_step.main([*argv, "--variants", "sort_by_window", "--out", str(out)])
+    recorded = json.loads(out.read_text())
+    (variant,) = recorded["variants"]
+    assert variant["name"] == "sort_by_window" and variant["levers"]["sort_by_window"] is True
+    assert not recorded["main"]["levers"]["sort_by_window"]
+    assert variant["warmup_steps"] == 1 and variant["images_per_gpu_s"] > 0  # a rollout lever: one warm-up step
+    # tiny: one forward batch of the group's 2 rows, so sorting it makes the same evaluations
+    assert variant["rollout_evaluations_per_image"] == recorded["main"]["rollout_evaluations_per_image"]
+
+
+def test_rl_step_sort_by_window_lever():
+    assert not rl_step.parse_args(["--recipe", "qwen_image_ocr_lora"]).sort_by_window
+    assert rl_step.parse_args(["--recipe", "qwen_image_ocr_lora", "--sort-by-window"]).sort_by_window
+    names = list(rl_step.VARIANTS)
+    assert names.index("sort_by_window") < names.index("compile") == len(names) - 1

@@ -36,12 +36,12 @@ def _generate(policy, **kwargs) -> TokenTrajectories:
 
 def test_image_token_rollout_rows_round_trip_with_images(policy, tmp_path):
     streamed = []
-    traj = _generate(policy, on_batch=lambda start, stop, outputs: streamed.append((start, stop, outputs)))
+    traj = _generate(policy, on_batch=lambda rows, outputs: streamed.append((rows, outputs)))
     assert traj.images.shape == (4, 64, 64, 3) and traj.images.dtype == torch.uint8
     assert traj.outputs is traj.images and traj.lengths.tolist() == [16] * 4
     assert traj.responses == ["<image: 16 tokens>"] * 4
-    assert [(a, b) for a, b, _ in streamed] == [(0, 3), (3, 4)]
-    assert torch.equal(torch.cat([o for _, _, o in streamed]), traj.images)  # the reward gets images as they come
+    assert [rows for rows, _ in streamed] == [[0, 1, 2], [3]]
+    assert torch.equal(torch.cat([o for _, o in streamed]), traj.images)  # the reward gets images as they come
     assert torch.equal(policy.decode(torch.stack(traj.response_ids)), traj.images)
 
     scores = MultiReward(load_experiment("janus_shapes_grpo", []).reward)(traj.outputs, traj.prompts, traj.metadata)

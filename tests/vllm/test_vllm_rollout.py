@@ -77,9 +77,9 @@ def test_rollout_matches_the_trainer_replay(engine):
         [11, 12, 13, 14],
         SAMPLING,
         policy_version=0,
-        on_batch=lambda start, stop, texts: batches.append((start, stop, len(texts))),
+        on_batch=lambda rows, texts: batches.append((rows, len(texts))),
     )
-    assert batches == [(0, 2, 2), (2, 4, 2)]
+    assert batches == [([0, 1], 2), ([2, 3], 2)]
     policy = engine.trainer_policy
     expected = policy.encode([TokenPrompt(PROMPTS[0])])
     assert traj.prompt_ids[0].tolist() == expected.input_ids[0].tolist()

@@ -97,6 +97,13 @@ def concat_outputs(outputs: list[RewardOutput]) -> RewardOutput:
     )
 
 
+def select_outputs(out: RewardOutput, index: list[int]) -> RewardOutput:
+    """The samples `index` of an output, in that order (scores, valid and every per-sample info list)."""
+    idx = torch.as_tensor(index, dtype=torch.long)
+    info = {key: [values[i] for i in index] for key, values in out.info.items()}
+    return RewardOutput(scores=out.scores[idx], valid=out.valid[idx], info=info)
+
+
 @runtime_checkable
 class RewardFunction(Protocol):
     """Scores a batch: images uint8 (B, H, W, 3), videos (B, F, H, W, 3) or text responses (a list of B str)."""

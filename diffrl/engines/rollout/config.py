@@ -78,8 +78,10 @@ class SamplingConfig:
     ``sde_type`` steps at ``noise_level``; all others are Euler ODE steps, except that ``ode_tail`` can integrate the
     steps after the last window of a chunk ends (the stored window latents, sigmas and log-probs do not change,
     the final sample does) and ``ode_head`` those before its first window starts (this changes the window's input
-    latents) with fewer evaluations. Both are off by default. ``weights`` (RolloutWeights) can run the rollout's
-    forwards on a merged or FP8 copy of the weights; off ("lora") by default.
+    latents) with fewer evaluations. Both are off by default. ``sort_by_window`` forms the forward batches from the
+    rows sorted by window start (a batch's loop and tail then end at its own latest window end; off by default).
+    ``weights`` (RolloutWeights) can run the rollout's forwards on a merged or FP8 copy of the weights; off ("lora")
+    by default.
     """
 
     num_inference_steps: int = 10
@@ -96,6 +98,7 @@ class SamplingConfig:
     same_noise_per_group: bool = False  # DanceGRPO: a group shares its initial noise
     ode_tail: OdeShortcut = field(default_factory=OdeShortcut)
     ode_head: OdeShortcut = field(default_factory=OdeShortcut)
+    sort_by_window: bool = False  # forward batches of rows sorted by window start (issue 33)
     weights: RolloutWeights = field(default_factory=RolloutWeights)
 
     def __post_init__(self) -> None:
@@ -117,6 +120,8 @@ class SamplingConfig:
         for name in ("ode_tail", "ode_head"):
             if not isinstance(getattr(self, name), OdeShortcut):
                 raise TypeError(f"{name} must be an engines.rollout.config.OdeShortcut; got {getattr(self, name)!r}")
+        if not isinstance(self.sort_by_window, bool):
+            raise TypeError(f"sort_by_window must be a bool; got {self.sort_by_window!r}")
         if not isinstance(self.weights, RolloutWeights):
             raise TypeError(f"weights must be an engines.rollout.config.RolloutWeights; got {self.weights!r}")
         if not isinstance(self.window, WindowPolicy):

@@ -7,6 +7,10 @@ Randomness: every sample owns one CPU ``torch.Generator`` seeded with its seed; 
 initial noise (``adapter.prepare_latents``, exactly as the upstream pipeline draws it) and then the
 sample's SDE noise, one draw per window step. A sample therefore never depends on which other samples
 share its batch or chunk. Steps outside a sample's window are Euler ODE steps (noise level 0).
+
+Forward batches: cfg.batch_size consecutive rows, or with cfg.sort_by_window the rows in a stable order of window start
+(a batch then holds samples with similar windows, so its loop ends at its own latest window end and an ODE tail starts
+there); the returned trajectories are in the caller's row order either way.
 """
 
 from __future__ import annotations
@@ -170,15 +174,16 @@ class RolloutEngine:
         step: int = 0,
         metadata: list[dict] | None = None,
         policy_version: int = 0,
-        on_batch: Callable[[int, int, torch.Tensor], None] | None = None,
+        on_batch: Callable[[list[int], torch.Tensor], None] | None = None,
     ) -> Trajectories:
         """Sample B trajectories (B = len(prompts)) in chunks of cfg.batch_size samples per forward.
 
         `step` is the global RL step (MixGRPO window strategies). With cfg.same_noise_per_group every
         sample of a group starts from the initial noise of the seed of the group's first sample in
-        this call; its SDE noise still comes from its own seed. `on_batch(start, stop, images)` is called
-        with each forward batch's decoded images (rows start..stop-1) as soon as they exist, while the next
-        batch denoises (the step core streams them to the reward).
+        this call; its SDE noise still comes from its own seed. `on_batch(rows, images)` is called
+        with each forward batch's row indices (into this call's rows; not contiguous with cfg.sort_by_window) and
+        decoded images as soon as they exist, while the next batch denoises (the step core streams them to the
+        reward).
         """
         seeds_B = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
         index_B = torch.as_tensor(sample_index, dtype=torch.int64).reshape(-1)
@@ -194,7 +199,8 @@ class RolloutEngine:
         windows = sample_windows(cfg.window, cfg.num_inference_steps, seeds_B, step)
         noise_seeds_B = _initial_noise_seeds(group_ids, seeds_B) if cfg.same_noise_per_group else seeds_B
         sigmas = self.adapter.sigmas(cfg.num_inference_steps, shape).to(device="cpu", dtype=torch.float32)
-        chunks = [list(range(i, min(i + cfg.batch_size, batch))) for i in range(0, batch, cfg.batch_size)]
+        order = forward_order(windows.starts, cfg.sort_by_window)
+        chunks = [order[i : i + cfg.batch_size] for i in range(0, batch, cfg.batch_size)]
         bar = tqdm(
             total=len(chunks) * cfg.num_inference_steps,
             desc=f"sampling {batch}",
@@ -224,9 +230,12 @@ class RolloutEngine:
                     )
                 )
                 if on_batch is not None:
-                    on_batch(rows[0], rows[-1] + 1, parts[-1][-1])
+                    on_batch(rows, parts[-1][-1])
         bar.close()
         latents, log_probs, sig, sig_prev, images = (torch.cat(t) for t in zip(*parts))
+        if cfg.sort_by_window:  # back to the caller's row order
+            caller = torch.argsort(torch.tensor(order))
+            latents, log_probs, sig, sig_prev, images = (t[caller] for t in (latents, log_probs, sig, sig_prev, images))
         return Trajectories(
             prompts=list(prompts),
             group_ids=list(group_ids),
@@ -406,6 +415,14 @@ class RolloutEngine:
 def _cache_text(prompt: str, image_digest: str | None) -> str:
     """What an encoding is of: the prompt, and for an editing model its input image's digest."""
     return prompt if image_digest is None else f"{prompt}\x00image:sha256:{image_digest}"
+
+
+def forward_order(starts_B: torch.Tensor, sort_by_window: bool) -> list[int]:
+    """The order rows go through the forward batches: as given, or (sort_by_window) a stable sort on window start
+    (ties keep the caller's order), so that rows with similar windows share a batch."""
+    if not sort_by_window:
+        return list(range(len(starts_B)))
+    return torch.sort(starts_B, stable=True).indices.tolist()
 
 
 def _initial_noise_seeds(group_ids: list[str], seeds_B: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,7 @@ class TokenRolloutEngine(Protocol):
         step: int = 0,
         policy_version: int = 0,
         metadata: list[dict] | None = None,
-        on_batch: Callable[[int, int, list[str]], None] | None = None,
+        on_batch: Callable[[list[int], list[str]], None] | None = None,
     ) -> TokenTrajectories: ...
 
     def update_weights(self, version: int) -> None: ...
@@ -83,12 +83,12 @@ class TransformersTokenEngine:
         step: int = 0,
         policy_version: int = 0,
         metadata: list[dict] | None = None,
-        on_batch: Callable[[int, int, list[str]], None] | None = None,
+        on_batch: Callable[[list[int], list[str]], None] | None = None,
     ) -> TokenTrajectories:
         """One response per row, cfg.batch_size rows per generate call, each call seeded by its first row's seed
-        (rows of one prompt may share a call: the call's RNG draws them in turn). `on_batch(start, stop,
-        outputs)` gets each call's decoded responses (or, for image-token responses, its decoded images) as soon as
-        they are there (streamed rewards)."""
+        (rows of one prompt may share a call: the call's RNG draws them in turn). `on_batch(rows, outputs)`
+        gets each call's row indices and decoded responses (or, for image-token responses, its decoded images) as soon
+        as they are there (streamed rewards)."""
         metadata = metadata if metadata is not None else [{} for _ in prompts]
         if not len(prompts) == len(group_ids) == len(sample_index) == len(seeds) == len(metadata):
             raise ValueError("prompts, group_ids, sample_index, seeds and metadata must have one entry per sample")
@@ -102,7 +102,7 @@ class TransformersTokenEngine:
             part = self._sample(rows[start:stop], cfg, int(seeds[start]) % (2**63 - 1))
             parts.append(part)
             if on_batch is not None:
-                on_batch(start, stop, part[3] if part[4] is None else part[4])
+                on_batch(list(range(start, stop)), part[3] if part[4] is None else part[4])
         return TokenTrajectories(
             prompts=list(prompts),
             group_ids=list(group_ids),

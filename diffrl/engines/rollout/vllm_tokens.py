@@ -135,10 +135,11 @@ class VllmTokenEngine:
         step: int = 0,
         policy_version: int = 0,
         metadata: list[dict] | None = None,
-        on_batch: Callable[[int, int, list[str]], None] | None = None,
+        on_batch: Callable[[list[int], list[str]], None] | None = None,
     ) -> TokenTrajectories:
         """One response per row; requests of cfg.batch_size rows are in flight together (up to `concurrency`) and
-        `on_batch(start, stop, responses)` gets each batch in order as soon as it is complete."""
+        `on_batch(rows, responses)` gets each batch (its row indices and responses) in order as soon as it is
+        complete."""
         metadata = metadata if metadata is not None else [{} for _ in prompts]
         if not len(prompts) == len(group_ids) == len(sample_index) == len(seeds) == len(metadata):
             raise ValueError("prompts, group_ids, sample_index, seeds and metadata must have one entry per sample")
@@ -177,7 +178,7 @@ class VllmTokenEngine:
                 decoded = self.trainer_policy.tokenizer.batch_decode(responses[start:stop], skip_special_tokens=True)
                 texts[start:stop] = decoded
                 if on_batch is not None:
-                    on_batch(start, stop, decoded)
+                    on_batch(list(range(start, stop)), decoded)
         return TokenTrajectories(
             prompts=list(prompts),
             group_ids=list(group_ids),

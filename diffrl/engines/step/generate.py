@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from diffrl.engines.numbering import step_number
-from diffrl.engines.reward.base import concat_outputs
+from diffrl.engines.reward.base import concat_outputs, select_outputs
 from diffrl.engines.step.memory import ChunkRewards
 from diffrl.engines.step.plan import chunk_plan, inject_fault, num_chunks, sample_seed, validation_due
 from diffrl.engines.step.records import Generated, Scored
@@ -87,10 +87,10 @@ def sample_chunk(engines: Any, step: int, chunk: int) -> Trajectories:
     on_batch = None
     if engines.reward is not None and memory.asynchronous:
 
-        def on_batch(start: int, stop: int, images: torch.Tensor) -> None:
-            memory.stream_reward(
-                step, chunk, functools.partial(engines.reward, images, prompts[start:stop], metadata[start:stop])
-            )
+        def on_batch(rows: list[int], outputs: torch.Tensor | list[str]) -> None:
+            # rows: the batch's rows of this chunk (not contiguous when rollout.sort_by_window reorders the batches)
+            score = functools.partial(engines.reward, outputs, [prompts[r] for r in rows], [metadata[r] for r in rows])
+            memory.stream_reward(step, chunk, rows, score)
 
     with _rollout_policy(engines):
         return engines.rollout.generate(
@@ -164,7 +164,9 @@ def score(engines: Any, step: int, chunk: int) -> Scored:
         )
     )
     if streamed is not None:
-        out, seconds = concat_outputs(streamed[0]), streamed[1]
+        outputs, rows, seconds = streamed
+        assert sorted(rows) == list(range(len(traj))), f"streamed rows {rows} of chunk {chunk} are not its rows"
+        out = select_outputs(concat_outputs(outputs), torch.argsort(torch.tensor(rows)).tolist())  # in row order
     else:
         started = time.perf_counter()
         out = engines.reward(traj.outputs, traj.prompts, traj.metadata)

@@ -61,7 +61,8 @@ class StepMemory:
         self._rewards = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diffrl-reward")
         self._lock = threading.Lock()
         self._chunks: dict[tuple[int, int], Future] = {}  # (step, chunk) -> Future[(Trajectories, s)]
-        self._streamed: dict[tuple[int, int], list[Future]] = {}  # (step, chunk) -> Futures[(RewardOutput, s)]
+        # (step, chunk) -> [(rows of the sub-batch, Future[(RewardOutput, s)])] in submission order
+        self._streamed: dict[tuple[int, int], list[tuple[list[int], Future]]] = {}
         self._rewards_done: dict[tuple[int, int], ChunkRewards] = {}
         self._advantages: dict[int, torch.Tensor] = {}
         self._held: list[tuple] = []  # the step's durable writes, until the update releases them
@@ -137,26 +138,28 @@ class StepMemory:
             self.writer.submit(tag, what, fn, *args)
 
     # ---- rewards ---------------------------------------------------------------------------------------
-    def stream_reward(self, step: int, chunk: int, score: Callable[[], object]) -> None:
-        """Score one decoded sub-batch of a chunk on the reward worker (while the rollout goes on)."""
+    def stream_reward(self, step: int, chunk: int, rows: list[int], score: Callable[[], object]) -> None:
+        """Score one decoded sub-batch of a chunk (its `rows` of the chunk) on the reward worker (while the rollout
+        goes on)."""
         with self._lock:
-            self._streamed.setdefault((step, chunk), []).append(
-                self._rewards.submit(_timed, score, "reward", step, chunk)
-            )
+            future = self._rewards.submit(_timed, score, "reward", step, chunk)
+            self._streamed.setdefault((step, chunk), []).append((list(rows), future))
 
     def reset_stream(self, step: int, chunk: int) -> None:
         """Forget a chunk's streamed sub-batches (its rollout starts again)."""
         with self._lock:
             self._streamed.pop((step, chunk), None)
 
-    def take_streamed(self, step: int, chunk: int) -> tuple[list, float] | None:
-        """(reward outputs of the chunk's sub-batches in order, their compute seconds), or None."""
+    def take_streamed(self, step: int, chunk: int) -> tuple[list, list[int], float] | None:
+        """(reward outputs of the chunk's sub-batches in submission order, the chunk rows they score in that order,
+        their compute seconds), or None."""
         with self._lock:
-            futures = self._streamed.pop((step, chunk), None)
-        if not futures:
+            streamed = self._streamed.pop((step, chunk), None)
+        if not streamed:
             return None
-        results = [f.result() for f in futures]
-        return [out for out, _ in results], sum(s for _, s in results)
+        results = [f.result() for _, f in streamed]
+        rows = [r for batch, _ in streamed for r in batch]
+        return [out for out, _ in results], rows, sum(s for _, s in results)
 
     def put_rewards(self, step: int, chunk: int, rewards: ChunkRewards) -> None:
         with self._lock:
@@ -193,7 +196,7 @@ class StepMemory:
         if self.ahead is not None:
             self.ahead.wait()
         with self._lock:
-            pending = list(self._chunks.values()) + [f for fs in self._streamed.values() for f in fs]
+            pending = list(self._chunks.values()) + [f for fs in self._streamed.values() for _, f in fs]
         for future in pending:
             try:
                 future.result()

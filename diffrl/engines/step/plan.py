@@ -73,11 +73,17 @@ def validation_rollout(rollout, cfg, records: list, *, step: int = 0, **sampling
     if cfg.algorithm.needs.data == "tokens":
         greedy = dataclasses.replace(cfg.sampling, temperature=0.0, **sampling)
         return rollout.generate(cfg=greedy, step=step, policy_version=rollout.policy_version, **batch)
-    # the ODE shortcuts (rollout.ode_tail / ode_head) and rollout.weights are rollout levers, not the policy:
-    # validation samples every step with the trained weights
+    # the ODE shortcuts (rollout.ode_tail / ode_head), rollout.sort_by_window and rollout.weights are rollout levers,
+    # not the policy: validation samples every step with the trained weights, in the caller's batches
     off = OdeShortcut()
     ode = dataclasses.replace(
-        cfg.sampling, noise_level=0.0, ode_tail=off, ode_head=off, weights=RolloutWeights(), **sampling
+        cfg.sampling,
+        noise_level=0.0,
+        ode_tail=off,
+        ode_head=off,
+        sort_by_window=False,
+        weights=RolloutWeights(),
+        **sampling,
     )
     if ode.window.size > ode.num_inference_steps:
         ode = dataclasses.replace(
