@@ -536,6 +536,13 @@ def parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", required=True, choices=sorted(RECIPES))
     parser.add_argument("--quick", action="store_true", help="one prompt (one group) per step instead of the recipe's")
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=None,
+        help="with --quick/--tiny: prompts per step (e.g. 4: 64 Qwen-Image rows, the YAML's chunk_size, in 4 forward "
+        "batches, which rollout.sort_by_window can reorder)",
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny models, 64x64 (CPU smoke test)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--warmup", type=int, default=1)
@@ -596,10 +603,12 @@ def parse_args(argv: list[str] | None):
 
 
 def scaled_recipe(args) -> Recipe:
-    """The recipe at the requested size: --quick keeps one prompt; --tiny shrinks everything for the CPU."""
+    """The recipe at the requested size: --quick keeps --prompts prompts (one group each, default 1) in one generate
+    call and optimizer step; --tiny shrinks everything for the CPU."""
     recipe = RECIPES[args.recipe]
     if args.quick or args.tiny:
-        recipe = dataclasses.replace(recipe, prompts_per_step=1, mini_batch_prompts=1)
+        prompts = args.prompts or 1
+        recipe = dataclasses.replace(recipe, prompts_per_step=prompts, mini_batch_prompts=prompts)
     if args.tiny:
         tokens = 8 if recipe.arch == "qwen_image" else recipe.text_tokens
         window = recipe.algorithm.window

@@ -96,13 +96,14 @@ def test_rl_step_weights_lever():
 def test_rl_step_tiny_cpu_sort_by_window_variant(tmp_path):
     out = tmp_path / "result.json"
     argv = ["--recipe", "qwen_image_ocr_lora", "--tiny", "--device", "cpu", "--warmup", "0", "--steps", "1"]
-    rl_step.main([*argv, "--variants", "sort_by_window", "--out", str(out)])
+    rl_step.main([*argv, "--prompts", "2", "--variants", "sort_by_window", "--out", str(out)])
     recorded = json.loads(out.read_text())
     (variant,) = recorded["variants"]
+    assert recorded["main"]["images_per_step"] == 4  # --prompts 2: two groups of 2, in two forward batches of 2
     assert variant["name"] == "sort_by_window" and variant["levers"]["sort_by_window"] is True
     assert not recorded["main"]["levers"]["sort_by_window"]
     assert variant["warmup_steps"] == 1 and variant["images_per_gpu_s"] > 0  # a rollout lever: one warm-up step
-    # tiny: one forward batch of the group's 2 rows, so sorting it makes the same evaluations
+    # tiny: 4 steps, so no tail is ever shortened (a tail of at most 2 steps, K = 2): the same evaluations
     assert variant["rollout_evaluations_per_image"] == recorded["main"]["rollout_evaluations_per_image"]
 
 

@@ -42,7 +42,10 @@ def test_image_token_rollout_rows_round_trip_with_images(policy, tmp_path):
     assert traj.responses == ["<image: 16 tokens>"] * 4
     assert [rows for rows, _ in streamed] == [[0, 1, 2], [3]]
     assert torch.equal(torch.cat([o for _, o in streamed]), traj.images)  # the reward gets images as they come
-    assert torch.equal(policy.decode(torch.stack(traj.response_ids)), traj.images)
+    # decoded in the rollout's own batches (rows 0-2, then 3): a conv's fp32 rounding depends on the batch on some CPUs
+    # (on an AMD EPYC, decoding all 4 at once moved a few pixels by one level)
+    ids = torch.stack(traj.response_ids)
+    assert torch.equal(torch.cat([policy.decode(ids[:3]), policy.decode(ids[3:])]), traj.images)
 
     scores = MultiReward(load_experiment("janus_shapes_grpo", []).reward)(traj.outputs, traj.prompts, traj.metadata)
     assert scores.scores.shape == (4,) and bool(scores.valid.all())  # geneval_lite scores the decoded images
