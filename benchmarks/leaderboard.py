@@ -172,6 +172,8 @@ def run_one(
         raise SystemExit("the leaderboard runs on the shapes models (model.path reference:shapes*) with a data.val")
     device, _ = cfg.model.device_and_dtype()
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    if device.type == "cpu" and concurrent_runs > 1:  # K runs on the CPU share its cores rather than each taking all
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // concurrent_runs))
     torch.manual_seed(seed)
     engines = build_engines(cfg, durable=False)
     stages = DirectStages(engines)
@@ -278,7 +280,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     """The runs not finished yet in `args.out_dir`, in row order and seed by seed, within `--deadline-s`; with
     `--parallel K` > 1, up to K at once in child processes (leaderboard_parallel.run_parallel)."""
     plan = plan_of(args)
-    if args.parallel < 1 or args.concurrent < 1:
+    if args.parallel < 1:
         raise SystemExit(f"--parallel must be >= 1, got {args.parallel}")
     os.makedirs(args.out_dir, exist_ok=True)
     if args.parallel > 1:

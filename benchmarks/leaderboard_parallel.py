@@ -41,6 +41,25 @@ class Child:
     log: str
     process: subprocess.Popen
     started: float
+    # runs going (itself included) x seconds, since `counted`: a run of the last wave has fewer neighbours
+    run_seconds: float = 0.0
+    counted: float = 0.0
+
+    def count(self, running: int, now: float) -> None:
+        """Add the `running` runs that went since the last count."""
+        self.run_seconds += running * (now - (self.counted or self.started))
+        self.counted = now
+
+    def mean_alongside(self) -> float:
+        """The time-weighted mean of the runs going while this one ran, itself included."""
+        return self.run_seconds / max(self.counted - self.started, 1e-9)
+
+
+def count(running: list[Child]) -> None:
+    """Before the running set changes: each running child adds the time since its last count at the set's size."""
+    now = time.monotonic()
+    for child in running:
+        child.count(len(running), now)
 
 
 @lru_cache
@@ -77,11 +96,14 @@ def finish_child(child: Child) -> dict:
     if os.path.exists(child.path):
         with open(child.path) as f:
             record = json.load(f)
-    if code != 0 and not record.get("finished"):
-        from common import write_json
+    from common import write_json
 
+    if code != 0 and not record.get("finished"):
         stub = {"algorithm": child.row.name, "seed": child.seed, "history": [], "finished": False}
         record = {**stub, **record, "exit_code": code, "log": os.path.relpath(child.log, os.path.dirname(child.path))}
+    if record and child.counted:
+        record["mean_runs_alongside"] = child.mean_alongside()
+    if record:
         write_json(child.path, record)
     return record
 
@@ -132,11 +154,14 @@ def run_parallel(plan: Plan, out_dir: str, parallel: int, deadline_s: float | No
                     pending.clear()
                     break
                 pending.pop(0)
+                count(running)
                 running.append(start_child(plan, row, seed, out_dir, parallel))
                 print(f"started {row.name} seed {seed} ({len(running)} running), log {running[-1].log}", flush=True)
             if not running:
                 break
-            for child in wait_any(running):
+            ended = wait_any(running)
+            count(running)
+            for child in ended:
                 running.remove(child)
                 seconds = time.monotonic() - child.started
                 longest_s = max(longest_s or 0.0, seconds)

@@ -51,11 +51,13 @@ HOW_IT_RUNS = """## How it runs
   output goes to `<record stem>.log` beside its JSON, the parent prints each start and end with the exit code, a
   failed child leaves its record "finished": false (with its exit code) without stopping the others, and the parent
   then exits non-zero. Each record has `concurrent_runs` (K; 1 one at a time) and `train_images_per_s` (images
-  seen / training seconds: the share of the GPU the run had).
+  seen / training seconds: the share of the GPU the run had). On the CPU each child takes its share of the cores.
 - **Fairness**: a run's budget is `budget_s` seconds of training wall time on a GPU time-sliced between the contexts
-  of the K runs started together, so budgets are equal across rows only when every row ran at the same K (and a run
-  of the last wave, with fewer neighbours, gets more of the GPU: compare `train_images_per_s`). The report states K
-  in the header and per row ("runs at once"), and flags a mix of K above the table.
+  of the K runs started together, so budgets are equal across rows only when every row ran at the same K. A run of
+  the last wave, with fewer neighbours, gets more of the GPU: the parent adds `mean_runs_alongside` (the runs going
+  while it ran, itself included, time-weighted) to each record, and `train_images_per_s` shows the share it had. The
+  report states K in the header and per row ("runs at once", with the mean over the row's runs), and flags a mix of
+  K above the table.
 - `probe` chooses K: it trains the first row (flow_grpo, seed 0; to a temporary folder, one held-out prompt
   evaluated) alone and then K copies at once, their training started together, for `--seconds` of training each,
   and reports each run's training images/s, their mean relative to the solo run and their sum, per K. Take the
@@ -123,6 +125,8 @@ def summarize(records: list[dict]) -> dict:
         "train_s": statistics.fmean(r["history"][-1]["train_s"] for r in records),
         "time_to_gain": (statistics.fmean(reached) if reached else None, len(reached)),
         "concurrent_runs": sorted({concurrency(r) for r in records}),
+        # runs going at once while these ran, time-weighted (the parent's count: fewer in a last wave)
+        "mean_alongside": statistics.fmean(r.get("mean_runs_alongside", concurrency(r)) for r in records),
         "images_per_s": statistics.fmean(
             r["history"][-1]["images"] / r["history"][-1]["train_s"] if r["history"][-1]["train_s"] else 0.0
             for r in records
@@ -205,6 +209,7 @@ def table(runs: dict[str, list[dict]]) -> list[str]:
         to_gain = f"{t:.0f} s ({reached}/{n} seeds)" if t is not None else f"not reached (0/{n})"
         flag = "" if s["finished"] else " (unfinished)"
         ks = ", ".join(map(str, s["concurrent_runs"])) + (" (mixed)" if len(s["concurrent_runs"]) > 1 else "")
+        ks += f" (mean {s['mean_alongside']:.1f})" if s["concurrent_runs"] != [1] else ""
         lines.append(
             f"| {a}{flag} | {n} | {_pct(s['before'], n)} | {_pct(s['final'], n)} | "
             f"{100 * (s['final'][0] - s['before'][0]):+.1f} | {s['images']:.0f} | {s['train_s']:.0f} | {to_gain} "
