@@ -25,6 +25,7 @@ from functools import lru_cache
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from common import write_json  # noqa: E402
 from leaderboard import MINIATURE, REPO, ROWS, Plan, Row, _finished, run_path  # noqa: E402
 
 # The probe measures training throughput: its runs evaluate one held-out prompt once (before and after), not 204.
@@ -96,8 +97,6 @@ def finish_child(child: Child) -> dict:
     if os.path.exists(child.path):
         with open(child.path) as f:
             record = json.load(f)
-    from common import write_json
-
     if code != 0 and not record.get("finished"):
         stub = {"algorithm": child.row.name, "seed": child.seed, "history": [], "finished": False}
         record = {**stub, **record, "exit_code": code, "log": os.path.relpath(child.log, os.path.dirname(child.path))}
@@ -115,6 +114,17 @@ def wait_any(children: list[Child]) -> list[Child]:
         if ended:
             return ended
         time.sleep(0.2)
+
+
+def wait_all(children: list[Child]) -> None:
+    """Block until every child has ended, or one has failed (the others, waiting at its barrier, are then stopped)."""
+    remaining = list(children)
+    while remaining:
+        for child in wait_any(remaining):
+            remaining.remove(child)
+            if child.process.returncode != 0:
+                stop(remaining)
+                return
 
 
 def stop(children: list[Child]) -> None:
@@ -168,11 +178,14 @@ def run_parallel(plan: Plan, out_dir: str, parallel: int, deadline_s: float | No
                 record = finish_child(child)
                 code = child.process.returncode
                 print(f"ended {child.row.name} seed {child.seed}: exit code {code} after {seconds:.0f} s", flush=True)
-                (failed if code != 0 else done).append(record)
+                if code != 0:
+                    failed.append(f"{child.row.name} seed {child.seed} (exit code {code})")
+                else:
+                    done.append(record)
     finally:
         stop(running)
     if failed:
-        names = ", ".join(f"{r['algorithm']} seed {r['seed']} (exit code {r.get('exit_code')})" for r in failed)
+        names = ", ".join(failed)
         raise SystemExit(f"{len(failed)} of the runs failed: {names}; their logs are beside their records in {out_dir}")
     return done
 
@@ -192,19 +205,21 @@ def probe(args: argparse.Namespace) -> dict:
             barrier = os.path.join(tmp, f"k{k}_barrier")
             children = [start_child(plan, row, 0, os.path.join(tmp, f"k{k}_run{i}"), k, barrier) for i in range(k)]
             try:
-                for child in children:
-                    child.process.wait()
+                wait_all(children)
             finally:
                 stop(children)
+            failed = [c for c in children if c.process.returncode != 0]
+            if failed:  # the one that failed first by itself, not a neighbour stopped because of it
+                culprit = next((c for c in failed if c.process.returncode > 0), failed[0])
+                with open(culprit.log) as f:
+                    tail = f.read()[-3000:]
+                raise SystemExit(f"probe K={k}: a run failed (exit code {culprit.process.returncode}):\n{tail}")
             runs = []
             for child in children:
                 record = finish_child(child)
-                if child.process.returncode != 0:
-                    with open(child.log) as f:
-                        tail = f.read()[-3000:]
-                    raise SystemExit(f"probe K={k}: a run failed (exit code {child.process.returncode}):\n{tail}")
                 last = record["history"][-1]
-                runs.append({"train_images_per_s": record["train_images_per_s"], **_last(last)})
+                runs.append({"train_images_per_s": record["train_images_per_s"], "images": last["images"]})
+                runs[-1] |= {"train_s": last["train_s"], "steps": last["step"]}
             per_run = [r["train_images_per_s"] for r in runs]
             entry = {"k": k, "runs": runs, "per_run_mean": sum(per_run) / k, "aggregate_images_per_s": sum(per_run)}
             result["by_k"].append(entry)
@@ -217,11 +232,5 @@ def probe(args: argparse.Namespace) -> dict:
         entry["per_run_vs_solo"] = entry["per_run_mean"] / solo if solo else None
     print(json.dumps(result, indent=1), flush=True)
     if args.out:
-        from common import write_json
-
         write_json(args.out, result)
     return result
-
-
-def _last(entry: dict) -> dict:
-    return {"images": entry["images"], "train_s": entry["train_s"], "steps": entry["step"]}

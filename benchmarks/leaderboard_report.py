@@ -57,11 +57,14 @@ HOW_IT_RUNS = """## How it runs
   the last wave, with fewer neighbours, gets more of the GPU: the parent adds `mean_runs_alongside` (the runs going
   while it ran, itself included, time-weighted) to each record, and `train_images_per_s` shows the share it had. The
   report states K in the header and per row ("runs at once", with the mean over the row's runs), and flags a mix of
-  K above the table.
+  K above the table. A neighbour's evaluations (left out of its own clock) share the GPU with a run's training too;
+  every row evaluates alike, so this too is even only at one K.
 - `probe` chooses K: it trains the first row (flow_grpo, seed 0; to a temporary folder, one held-out prompt
   evaluated) alone and then K copies at once, their training started together, for `--seconds` of training each,
   and reports each run's training images/s, their mean relative to the solo run and their sum, per K. Take the
-  largest K at which a run keeps most of its solo speed (the aggregate gain is what the leaderboard saves).
+  largest K at which a run keeps most of its solo speed (the aggregate gain is what the leaderboard saves). The
+  probe is one 10-minute call (four groups of start-up plus 60 s). With `--deadline-s 540` and 300 s budgets a call
+  runs about one wave of K runs, so K also sets how many calls the 18 runs take.
 
 ```bash
 python benchmarks/leaderboard.py probe --parallel 1 2 3 4 --seconds 60 \\
