@@ -9,9 +9,12 @@ ends past `--budget-s` seconds of training (evaluation excluded). Held-out stric
 of training, with the images seen so far. One JSON per run goes to `--out-dir` (default
 benchmarks/results/leaderboard/), rewritten after each evaluation; a run whose JSON says "finished" is skipped, so
 a series of calls shorter than the whole leaderboard finishes it (`--deadline-s`: start no run that would end past
-it).
+it). `--parallel K` runs up to K of them at once on the one GPU, each in its own child process
+(benchmarks/leaderboard_parallel.py), and `probe` measures how much of its solo speed a run keeps at each K.
 
     python benchmarks/leaderboard.py run --seeds 0 1 --budget-s 300 --deadline-s 560   # GPU: the next runs
+    python benchmarks/leaderboard.py probe --parallel 1 2 3 4 --seconds 60 --out probe.json   # GPU: choose K
+    python benchmarks/leaderboard.py run --seeds 0 1 --budget-s 300 --parallel 3 --deadline-s 540   # K at once
     python benchmarks/leaderboard.py run --algorithms flow_grpo dpo --seeds 2            # some rows only
     python benchmarks/leaderboard.py report      # docs/leaderboard.md's table + docs/images/leaderboard_*.png
     python benchmarks/leaderboard.py run --miniature --out-dir /tmp/lb   # CPU: 2 rows, 1 seed, ~1 minute
@@ -149,9 +152,14 @@ def run_one(
     eval_every_s: float,
     out_dir: str,
     command: str,
+    concurrent_runs: int = 1,
+    barrier: str | None = None,
 ) -> dict:
     """Train one (row, seed) for `budget_s` seconds of training, evaluating every `eval_every_s` of them; the
-    record is rewritten after each evaluation (a run cut short keeps what it measured, "finished": false)."""
+    record is rewritten after each evaluation (a run cut short keeps what it measured, "finished": false).
+
+    `concurrent_runs` is how many runs the parent started together on this device (recorded: the budget is seconds
+    of a shared GPU); with `barrier` (a folder), training starts only once that many runs have reached it."""
     import torch
     from shapes_rl import evaluate
 
@@ -164,6 +172,8 @@ def run_one(
         raise SystemExit("the leaderboard runs on the shapes models (model.path reference:shapes*) with a data.val")
     device, _ = cfg.model.device_and_dtype()
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    if device.type == "cpu" and concurrent_runs > 1:  # K runs on the CPU share its cores rather than each taking all
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // concurrent_runs))
     torch.manual_seed(seed)
     engines = build_engines(cfg, durable=False)
     stages = DirectStages(engines)
@@ -179,6 +189,7 @@ def run_one(
         "torch": torch.__version__,
         "budget_s": budget_s,
         "eval_every_s": eval_every_s,
+        "concurrent_runs": concurrent_runs,
         "samples_per_step": cfg.rollout.samples_per_step,
         "val_prompts": len(engines.val_prompts),
         "val_samples_per_prompt": cfg.data.val_samples_per_prompt,
@@ -198,10 +209,13 @@ def run_one(
             }
         )
         record["steps_per_s"] = len(step_seconds) / train_s if train_s else None
+        record["train_images_per_s"] = images / train_s if train_s else None
         write_json(path, record)
         print(json.dumps({"algorithm": row.name, "seed": seed, **history[-1]}), flush=True)
 
     evaluate_now(0, 0.0, 0)
+    if barrier:
+        wait_at_barrier(barrier, concurrent_runs)
     clock, train_s, images, step = StepClock(), 0.0, 0, 0
     next_eval = eval_every_s
     while train_s < budget_s and step < cfg.run.steps:
@@ -221,8 +235,32 @@ def run_one(
     return record
 
 
-def run(args: argparse.Namespace) -> list[dict]:
-    """The runs not finished yet in `args.out_dir`, in row order and seed by seed, within `--deadline-s`."""
+@dataclass(frozen=True)
+class Plan:
+    """What a `run` or `probe` call trains: the base config, the rows and seeds, the budget and every run's overrides
+    (`--miniature` resolved)."""
+
+    config: str
+    names: tuple[str, ...]
+    seeds: tuple[int, ...]
+    budget_s: float
+    eval_every_s: float
+    extra: tuple[str, ...]
+
+    def rows(self) -> list[Row]:
+        return [r for r in ROWS if r.name in self.names]
+
+    def child_argv(self, row: Row, seed: int, out_dir: str, concurrent: int, barrier: str | None = None) -> list[str]:
+        """The command line of a child process training one (row, seed) of this plan (overrides first: `--seeds`
+        and `--algorithms` take every word after them)."""
+        argv = [sys.executable, os.path.abspath(__file__), "run", *self.extra, "--algorithms", row.name]
+        argv += ["--seeds", str(seed), "--config", self.config, "--budget-s", str(self.budget_s)]
+        argv += ["--eval-every-s", str(self.eval_every_s), "--out-dir", out_dir, "--concurrent", str(concurrent)]
+        return argv + (["--barrier", barrier] if barrier else [])
+
+
+def plan_of(args: argparse.Namespace) -> Plan:
+    """The Plan of a `run` or `probe` call, checked."""
     config, extra = args.config, list(args.overrides)
     names, seeds = args.algorithms or list(ROW_NAMES), args.seeds
     budget_s, eval_every_s = args.budget_s, args.eval_every_s
@@ -235,10 +273,23 @@ def run(args: argparse.Namespace) -> list[dict]:
         raise SystemExit(f"unknown leaderboard rows {unknown}; the rows: {list(ROW_NAMES)}")
     if eval_every_s <= 0 or budget_s <= 0:
         raise SystemExit("--budget-s and --eval-every-s must be > 0")
+    return Plan(config, tuple(names), tuple(seeds), budget_s, eval_every_s, tuple(extra))
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    """The runs not finished yet in `args.out_dir`, in row order and seed by seed, within `--deadline-s`; with
+    `--parallel K` > 1, up to K at once in child processes (leaderboard_parallel.run_parallel)."""
+    plan = plan_of(args)
+    if args.parallel < 1:
+        raise SystemExit(f"--parallel must be >= 1, got {args.parallel}")
     os.makedirs(args.out_dir, exist_ok=True)
+    if args.parallel > 1:
+        from leaderboard_parallel import run_parallel
+
+        return run_parallel(plan, args.out_dir, args.parallel, args.deadline_s)
     started, done, last_s = time.monotonic(), [], None
-    for seed in seeds:
-        for row in (r for r in ROWS if r.name in names):
+    for seed in plan.seeds:
+        for row in plan.rows():
             existing = _finished(args.out_dir, row.name, seed)
             if existing:
                 print(f"{row.name} seed {seed}: finished earlier ({existing}), skipped", flush=True)
@@ -253,33 +304,49 @@ def run(args: argparse.Namespace) -> list[dict]:
                     "python",
                     "benchmarks/leaderboard.py",
                     "run",
+                    *plan.extra,
                     "--algorithms",
                     row.name,
                     "--seeds",
                     str(seed),
                     "--config",
-                    config,
+                    plan.config,
                     "--budget-s",
-                    str(budget_s),
+                    str(plan.budget_s),
                     "--eval-every-s",
-                    str(eval_every_s),
-                    *extra,
+                    str(plan.eval_every_s),
+                    *(["--concurrent", str(args.concurrent)] if args.concurrent > 1 else []),
                 ]
             )
             done.append(
                 run_one(
                     row,
                     seed,
-                    config=config,
-                    extra=extra,
-                    budget_s=budget_s,
-                    eval_every_s=eval_every_s,
+                    config=plan.config,
+                    extra=list(plan.extra),
+                    budget_s=plan.budget_s,
+                    eval_every_s=plan.eval_every_s,
                     out_dir=args.out_dir,
                     command=command,
+                    concurrent_runs=args.concurrent,
+                    barrier=args.barrier,
                 )
             )
             last_s = time.monotonic() - t0
     return done
+
+
+def wait_at_barrier(folder: str, parties: int, timeout_s: float = 900.0) -> None:
+    """Mark this process ready in `folder` and wait until `parties` processes have (the probe's runs start training
+    together, whatever their start-up took)."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"{os.getpid()}.ready"), "w"):
+        pass
+    deadline = time.monotonic() + timeout_s
+    while len([n for n in os.listdir(folder) if n.endswith(".ready")]) < parties:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"barrier {folder}: fewer than {parties} runs ready after {timeout_s:.0f} s")
+        time.sleep(0.05)
 
 
 def _finished(out_dir: str, row: str, seed: int) -> str | None:
@@ -293,19 +360,32 @@ def _finished(out_dir: str, row: str, seed: int) -> str | None:
     return None
 
 
+def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("overrides", nargs="*", help="dotted overrides for every run, as `diffrl train` takes them")
+    parser.add_argument("--config", default=GPU_CONFIG)
+    parser.add_argument("--miniature", action="store_true", help="the CPU miniature: 2 rows, 1 seed, seconds each")
+
+
 def main(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="train and evaluate the leaderboard's runs not finished yet")
-    p_run.add_argument("overrides", nargs="*", help="dotted overrides for every run, as `diffrl train` takes them")
-    p_run.add_argument("--config", default=GPU_CONFIG)
+    _add_plan_arguments(p_run)
     p_run.add_argument("--algorithms", nargs="*", default=None, help=f"rows (default all): {list(ROW_NAMES)}")
     p_run.add_argument("--seeds", nargs="*", type=int, default=[0, 1])
     p_run.add_argument("--budget-s", type=float, default=300.0, help="seconds of training per run")
     p_run.add_argument("--eval-every-s", type=float, default=30.0, help="seconds of training between evaluations")
     p_run.add_argument("--deadline-s", type=float, default=None, help="start no run that would end past this")
     p_run.add_argument("--out-dir", default=RESULTS)
-    p_run.add_argument("--miniature", action="store_true", help="the CPU miniature: 2 rows, 1 seed, seconds each")
+    p_run.add_argument("--parallel", type=int, default=1, help="runs at once, each in a child process (default 1)")
+    # set by a --parallel parent or the probe in its children: how many runs share the device, and their barrier
+    p_run.add_argument("--concurrent", type=int, default=1, help=argparse.SUPPRESS)
+    p_run.add_argument("--barrier", default=None, help=argparse.SUPPRESS)
+    p_probe = sub.add_parser("probe", help="train the first row alone and K at once: images/s per run for each K")
+    _add_plan_arguments(p_probe)
+    p_probe.add_argument("--parallel", nargs="+", type=int, default=[1, 2, 3, 4], help="the K to measure")
+    p_probe.add_argument("--seconds", type=float, default=60.0, help="seconds of training of each run")
+    p_probe.add_argument("--out", default=None, help="also write the result JSON here")
     p_report = sub.add_parser("report", help="write the table and the plots from the run records")
     p_report.add_argument("--results", default=RESULTS)
     p_report.add_argument("--doc", default=os.path.join(REPO, "docs", "leaderboard.md"))
@@ -313,6 +393,10 @@ def main(argv: list[str] | None = None):
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args)
+    if args.command == "probe":
+        from leaderboard_parallel import probe
+
+        return probe(args)
     from leaderboard_report import write_report
 
     return write_report(args.results, args.doc, args.images)

@@ -7,6 +7,10 @@ over the seeds that got there, with how many did). Plots: mean accuracy against 
 seen, one line per algorithm (the seeds' evaluations are averaged by their index: every run evaluates at the same
 multiples of --eval-every-s). An algorithm whose mean final accuracy is not above its mean start is listed with its
 diagnosis (DIAGNOSES), or flagged as lacking one.
+
+Each run's budget is seconds of training on a GPU shared by the `concurrent_runs` runs started together
+(`leaderboard.py run --parallel K`), so budgets are equal across rows only at one K: the page states the K, and a mix
+of K among the runs it tabulates is flagged above the table and per row (column "runs at once").
 """
 
 from __future__ import annotations
@@ -24,6 +28,64 @@ from diffrl.engines.store.scenes import TAGS  # noqa: E402
 
 # Why an algorithm does not learn on this task, once it has been looked into (text for docs/leaderboard.md).
 DIAGNOSES: dict[str, str] = {}
+
+# The page's "How it runs" section (docs/leaderboard.md carries the same text while no GPU run exists:
+# tests/benchmarks/test_leaderboard_parallel.py checks that it does).
+HOW_IT_RUNS = """## How it runs
+
+- The base config is `diffrl/configs/shapes_flow_grpo.yaml` (4-step CFG-free sampling, 32 prompts x 16 samples a
+  step, LoRA r32, lr 3e-4 on a cosine over 600 steps, half-strict geneval_lite). Each row overrides only the
+  algorithm (`ROWS` in the script: its settings and the paper they come from, scaled to this model). Every row samples
+  and is evaluated the same way.
+- A run trains through the step core (`run_step`, engines only, as `benchmarks/shapes_rl.py`) until the first step
+  that ends past `--budget-s` seconds of training (default 300 s); held-out strict accuracy on the 204 prompts of
+  `data/shapes_heldout.jsonl` (4 ODE samples each, per GenEval category) is measured before training and at the
+  first step past every `--eval-every-s` seconds (default 30 s), with the images seen; evaluation time is not counted.
+- One JSON per run (`<algorithm>_seed<k>_<device>.json`), rewritten after every evaluation; a finished run is
+  skipped by the next call, and `--deadline-s` starts no run that would end past it (estimated from the last run, or
+  with `--parallel` the longest child so far), so the leaderboard (9 rows x 2 seeds x 5 minutes, about 100 minutes
+  of GPU one run at a time) fills over several 10-minute GPU calls.
+- One shapes run leaves an H200 about half idle (six `shapes_rl.py` runs started together each took 184-189 s for
+  ~80 s of solo work), so `run --parallel K` keeps K runs going at once on the one GPU: each is a child process (this
+  script's `run` for one row and seed, a fresh interpreter) started in the sequential order as soon as one ends; its
+  output goes to `<record stem>.log` beside its JSON, the parent prints each start and end with the exit code, a
+  failed child leaves its record "finished": false (with its exit code) without stopping the others, and the parent
+  then exits non-zero. Each record has `concurrent_runs` (K; 1 one at a time) and `train_images_per_s` (images
+  seen / training seconds: the share of the GPU the run had). On the CPU each child takes its share of the cores.
+- **Fairness**: a run's budget is `budget_s` seconds of training wall time on a GPU time-sliced between the contexts
+  of the K runs started together, so budgets are equal across rows only when every row ran at the same K. A run of
+  the last wave, with fewer neighbours, gets more of the GPU: the parent adds `mean_runs_alongside` (the runs going
+  while it ran, itself included, time-weighted) to each record, and `train_images_per_s` shows the share it had. The
+  report states K in the header and per row ("runs at once", with the mean over the row's runs), and flags a mix of
+  K above the table. A neighbour's evaluations (left out of its own clock) share the GPU with a run's training too;
+  every row evaluates alike, so this too is even only at one K.
+- `probe` chooses K: it trains the first row (flow_grpo, seed 0; to a temporary folder, one held-out prompt
+  evaluated) alone and then K copies at once, their training started together, for `--seconds` of training each,
+  and reports each run's training images/s, their mean relative to the solo run and their sum, per K. Take the
+  largest K at which a run keeps most of its solo speed (the aggregate gain is what the leaderboard saves). The
+  probe is one 10-minute call (four groups of start-up plus 60 s). With `--deadline-s 540` and 300 s budgets a call
+  runs about one wave of K runs, so K also sets how many calls the 18 runs take.
+
+```bash
+python benchmarks/leaderboard.py probe --parallel 1 2 3 4 --seconds 60 \\
+  --out benchmarks/results/leaderboard_probe_h200.json
+python benchmarks/leaderboard.py run --seeds 0 1 --budget-s 300 --parallel K --deadline-s 540   # repeat until done
+python benchmarks/leaderboard.py report      # this page, docs/images/leaderboard_{seconds,images}.png
+python benchmarks/leaderboard.py run --miniature --out-dir /tmp/lb   # the CPU miniature (2 rows, 1 seed, 8 s each)
+python benchmarks/leaderboard.py run --miniature --parallel 2 --out-dir /tmp/lb2   # the same, both at once
+python benchmarks/leaderboard.py probe --miniature --parallel 1 2 --seconds 3   # the probe on the CPU
+```
+
+- The report gives, per algorithm: accuracy before and at the end (mean ± sample s.d. over seeds), the gain, the
+  final accuracy per category, images seen, seconds of training, the time to +10 points (the first evaluation
+  10 points above the run's own start; mean over the seeds that got there, and how many did), the runs at once and
+  the training images/s. An algorithm whose mean final accuracy is not above its start is listed under "Algorithms
+  that did not improve" with its diagnosis (`DIAGNOSES` in `benchmarks/leaderboard_report.py`), or flagged "NO
+  DIAGNOSIS YET".
+
+The learning-rate schedule is the base config's cosine over 600 steps for every row, so a row that runs fewer steps
+within the budget ends with a higher learning rate than one that runs more; `run.steps` (600) caps a fast row.
+"""
 
 
 def load_runs(results_dir: str) -> dict[str, list[dict]]:
@@ -65,6 +127,13 @@ def summarize(records: list[dict]) -> dict:
         "images": statistics.fmean(r["history"][-1]["images"] for r in records),
         "train_s": statistics.fmean(r["history"][-1]["train_s"] for r in records),
         "time_to_gain": (statistics.fmean(reached) if reached else None, len(reached)),
+        "concurrent_runs": sorted({concurrency(r) for r in records}),
+        # runs going at once while these ran, time-weighted (the parent's count: fewer in a last wave)
+        "mean_alongside": statistics.fmean(r.get("mean_runs_alongside", concurrency(r)) for r in records),
+        "images_per_s": statistics.fmean(
+            r["history"][-1]["images"] / r["history"][-1]["train_s"] if r["history"][-1]["train_s"] else 0.0
+            for r in records
+        ),
         "per_tag": {},
     }
     for tag in TAGS:
@@ -73,6 +142,26 @@ def summarize(records: list[dict]) -> dict:
             summary["per_tag"][tag] = statistics.fmean(values)
     summary["learns"] = summary["final"][0] > summary["before"][0]
     return summary
+
+
+def concurrency(record: dict) -> int:
+    """How many runs shared the GPU as this one trained (records of before `--parallel` ran one at a time)."""
+    return record.get("concurrent_runs", 1)
+
+
+def mixed_concurrency(runs: dict[str, list[dict]]) -> str | None:
+    """A warning naming the runs of each K when the records are not all of one K, or None."""
+    by_k: dict[int, list[str]] = {}
+    for algorithm, records in runs.items():
+        for r in records:
+            by_k.setdefault(concurrency(r), []).append(f"{algorithm} seed {r['seed']}")
+    if len(by_k) < 2:
+        return None
+    parts = "; ".join(f"K={k}: {', '.join(names)}" for k, names in sorted(by_k.items()))
+    return (
+        "**Warning: these runs did not all share the GPU with the same number of runs, so their training-second "
+        f"budgets are not equal; compare rows of one K only** ({parts})."
+    )
 
 
 def mean_curve(records: list[dict], x: str) -> tuple[list[float], list[float]]:
@@ -113,8 +202,8 @@ def table(runs: dict[str, list[dict]]) -> list[str]:
     order = sorted(summaries, key=lambda a: -summaries[a]["final"][0])
     lines = [
         "| algorithm | seeds | before (%) | final (%) | gain (points) | images seen | training s "
-        "| time to +10 points |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| time to +10 points | runs at once | training images/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for a in order:
         s = summaries[a]
@@ -122,9 +211,12 @@ def table(runs: dict[str, list[dict]]) -> list[str]:
         t, reached = s["time_to_gain"]
         to_gain = f"{t:.0f} s ({reached}/{n} seeds)" if t is not None else f"not reached (0/{n})"
         flag = "" if s["finished"] else " (unfinished)"
+        ks = ", ".join(map(str, s["concurrent_runs"])) + (" (mixed)" if len(s["concurrent_runs"]) > 1 else "")
+        ks += f" (mean {s['mean_alongside']:.1f})" if s["concurrent_runs"] != [1] else ""
         lines.append(
             f"| {a}{flag} | {n} | {_pct(s['before'], n)} | {_pct(s['final'], n)} | "
-            f"{100 * (s['final'][0] - s['before'][0]):+.1f} | {s['images']:.0f} | {s['train_s']:.0f} | {to_gain} |"
+            f"{100 * (s['final'][0] - s['before'][0]):+.1f} | {s['images']:.0f} | {s['train_s']:.0f} | {to_gain} "
+            f"| {ks} | {s['images_per_s']:.1f} |"
         )
     lines += ["", "Final accuracy per category (%, mean over seeds):", ""]
     lines.append("| algorithm | " + " | ".join(TAGS) + " |")
@@ -148,6 +240,16 @@ def write_report(results_dir: str, doc_path: str, images_dir: str) -> dict:
         plot(runs, x, label, pngs[x])
     summaries = {a: summarize(r) for a, r in runs.items()}
     first = next(iter(runs.values()))[0]
+    warning = mixed_concurrency(runs)
+    if warning:
+        print(warning.replace("**", ""), file=sys.stderr, flush=True)
+    ks = sorted({concurrency(r) for records in runs.values() for r in records})
+    shared = (
+        f"Runs at once on the device: {ks[0]} (each run's budget is seconds of training on a device shared by "
+        f"{ks[0]} runs)."
+        if len(ks) == 1
+        else f"Runs at once on the device: MIXED ({', '.join(map(str, ks))})."
+    )
     lines = [
         "# The algorithm leaderboard",
         "",
@@ -157,8 +259,9 @@ def write_report(results_dir: str, doc_path: str, images_dir: str) -> dict:
         "",
         f"Device: {first['device']}. Budget: {first['budget_s']:.0f} s of training per run, evaluated every "
         f"{first['eval_every_s']:.0f} s ({first['val_prompts']} prompts x {first['val_samples_per_prompt']} images). "
-        f"Base config: `{first['config']}`.",
+        f"Base config: `{first['config']}`. {shared}",
         "",
+        *([warning, ""] if warning else []),
         *table(runs),
         "",
         f"![accuracy against training seconds]({os.path.relpath(pngs['train_s'], doc_dir)})",
@@ -172,7 +275,7 @@ def write_report(results_dir: str, doc_path: str, images_dir: str) -> dict:
         lines.append(f"- **{a}**: {DIAGNOSES.get(a, 'NO DIAGNOSIS YET: look into it before publishing this table.')}")
     if not stuck:
         lines.append("None: every algorithm's mean final accuracy is above its mean start.")
-    lines += ["", "## Settings of each row", ""]
+    lines += ["", HOW_IT_RUNS, "## Settings of each row", ""]
     for row in ROWS:
         if row.name in runs:
             lines.append(f"- **{row.name}**: {row.source}. Overrides: `{' '.join(row.overrides)}`")
