@@ -595,6 +595,8 @@ def parse_args(argv: list[str] | None):
         ode_shortcut(args.ode_head),
     )  # a bad value fails here, before the model is built
     rollout_weights(args.weights)
+    if args.prompts is not None and args.prompts < 1:
+        raise ValueError(f"--prompts must be >= 1 (prompts per step with --quick/--tiny); got {args.prompts}")
     unknown = [v for v in filter(None, args.variants.split(",")) if v not in VARIANTS]
     if unknown:
         raise ValueError(f"--variants {unknown} unknown; choose from {sorted(VARIANTS)}")
@@ -607,7 +609,7 @@ def scaled_recipe(args) -> Recipe:
     call and optimizer step; --tiny shrinks everything for the CPU."""
     recipe = RECIPES[args.recipe]
     if args.quick or args.tiny:
-        prompts = args.prompts or 1
+        prompts = 1 if args.prompts is None else args.prompts
         recipe = dataclasses.replace(recipe, prompts_per_step=prompts, mini_batch_prompts=prompts)
     if args.tiny:
         tokens = 8 if recipe.arch == "qwen_image" else recipe.text_tokens

@@ -107,6 +107,11 @@ def test_rl_step_tiny_cpu_sort_by_window_variant(tmp_path):
     assert variant["rollout_evaluations_per_image"] == recorded["main"]["rollout_evaluations_per_image"]
 
 
+def test_rl_step_prompts_must_be_positive():
+    with pytest.raises(ValueError, match="--prompts must be >= 1"):
+        rl_step.parse_args(["--recipe", "qwen_image_ocr_lora", "--quick", "--prompts", "0"])
+
+
 def test_rl_step_sort_by_window_lever():
     assert not rl_step.parse_args(["--recipe", "qwen_image_ocr_lora"]).sort_by_window
     assert rl_step.parse_args(["--recipe", "qwen_image_ocr_lora", "--sort-by-window"]).sort_by_window
