@@ -172,7 +172,7 @@ def run_one(
         raise SystemExit("the leaderboard runs on the shapes models (model.path reference:shapes*) with a data.val")
     device, _ = cfg.model.device_and_dtype()
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    if device.type == "cpu" and concurrent_runs > 1:  # K runs on the CPU share its cores rather than each taking all
+    if concurrent_runs > 1:  # K runs share the cores (the reward, the CPU side of a step) rather than each taking all
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // concurrent_runs))
     torch.manual_seed(seed)
     engines = build_engines(cfg, durable=False)
@@ -231,6 +231,8 @@ def run_one(
                 next_eval += eval_every_s
     record["finished"] = True
     record["seconds_per_step_median"] = statistics.median(step_seconds) if step_seconds else None
+    if device.type == "cuda":
+        record["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     write_json(path, record)
     return record
 
