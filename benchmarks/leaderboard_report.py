@@ -5,8 +5,8 @@ sample standard deviation), the final accuracy per GenEval category, images seen
 to +10 points (the training seconds of the first evaluation at least 10 points above that run's own start; the mean
 over the seeds that got there, with how many did). Plots: mean accuracy against training seconds and against images
 seen, one line per algorithm (the seeds' evaluations are averaged by their index: every run evaluates at the same
-multiples of --eval-every-s). An algorithm whose mean final accuracy is not above its mean start is listed with its
-diagnosis (DIAGNOSES), or flagged as lacking one.
+multiples of --eval-every-s). An algorithm whose mean final accuracy is not MIN_GAIN (2 points) above its mean start
+is listed with its diagnosis (DIAGNOSES), or flagged as lacking one.
 
 Each run's budget is seconds of training on a GPU shared by the `concurrent_runs` runs started together
 (`leaderboard.py run --parallel K`), so budgets are equal across rows only at one K: the page states the K, and a mix
@@ -26,8 +26,22 @@ from leaderboard import GAIN, ROWS  # noqa: E402
 
 from diffrl.engines.store.scenes import TAGS  # noqa: E402
 
+# Below this mean gain an algorithm counts as not improving: one evaluation (204 prompts x 4 images) at ~6 % accuracy
+# has a binomial standard error of ~0.8 points, so a gain under 2 points over a few seeds is within noise.
+MIN_GAIN = 0.02
+
 # Why an algorithm does not learn on this task, once it has been looked into (text for docs/leaderboard.md).
-DIAGNOSES: dict[str, str] = {}
+DIAGNOSES: dict[str, str] = {
+    "dpo": (
+        "the paper's beta 5000 (SD1.5, with ODE sampling: `window: final`) saturates the sigmoid on this model, as the"
+        " quickstart found on shapes-small (losses up to 140, grad norms up to 2800; diffrl/configs/quickstart_dpo.yaml"
+        " uses VeRL-Omni's beta 100). Check on the GPU (benchmarks/results/leaderboard_dpo_beta100/, one H200, 3 seeds"
+        " at once, 50 s of training each): with beta 100 and SDE noise 0.7 on all 4 steps (the quickstart's DPO"
+        " settings) held-out strict accuracy went 7.2 -> 13.2, 5.8 -> 8.3 and 5.6 -> 12.0 % (+5.0 points on average)"
+        " in 22k images, where the beta-5000 row stood at 6.2 -> 6.6 % after 42k. Not yet rerun at the table's 300 s"
+        " and 9 runs at once, so the row keeps the paper's beta; the next GPU session reruns it with beta 100."
+    ),
+}
 
 # The page's "How it runs" section (docs/leaderboard.md carries the same text while no GPU run exists:
 # tests/benchmarks/test_leaderboard_parallel.py checks that it does).
@@ -79,9 +93,9 @@ python benchmarks/leaderboard.py probe --miniature --parallel 1 2 --seconds 3   
 - The report gives, per algorithm: accuracy before and at the end (mean ± sample s.d. over seeds), the gain, the
   final accuracy per category, images seen, seconds of training, the time to +10 points (the first evaluation
   10 points above the run's own start; mean over the seeds that got there, and how many did), the runs at once and
-  the training images/s. An algorithm whose mean final accuracy is not above its start is listed under "Algorithms
-  that did not improve" with its diagnosis (`DIAGNOSES` in `benchmarks/leaderboard_report.py`), or flagged "NO
-  DIAGNOSIS YET".
+  the training images/s. An algorithm whose mean final accuracy is not 2 points above its start is listed under
+  "Algorithms that did not improve" with its diagnosis (`DIAGNOSES` in `benchmarks/leaderboard_report.py`), or
+  flagged "NO DIAGNOSIS YET".
 
 The learning-rate schedule is the base config's cosine over 600 steps for every row, so a row that runs fewer steps
 within the budget ends with a higher learning rate than one that runs more; `run.steps` (600) caps a fast row.
@@ -140,7 +154,7 @@ def summarize(records: list[dict]) -> dict:
         values = [r["history"][-1].get(f"accuracy/{tag}") for r in records]
         if all(v is not None for v in values):
             summary["per_tag"][tag] = statistics.fmean(values)
-    summary["learns"] = summary["final"][0] > summary["before"][0]
+    summary["learns"] = summary["final"][0] - summary["before"][0] >= MIN_GAIN
     return summary
 
 
@@ -274,7 +288,9 @@ def write_report(results_dir: str, doc_path: str, images_dir: str) -> dict:
     for a in stuck:
         lines.append(f"- **{a}**: {DIAGNOSES.get(a, 'NO DIAGNOSIS YET: look into it before publishing this table.')}")
     if not stuck:
-        lines.append("None: every algorithm's mean final accuracy is above its mean start.")
+        lines.append(
+            f"None: every algorithm's mean final accuracy is at least {MIN_GAIN * 100:.0f} points above its mean start."
+        )
     lines += ["", HOW_IT_RUNS, "## Settings of each row", ""]
     for row in ROWS:
         if row.name in runs:
