@@ -7,9 +7,10 @@ The server runs in its own process group (diffrl/engines/vllm_server.py starts t
 stopping it ends the API server, its engine core and its workers together. A `diffrl train` killed with SIGKILL (or
 SIGTERM, which runs no atexit hook either) could not stop it, and a vLLM server holds gigabytes of memory (3 GB RSS
 for a tiny Qwen3 on the CPU, most of a GPU on a GPU): this launcher watches its parent, and when the parent is gone
-(the launcher is re-parented) it stops the whole group, SIGTERM and after STOP_S SIGKILL. A watching process, not
-PR_SET_PDEATHSIG: that signal fires when the *thread* that started the child ends, and diffrl may start the server
-from a short-lived thread (diffrl/flows/early.py builds the engines while Prefect's server boots).
+(the launcher is re-parented) it stops the whole group: SIGTERM, then SIGKILL once the others have exited or after
+STOP_S, whichever comes first. A watching process, not PR_SET_PDEATHSIG: that signal fires when the *thread* that
+started the child ends, and diffrl may start the server from a short-lived thread (diffrl/flows/early.py builds the
+engines while Prefect's server boots).
 
 The launcher exits with the server's exit code, which VllmServer reports when the server dies.
 """
@@ -26,10 +27,30 @@ POLL_S = 0.25  # how often the parent is checked
 STOP_S = 10.0  # how long the group may take to stop on SIGTERM before SIGKILL
 
 
-def _stop_group() -> None:
+def _others_in_group(group: int, server: subprocess.Popen) -> bool:
+    """Whether a live (not zombie) process of `group` other than this launcher is left (Linux /proc)."""
+    server.poll()  # reap the server once it has exited: a zombie child would count as left
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the name: state, ppid, pgrp, ...
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            return True
+    return False
+
+
+def _stop_group(server: subprocess.Popen) -> None:
     group = os.getpgid(0)
     os.killpg(group, signal.SIGTERM)
-    time.sleep(STOP_S)
+    # SIGKILL (this launcher too) as soon as the rest of the group is gone: a fixed sleep of STOP_S held a crashed
+    # run's restart for 10 s after its server had long exited
+    deadline = time.monotonic() + STOP_S
+    while time.monotonic() < deadline and _others_in_group(group, server):
+        time.sleep(POLL_S)
     os.killpg(group, signal.SIGKILL)
 
 
@@ -43,7 +64,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: None)
     while server.poll() is None:
         if os.getppid() != parent:
-            _stop_group()
+            _stop_group(server)
         time.sleep(POLL_S)
     return server.returncode
 

@@ -45,7 +45,8 @@ class VllmServerOptions:
     """How a vLLM server is started (names as vLLM's own command-line flags where one exists).
 
     port 0 picks a free loopback port. dtype: "auto" (the model's), "float32" (CPU tests: log-probs that match the
-    fp32 trainer), "bfloat16". enforce_eager: no CUDA graphs / torch.compile (faster start, slower decode).
+    fp32 trainer), "bfloat16". enforce_eager: no CUDA graphs / torch.compile (faster start, slower decode; sets
+    TORCHDYNAMO_DISABLE=1 for the server, so vLLM's remaining compiled helpers run eagerly too).
     kv_cache_gib: VLLM_CPU_KVCACHE_SPACE on CPUs. gpu_memory_utilization: the share of a GPU vLLM takes (GPUs), in
     (0, 1]. enable_lora / max_lora_rank / max_loras: LoRA serving, with adapters loaded at run time
     (VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 is set for the server). dev_mode: VLLM_SERVER_DEV_MODE=1 (the
@@ -208,6 +209,10 @@ class VllmServer:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(o.kv_cache_gib))))
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # the offline GPU bundle has no flashinfer
         env["VLLM_LOGGING_LEVEL"] = env.get("VLLM_LOGGING_LEVEL", "WARNING")
+        if o.enforce_eager:
+            # --enforce-eager leaves vLLM 0.24's own torch.compile calls on: its CPU sampler compiles the unseeded
+            # random sample with inductor in the start-up profile run (18 s of a 50 s start on 2 cores, measured)
+            env.setdefault("TORCHDYNAMO_DISABLE", "1")
         if o.enable_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
         if o.dev_mode:

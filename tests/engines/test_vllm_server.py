@@ -61,6 +61,11 @@ def test_options_refuse_what_vllm_cannot_do():
     sleepy = VllmRolloutOptions(sleep_for_update=True)
     assert sleepy.enable_sleep_mode and sleepy.dev_mode
     assert "--enable-sleep-mode" in VllmServer("m", sleepy, python="python").command()
+    # an eager server runs vLLM's compiled helpers eagerly too (no inductor compile in its start-up profile run)
+    eager = VllmServer("m", VllmServerOptions(), python="python")
+    assert "--enforce-eager" in eager.command() and eager.environment().get("TORCHDYNAMO_DISABLE") == "1"
+    graphs = VllmServer("m", VllmServerOptions(enforce_eager=False), python="python")
+    assert "--enforce-eager" not in graphs.command() and "TORCHDYNAMO_DISABLE" not in graphs.environment()
 
 
 def test_a_token_run_config_refuses_what_the_server_cannot_serve():
