@@ -27,20 +27,26 @@ POLL_S = 0.25  # how often the parent is checked
 STOP_S = 10.0  # how long the group may take to stop on SIGTERM before SIGKILL
 
 
-def _others_in_group(group: int, server: subprocess.Popen) -> bool:
-    """Whether a live (not zombie) process of `group` other than this launcher is left (Linux /proc)."""
-    server.poll()  # reap the server once it has exited: a zombie child would count as left
+def process_group(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes of process group `pgid` (Linux /proc): a server's group once stopped
+    is empty. Here, not in vllm_server.py, because this script runs in vLLM's virtualenv and imports only the
+    standard library; vllm_server.py imports it from here."""
+    members = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
         try:
             with open(f"/proc/{entry}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()  # after the name: state, ppid, pgrp, ...
         except (OSError, IndexError):
             continue
-        if int(fields[2]) == group and fields[0] != "Z":
-            return True
-    return False
+        if entry.isdigit() and int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry))
+    return members
+
+
+def _others_in_group(group: int, server: subprocess.Popen) -> bool:
+    """Whether a live process of `group` other than this launcher is left."""
+    server.poll()  # reap the server once it has exited: a zombie child would count as left
+    return any(pid != os.getpid() for pid in process_group(group))
 
 
 def _stop_group(server: subprocess.Popen) -> None:

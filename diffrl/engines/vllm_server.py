@@ -135,21 +135,6 @@ class VllmRolloutOptions(VllmServerOptions):
         self.enable_sleep_mode = self.enable_sleep_mode or self.sleep_for_update
 
 
-def process_group(pgid: int) -> list[int]:
-    """Pids of the live (not zombie) processes of process group `pgid` (Linux /proc): a server's group once stopped
-    is empty."""
-    members = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()  # after the name: state, ppid, pgrp, ...
-        except (OSError, IndexError):
-            continue
-        if entry.isdigit() and int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry))
-    return members
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -14,13 +14,13 @@ import pytest
 
 from diffrl.configs.schema import RolloutConfig, load_experiment
 from diffrl.engines.vllm_env import VllmPins, _declared_requirements
+from diffrl.engines.vllm_launch import process_group
 from diffrl.engines.vllm_server import (
     LAUNCHER,
     VllmRolloutOptions,
     VllmServer,
     VllmServerError,
     VllmServerOptions,
-    process_group,
 )
 
 

@@ -23,7 +23,7 @@ from peft import LoraConfig, PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from diffrl.engines import cluster
-from diffrl.engines.vllm_server import process_group
+from diffrl.engines.vllm_launch import process_group
 from diffrl.flows.build import resolve_model_path
 from diffrl.flows.train import train
 from diffrl.models.causal_lm import CausalLMPolicy
