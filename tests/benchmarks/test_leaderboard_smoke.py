@@ -74,7 +74,10 @@ def test_the_report_statistics_match_their_closed_forms(tmp_path):
     assert xs == pytest.approx([0, 30.5, 61, 91.5]) and ys == pytest.approx([0.15, 0.185, 0.23, 0.28])
     # an algorithm that loses accuracy is listed for diagnosis, never silently left at the bottom
     stuck = _record(0, [(0, 0, 0.042), (30, 512, 0.0)], algorithm="awm")
-    for record in (*runs, stuck):
+    # a gain under MIN_GAIN (2 points) is within one evaluation's noise: listed too, although final > start
+    noise = _record(0, [(0, 0, 0.10), (30, 512, 0.11)], algorithm="flow_dppo")
+    assert leaderboard_report.summarize([noise])["learns"] is False
+    for record in (*runs, stuck, noise):
         (tmp_path / f"{record['algorithm']}_{record['seed']}.json").write_text(
             json.dumps(
                 record
@@ -92,4 +95,5 @@ def test_the_report_statistics_match_their_closed_forms(tmp_path):
     leaderboard_report.write_report(str(tmp_path), str(doc), str(tmp_path))
     text = doc.read_text()
     assert "| dpo | 2 | 15.0 ± 7.1 | 28.0 ± 2.8 | +13.0 | 1536 | 92 | 60 s (1/2 seeds) |" in text
+    assert "- **flow_dppo**: NO DIAGNOSIS YET" in text
     assert "- **awm**: NO DIAGNOSIS YET" in text and "**dpo**:" not in text.split("did not improve")[1].split("##")[0]
