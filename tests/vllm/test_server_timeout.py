@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from diffrl.engines.vllm_server import VllmServer, VllmServerError, VllmServerOptions, process_group
+from diffrl.engines.vllm_launch import process_group
+from diffrl.engines.vllm_server import VllmServer, VllmServerError, VllmServerOptions
 from diffrl.models.tiny import build_tiny
 
 pytestmark = pytest.mark.slow
