@@ -38,8 +38,9 @@ DIAGNOSES: dict[str, str] = {
         " uses VeRL-Omni's beta 100). Check on the GPU (benchmarks/results/leaderboard_dpo_beta100/, one H200, 3 seeds"
         " at once, 50 s of training each): with beta 100 and SDE noise 0.7 on all 4 steps (the quickstart's DPO"
         " settings) held-out strict accuracy went 7.2 -> 13.2, 5.8 -> 8.3 and 5.6 -> 12.0 % (+5.0 points on average)"
-        " in 22k images, where the beta-5000 row stood at 6.2 -> 6.6 % after 42k. Not yet rerun at the table's 300 s"
-        " and 9 runs at once, so the row keeps the paper's beta; the next GPU session reruns it with beta 100."
+        " in 22k images, where the beta-5000 row stood at 6.2 -> 6.6 % after 42k. The check ran 3 runs at once for"
+        " 50 s, not the table's 9 for 300 s, so it is not a row of the table, and the row keeps the paper's setting."
+        " To train DPO on a flow model, take beta 100 with SDE sampling (diffrl/configs/quickstart_dpo.yaml)."
     ),
 }
 
@@ -92,10 +93,10 @@ python benchmarks/leaderboard.py probe --miniature --parallel 1 2 --seconds 3   
 
 - The report gives, per algorithm: accuracy before and at the end (mean ± sample s.d. over seeds), the gain, the
   final accuracy per category, images seen, seconds of training, the time to +10 points (the first evaluation
-  10 points above the run's own start; mean over the seeds that got there, and how many did), the runs at once and
-  the training images/s. An algorithm whose mean final accuracy is not 2 points above its start is listed under
-  "Algorithms that did not improve" with its diagnosis (`DIAGNOSES` in `benchmarks/leaderboard_report.py`), or
-  flagged "NO DIAGNOSIS YET".
+  10 points above the run's own start; mean over the seeds that got there, and how many did), the runs at once,
+  the training images/s and the largest peak GPU memory of its runs (torch's allocations). An algorithm whose mean
+  final accuracy is not 2 points above its start is listed under "Algorithms that did not improve" with its
+  diagnosis (`DIAGNOSES` in `benchmarks/leaderboard_report.py`), or flagged "NO DIAGNOSIS YET".
 
 The learning-rate schedule is the base config's cosine over 600 steps for every row, so a row that runs fewer steps
 within the budget ends with a higher learning rate than one that runs more; `run.steps` (600) caps a fast row.
@@ -148,6 +149,8 @@ def summarize(records: list[dict]) -> dict:
             r["history"][-1]["images"] / r["history"][-1]["train_s"] if r["history"][-1]["train_s"] else 0.0
             for r in records
         ),
+        # the largest torch allocation of a run (benchmarks/leaderboard.py records it on a GPU; absent on the CPU)
+        "peak_gib": max((r["peak_memory_gib"] for r in records if r.get("peak_memory_gib") is not None), default=None),
         "per_tag": {},
     }
     for tag in TAGS:
@@ -216,8 +219,8 @@ def table(runs: dict[str, list[dict]]) -> list[str]:
     order = sorted(summaries, key=lambda a: -summaries[a]["final"][0])
     lines = [
         "| algorithm | seeds | before (%) | final (%) | gain (points) | images seen | training s "
-        "| time to +10 points | runs at once | training images/s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| time to +10 points | runs at once | training images/s | peak GPU memory (GiB) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for a in order:
         s = summaries[a]
@@ -227,10 +230,11 @@ def table(runs: dict[str, list[dict]]) -> list[str]:
         flag = "" if s["finished"] else " (unfinished)"
         ks = ", ".join(map(str, s["concurrent_runs"])) + (" (mixed)" if len(s["concurrent_runs"]) > 1 else "")
         ks += f" (mean {s['mean_alongside']:.1f})" if s["concurrent_runs"] != [1] else ""
+        peak = "-" if s["peak_gib"] is None else f"{s['peak_gib']:.1f}"
         lines.append(
             f"| {a}{flag} | {n} | {_pct(s['before'], n)} | {_pct(s['final'], n)} | "
             f"{100 * (s['final'][0] - s['before'][0]):+.1f} | {s['images']:.0f} | {s['train_s']:.0f} | {to_gain} "
-            f"| {ks} | {s['images_per_s']:.1f} |"
+            f"| {ks} | {s['images_per_s']:.1f} | {peak} |"
         )
     lines += ["", "Final accuracy per category (%, mean over seeds):", ""]
     lines.append("| algorithm | " + " | ".join(TAGS) + " |")

@@ -76,6 +76,7 @@ def test_the_report_statistics_match_their_closed_forms(tmp_path):
     stuck = _record(0, [(0, 0, 0.042), (30, 512, 0.0)], algorithm="awm")
     # a gain under MIN_GAIN (2 points) is within one evaluation's noise: listed too, although final > start
     noise = _record(0, [(0, 0, 0.10), (30, 512, 0.11)], algorithm="flow_dppo")
+    runs[0]["peak_memory_gib"], runs[1]["peak_memory_gib"] = 11.43, 11.84  # GPU records carry it; the row shows the max
     assert leaderboard_report.summarize([noise])["learns"] is False
     for record in (*runs, stuck, noise):
         (tmp_path / f"{record['algorithm']}_{record['seed']}.json").write_text(
@@ -95,5 +96,6 @@ def test_the_report_statistics_match_their_closed_forms(tmp_path):
     leaderboard_report.write_report(str(tmp_path), str(doc), str(tmp_path))
     text = doc.read_text()
     assert "| dpo | 2 | 15.0 ± 7.1 | 28.0 ± 2.8 | +13.0 | 1536 | 92 | 60 s (1/2 seeds) |" in text
+    assert "| 1 | 16.8 | 11.8 |" in text and "| 1 | 17.1 | - |" in text  # peak GiB; "-" for a record without one
     assert "- **flow_dppo**: NO DIAGNOSIS YET" in text
     assert "- **awm**: NO DIAGNOSIS YET" in text and "**dpo**:" not in text.split("did not improve")[1].split("##")[0]
