@@ -227,6 +227,9 @@ class ClusterConfig:
     gpus: int | str = 1  # colocated engine replicas, one per GPU (ray mode): N, or "auto" (every GPU Ray sees)
     reward_actors: int = 1  # reward actors (ray mode); chunk c is scored by actor c % reward_actors
     reward_gpus: float = 0.0  # GPUs each reward actor asks Ray for (a reward model on its own GPU); 0: CPUs only
+    # CPU threads torch uses in each actor: N, or "auto" (the node's CPUs over the run's actors). Ray alone starts
+    # every actor with OMP_NUM_THREADS=1: one thread for the CPU-side work (rewards, image conversion, CPU models).
+    actor_threads: int | str = "auto"
 
     def __post_init__(self) -> None:
         if self.mode not in ("local", "ray"):
@@ -253,6 +256,14 @@ class ClusterConfig:
             raise ValueError(
                 f"cluster.reward_actors must be >= 1 and cluster.reward_gpus >= 0, got {self.reward_actors} and "
                 f"{self.reward_gpus}"
+            )
+        if self.actor_threads != "auto" and (
+            isinstance(self.actor_threads, (str, bool))
+            or int(self.actor_threads) != self.actor_threads
+            or self.actor_threads < 1
+        ):
+            raise ValueError(
+                f"cluster.actor_threads must be a number of threads >= 1 or 'auto', got {self.actor_threads!r}"
             )
         if (self.reward_actors, self.reward_gpus) != (1, 0.0) and self.mode != "ray":
             raise ValueError(

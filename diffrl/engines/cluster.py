@@ -161,6 +161,16 @@ def actor_names(config: Any) -> list[str]:
     return sorted(set(ROLES[config.cluster.placement].values()) | set(dp_actors(config)) | set(reward_actors(config)))
 
 
+def actor_threads(config: Any, node_cpus: float) -> int:
+    """CPU threads torch uses in one of the run's actors: cluster.actor_threads, or with "auto" the CPUs Ray counts
+    on the actor's node shared by the run's actors (at least 1). Without it an actor keeps the one thread Ray gives
+    every worker (OMP_NUM_THREADS=1) while local mode uses every core."""
+    wanted = config.cluster.actor_threads
+    if wanted != "auto":
+        return int(wanted)
+    return max(1, int(node_cpus) // len(actor_names(config)))
+
+
 def role_of(actor: str) -> str:
     """The role an actor builds for ("trainer-1" builds what "trainer" builds, "engine-2" what "engine" does)."""
     return actor.split("-", 1)[0]

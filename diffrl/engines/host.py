@@ -9,7 +9,7 @@ import os
 import time
 from typing import Any, Callable
 
-from diffrl.engines.cluster import Engines, role_of
+from diffrl.engines.cluster import Engines, actor_threads, role_of
 
 _BUILDS = 0  # engine builds in this process (an actor process: 1 while it stays warm)
 
@@ -26,9 +26,22 @@ class EngineHost:
         self._pending = (build, config, run_uid)
         self.engines: Engines | None = None
         self.created = time.time()
+        self._set_threads(config)
         if world == 1:
             self._build()
         # A data-parallel trainer rank builds in `join`, once every rank knows where rank 0 listens.
+
+    @staticmethod
+    def _set_threads(config: Any) -> None:
+        """torch's CPU threads in this actor (cluster.actor_threads), for the build and every stage after it."""
+        import ray
+        import torch
+
+        node = ray.get_runtime_context().get_node_id()
+        cpus = next((n["Resources"].get("CPU", 1.0) for n in ray.nodes() if n["NodeID"] == node), 1.0)
+        threads = actor_threads(config, cpus)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # for what reads it later (child processes, numexpr)
 
     def _build(self) -> None:
         global _BUILDS
@@ -82,6 +95,7 @@ class EngineHost:
             )
         self.engines.config = config
         self.engines.run_uid = run_uid
+        self._set_threads(config)  # cluster.actor_threads may change between flow runs
         return self.describe()
 
     def run(self, fn: Callable, *args: Any) -> Any:
@@ -90,6 +104,7 @@ class EngineHost:
     def describe(self) -> dict:
         """What `diffrl cluster status` shows: role, process, devices and what the actor holds."""
         import ray
+        import torch
 
         e = self.engines
         if e is None:
@@ -108,6 +123,7 @@ class EngineHost:
             "pid": os.getpid(),
             "node": ray.get_runtime_context().get_node_id(),
             "gpus": [str(g) for g in ray.get_gpu_ids()],
+            "threads": torch.get_num_threads(),
             "device": str(getattr(e.adapter, "device", "cpu")),
             "holds": holds,
             "model": e.model_path if e.adapter is not None else "",
@@ -124,4 +140,5 @@ def _comparable(config: Any) -> Any:
     run = dataclasses.replace(
         config.run, steps=1, validate_every=0, log_images=0, checkpoint_every=1, keep_latents_steps=0
     )
-    return dataclasses.replace(config, run=run, cluster=dataclasses.replace(config.cluster, actor_timeout_s=1.0))
+    cluster = dataclasses.replace(config.cluster, actor_timeout_s=1.0, actor_threads="auto")
+    return dataclasses.replace(config, run=run, cluster=cluster)

@@ -49,7 +49,7 @@ def test_ray_mode_matches_local_and_keeps_actors_warm(ray_cluster, workdir):
     # compact_every 2: the second step's compaction merges the prompt-embedding cache inside the rollout's actor
     two_steps = TINY + ["run.steps=2", "model.device=auto", "run.compact_every=2"]
     train(config=None, overrides=two_steps + ["run.name=local"])
-    train(config=None, overrides=two_steps + RAY + ["run.name=remote"])
+    train(config=None, overrides=two_steps + RAY + ["run.name=remote", "cluster.actor_threads=2"])
     for run_name in ("local", "remote"):
         embeddings = lance.dataset(os.path.join(workdir, f"runs/{run_name}/embeddings.lance"))
         assert len(embeddings.get_fragments()) == 1, run_name
@@ -69,6 +69,7 @@ def test_ray_mode_matches_local_and_keeps_actors_warm(ray_cluster, workdir):
     engine = actors["remote/engine"]
     assert len(engine["gpus"]) == 1 and actors["remote/reward"]["gpus"] == []  # placement: 1 (fake) GPU
     assert engine["holds"] == ["adapter", "rollout", "trainer", "store"] and engine["policy_version"] == 2
+    assert engine["threads"] == actors["remote/reward"]["threads"] == 2  # not the one thread Ray gives a worker
 
     # a later flow run of the same run name finds the warm actors: the model is not built again
     train(config=None, overrides=TINY + RAY + ["run.name=remote", "run.steps=3", "run.compact_every=2"])
@@ -77,6 +78,8 @@ def test_ray_mode_matches_local_and_keeps_actors_warm(ray_cluster, workdir):
     assert again["remote/engine"]["pid"] == engine["pid"] and again["remote/engine"]["builds"] == 1
     # the step-2 checkpoint holds version 1 (saved before its sync); + the resume sync + step 3 sync
     assert again["remote/engine"]["policy_version"] == 3
+    # actor_threads "auto" at the warm actors' next run: the 2 CPUs of the test cluster over its 2 actors
+    assert again["remote/engine"]["threads"] == again["remote/reward"]["threads"] == 1
     assert len(_metrics(workdir, "remote")["perf/time_per_step"]) == 3
     cluster.stop_actors("remote")
 
@@ -145,6 +148,7 @@ def test_cluster_status_and_stop_commands(ray_cluster, workdir):
     )
     assert status.returncode == 0, status.stderr
     assert "cli/engine" in status.stdout and "cli/reward" in status.stdout and "trainer" in status.stdout
+    assert "threads 1 " in status.stdout  # auto: the test cluster's 2 CPUs over the run's 2 actors
     stop = subprocess.run(
         [sys.executable, "-m", "diffrl.flows.cli", "cluster", "stop", "cli"],
         env=env,

@@ -198,6 +198,8 @@ def test_gpus_auto_counts_the_clusters_gpus_less_the_reward_actors(ray_cluster):
         (RAY + ["cluster.gpus=8", "rollout.chunk_size=1", "train.mini_batch_prompts=1"], r"group_size \(4\) must"),
         (["cluster.reward_actors=2"], "need cluster.mode: ray"),
         (RAY + ["cluster.reward_actors=0"], "cluster.reward_actors must be >= 1"),
+        (RAY + ["cluster.actor_threads=0"], "cluster.actor_threads must be a number of threads >= 1 or 'auto'"),
+        (RAY + ["cluster.actor_threads=many"], "cluster.actor_threads must be a number of threads >= 1 or 'auto'"),
     ],
 )
 def test_settings_replicas_cannot_share_are_refused(overrides, message):
@@ -205,6 +207,19 @@ def test_settings_replicas_cannot_share_are_refused(overrides, message):
 
     with pytest.raises(ValueError, match=message):
         load_experiment(None, TINY + overrides)
+
+
+def test_actor_threads_share_the_node_cpus_among_the_runs_actors():
+    """Ray gives each worker one thread; "auto" gives each of the run's actors its share of the node's CPUs."""
+    from diffrl.configs.schema import load_experiment
+    from diffrl.engines import cluster
+
+    two = load_experiment(None, TINY + RAY)  # an engine and a reward actor
+    assert cluster.actor_threads(two, 16.0) == 8 and cluster.actor_threads(two, 3.0) == 1
+    eight = load_experiment(None, TINY + RAY + ["cluster.gpus=2", "cluster.reward_actors=2", "rollout.chunk_size=1"])
+    assert len(cluster.actor_names(eight)) == 4 and cluster.actor_threads(eight, 128.0) == 32
+    assert cluster.actor_threads(eight, 2.0) == 1  # never 0
+    assert cluster.actor_threads(load_experiment(None, TINY + RAY + ["cluster.actor_threads=5"]), 2.0) == 5
 
 
 def test_an_algorithm_sampling_with_its_old_adapter_needs_one_replica():
