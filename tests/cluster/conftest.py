@@ -68,3 +68,18 @@ def workdir(tmp_path, monkeypatch, diffrl_cache):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("DIFFRL_INJECT_FAULT", raising=False)
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def _no_actors_left_behind():
+    """After each test, remove the actors and placement groups of every diffrl run still on the test cluster: a
+    test that fails before its own `stop_actors` would otherwise hold the fake GPUs, and the next tests could not
+    place theirs (one failure reported as three)."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    from diffrl.engines import cluster
+
+    for run_name in sorted({a["name"].rsplit("/", 1)[0] for a in cluster.list_actors()}):
+        cluster.stop_actors(run_name)

@@ -101,8 +101,10 @@ def test_two_replicas_train_as_one(ray_cluster, prefect_server, workdir):
     for ours, theirs in zip(_checkpoints(workdir / "runs/one"), _checkpoints(workdir / "runs/two"), strict=True):
         a, b = load_file(ours / "trainable.safetensors"), load_file(theirs / "trainable.safetensors")
         assert ours.name == theirs.name and sorted(a) == sorted(b)  # the trained weights after each step
-        for name in a:
-            assert b[name] == pytest.approx(a[name], abs=1e-6), name
+        for name in a:  # Adam's step is ~lr (3e-3) whatever the gradient's size: where a gradient is near 0, the
+            # float noise of another summation order moves it by a few 1e-6 (seen: 2.2e-6); a lost or doubled
+            # gradient share moves many entries by ~lr
+            assert b[name] == pytest.approx(a[name], abs=1e-5), name
 
     actors = {a["name"]: a for a in cluster.list_actors("two")}
     assert sorted(actors) == ["two/engine", "two/engine-1", "two/reward"]
@@ -142,8 +144,11 @@ def test_two_replicas_fine_tune_fully_as_one(ray_cluster, workdir):
         assert two[key][0] == pytest.approx(one[key][0], rel=1e-5, abs=1e-6), key
     first = [_full_weights(_checkpoints(workdir / "runs" / r)[0], workdir / f"{r}.pt") for r in ("full1", "full2")]
     assert sorted(first[0]) == sorted(first[1])
-    for name, weight in first[0].items():  # FSDP2's sharded update: within float noise of one process's
-        assert first[1][name] == pytest.approx(weight, abs=1e-6), name
+    # FSDP2's sharded update: within float noise of one process's. Adam's first step is lr * g / (|g| + eps), about
+    # lr (1e-4) times sign(g): a lost or doubled gradient share flips signs (2e-4 apart); where |g| is near eps the
+    # noise of another summation order shows (seen: 2.2e-6)
+    for name, weight in first[0].items():
+        assert first[1][name] == pytest.approx(weight, abs=1e-5), name
     # the second step samples with each replica's copy: loaded with the updated weights (no log-prob gap), and
     # its rewards are one replica's but where a weight's last bit flips a JPEG's size by a byte
     assert two["rollout_corr/logprob_abs_diff_mean"][1] == 0.0 and two["actor/ratio_mean"][1] == 1.0
