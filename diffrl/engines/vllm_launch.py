@@ -29,8 +29,8 @@ STOP_S = 10.0  # how long the group may take to stop on SIGTERM before SIGKILL
 
 def process_group(pgid: int) -> list[int]:
     """Pids of the live (not zombie) processes of process group `pgid` (Linux /proc): a server's group once stopped
-    is empty. Here, not in vllm_server.py, because this script runs in vLLM's virtualenv and imports only the
-    standard library; vllm_server.py imports it from here."""
+    is empty. The launcher's own check below, and the tests' check that a stopped server left no process; it lives in
+    this script, which runs in vLLM's virtualenv and imports only the standard library."""
     members = []
     for entry in os.listdir("/proc"):
         try:
