@@ -82,6 +82,7 @@ class Recipe:
     num_inference_steps: int = 10
     lr: float = 3e-4
     ode_tail: str = "off"  # the recipe config's rollout.ode_tail (SOLVER:EVALUATIONS), the main levers' default
+    sort_by_window: bool = False  # the recipe config's rollout.sort_by_window, the main levers' default
 
 
 RECIPES = {
@@ -102,6 +103,7 @@ RECIPES = {
         rollout_batch=16,
         algorithm=get_algorithm("flow_grpo_fast", noise_level=1.2, window={"start_range": (0, 5)}, clip_ratio=1e-5),
         ode_tail="ab2:2",  # as diffrl/configs/qwen_image_ocr_lora.yaml sets it (issue 33's guard passed)
+        sort_by_window=True,  # the same (its own guard passed); saves only when a call holds several forward batches
         train_candidates=((1.0, 4), (1.0, 8), (0.5, 4), (0.0, 1), (0.0, 2), (0.0, 4)),
     ),
     # flow_grpo SD3.5-Medium: CFG 4.5, noise 0.7, group 24, LoRA r32/a64, 9 trained steps, KL 0.04; prompts
@@ -146,6 +148,7 @@ VARIANTS = {  # name -> lever overrides of the main measurement (one "before" st
     "weights_fp8_deterministic": {"weights": "fp8:deterministic"},
     # issue 33: forward batches of rows sorted by window start (rollout.sort_by_window; saves with an ODE tail on)
     "sort_by_window": {"sort_by_window": True},
+    "unsorted": {"sort_by_window": False},
     "compile": {"compile": True},  # last: compilation cannot be undone
 }
 
@@ -446,7 +449,7 @@ def choose_levers(args, recipe: Recipe, probes: dict) -> list[Levers]:
             ode_tail=args.ode_tail or recipe.ode_tail,
             ode_head=args.ode_head,
             weights=args.weights,
-            sort_by_window=args.sort_by_window,
+            sort_by_window=recipe.sort_by_window if args.sort_by_window is None else args.sort_by_window == "on",
         )
         for f, m in ranked
     ]
@@ -576,8 +579,10 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--ode-head", default="off", help="rollout.ode_head of the main levers: off or SOLVER:K")
     parser.add_argument(
         "--sort-by-window",
-        action="store_true",
-        help="rollout.sort_by_window of the main levers: forward batches of rows sorted by window start",
+        default=None,
+        choices=["on", "off"],
+        help="rollout.sort_by_window of the main levers: forward batches of rows sorted by window start "
+        "(default: the recipe's)",
     )
     parser.add_argument(
         "--weights", default="lora", help="rollout.weights of the main levers: lora, merged, fp8 or KIND:deterministic"
@@ -712,7 +717,7 @@ def _run_variant(bench: Bench, result: dict, name: str, levers: Levers, main_pha
         result["variants"].append({"name": name, "skipped": "same as the main levers"})
         return
     warmup = 1 if name == "compile" or bench.compiled else 0  # compiled blocks recompile for changed levers
-    if name.startswith(("ode_", "weights_")) or name == "sort_by_window":
+    if name.startswith(("ode_", "weights_")) or name in ("sort_by_window", "unsorted"):
         # a rollout lever: the run-ahead worker has already sampled the next step with the previous levers (measured
         # on the CPU: the first variant's timed step then made no transformer evaluation), so warm up one step
         warmup = max(warmup, 1)

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from diffrl.configs.schema import load_experiment
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
 import rl_step  # noqa: E402
@@ -96,12 +98,14 @@ def test_rl_step_weights_lever():
 def test_rl_step_tiny_cpu_sort_by_window_variant(tmp_path):
     out = tmp_path / "result.json"
     argv = ["--recipe", "qwen_image_ocr_lora", "--tiny", "--device", "cpu", "--warmup", "0", "--steps", "1"]
-    rl_step.main([*argv, "--prompts", "2", "--variants", "sort_by_window", "--out", str(out)])
+    # the recipe sorts by window start (as its YAML does); the variant times the unsorted batches against it
+    rl_step.main([*argv, "--prompts", "2", "--variants", "sort_by_window,unsorted", "--out", str(out)])
     recorded = json.loads(out.read_text())
-    (variant,) = recorded["variants"]
+    same, variant = recorded["variants"]
     assert recorded["main"]["images_per_step"] == 4  # --prompts 2: two groups of 2, in two forward batches of 2
-    assert variant["name"] == "sort_by_window" and variant["levers"]["sort_by_window"] is True
-    assert not recorded["main"]["levers"]["sort_by_window"]
+    assert same == {"name": "sort_by_window", "skipped": "same as the main levers"}
+    assert variant["name"] == "unsorted" and variant["levers"]["sort_by_window"] is False
+    assert recorded["main"]["levers"]["sort_by_window"] is True
     assert variant["warmup_steps"] == 1 and variant["images_per_gpu_s"] > 0  # a rollout lever: one warm-up step
     # tiny: 4 steps, so no tail is ever shortened (a tail of at most 2 steps, K = 2): the same evaluations
     assert variant["rollout_evaluations_per_image"] == recorded["main"]["rollout_evaluations_per_image"]
@@ -113,7 +117,13 @@ def test_rl_step_prompts_must_be_positive():
 
 
 def test_rl_step_sort_by_window_lever():
-    assert not rl_step.parse_args(["--recipe", "qwen_image_ocr_lora"]).sort_by_window
-    assert rl_step.parse_args(["--recipe", "qwen_image_ocr_lora", "--sort-by-window"]).sort_by_window
+    """The main levers take rollout.sort_by_window from the recipe, as its YAML sets it, unless the flag says."""
+    assert rl_step.RECIPES["qwen_image_ocr_lora"].sort_by_window is True
+    assert load_experiment("qwen_image_ocr_lora").sampling.sort_by_window is True
+    assert rl_step.RECIPES["sd35m_flow_grpo"].sort_by_window is False
+    assert rl_step.parse_args(["--recipe", "qwen_image_ocr_lora"]).sort_by_window is None
+    assert rl_step.parse_args(["--recipe", "qwen_image_ocr_lora", "--sort-by-window", "off"]).sort_by_window == "off"
+    with pytest.raises(SystemExit):
+        rl_step.parse_args(["--recipe", "qwen_image_ocr_lora", "--sort-by-window", "yes"])
     names = list(rl_step.VARIANTS)
     assert names.index("sort_by_window") < names.index("compile") == len(names) - 1
