@@ -6,6 +6,9 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 TORCH  ?= torch==2.13.0
+# pytest-xdist workers for `make test` (the CI machine has 2 cores; each worker holds tiny models and servers: keep it
+# small); 1 runs the suite in one process. Ray and vLLM tests stay on one worker each (tests/conftest.py).
+TEST_WORKERS ?= 2
 
 .PHONY: venv install quickstart lint test test-fast clean
 
@@ -31,7 +34,7 @@ lint: install
 	$(VENV)/bin/lint-imports --no-cache
 
 test: lint
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: install
 	$(PY) -m pytest tests -m "not slow"

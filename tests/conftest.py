@@ -14,6 +14,22 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
+# Tests that share one process-wide resource run on one pytest-xdist worker (`make test` runs two, `--dist
+# loadgroup`): the Ray cluster tests (one local cluster, its fake GPUs and named actors) and the vLLM tests (one
+# cached venv, CPU-heavy servers). Without xdist the marks do nothing.
+XDIST_GROUPS = {"cluster": "ray", "vllm": "vllm"}
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    tests = os.path.dirname(__file__)
+    for item in items:
+        folder = os.path.relpath(str(item.path), tests).split(os.sep)[0]
+        if folder in XDIST_GROUPS:
+            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS[folder]))
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """tiny_model(arch) -> path of a tiny diffusers folder for `arch`, built once per session (seed 0)."""

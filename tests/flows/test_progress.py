@@ -28,11 +28,12 @@ def _steps(console: Console) -> None:
 
 
 @pytest.mark.parametrize("other_bar", [False, True])
-def test_a_terminal_gets_one_live_line_rewritten_in_place(other_bar):
+def test_a_terminal_gets_one_live_line_rewritten_in_place(other_bar, monkeypatch):
     """Each step rewrites the same line ('\\r', no newline) with a bar, the reward, images/s and the time left; the
     run's other lines (and a step's validation results) are printed above it, whole. Also while another tqdm bar of
     the process is alive (not closed, or not collected yet): tqdm gave the step line the next free position, a
     newline and cursor-up codes (this test failed in whichever test process an earlier test's bar lived on)."""
+    monkeypatch.setenv("COLUMNS", "120")  # a terminal the line fits in (pytest-xdist's workers say 80: tqdm cut it)
     other = tqdm(total=5, file=io.StringIO()) if other_bar else None
     out = _Terminal()
     _steps(Console(out))
