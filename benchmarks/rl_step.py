@@ -151,6 +151,7 @@ VARIANTS = {  # name -> lever overrides of the main measurement (one "before" st
     "unsorted": {"sort_by_window": False},
     "compile": {"compile": True},  # last: compilation cannot be undone
 }
+ROLLOUT_LEVERS = frozenset({"ode_tail", "ode_head", "weights", "sort_by_window"})  # Levers fields the sampler reads
 
 
 @dataclass(frozen=True)
@@ -717,11 +718,11 @@ def _run_variant(bench: Bench, result: dict, name: str, levers: Levers, main_pha
         result["variants"].append({"name": name, "skipped": "same as the main levers"})
         return
     warmup = 1 if name == "compile" or bench.compiled else 0  # compiled blocks recompile for changed levers
-    if name.startswith(("ode_", "weights_")) or name in ("sort_by_window", "unsorted"):
+    if ROLLOUT_LEVERS & overrides.keys():
         # a rollout lever: the run-ahead worker has already sampled the next step with the previous levers (measured
         # on the CPU: the first variant's timed step then made no transformer evaluation), so warm up one step
         warmup = max(warmup, 1)
-    if name.startswith("weights_") and bench.compiled:
+    if "weights" in overrides and bench.compiled:
         # measured on an H200: the first timed step of a rollout-weights variant held the compile of its new
         # forwards (the run-ahead rollout of that step is the first one with the new classes), 42 s against 14 s
         warmup = 2
