@@ -190,7 +190,8 @@ def _generate_rounds(stages: Stages, cfg: Any, step: int):
         return
     shares = [replica_chunks(cfg, r) for r in range(replicas)]
     for k in range(len(shares[0])):
-        yield gather([stages.submit("generate", step, share[k], replica=r) for r, share in enumerate(shares)])
+        futures = [stages.submit("generate", step, share[k], replica=r) for r, share in enumerate(shares)]
+        yield gather(futures, fail_fast=False)  # no collective among them: the chunks that finish are kept
 
 
 def _on_every_replica(stages: Stages, cfg: Any, name: str, step: int) -> Any:
@@ -202,14 +203,26 @@ def _on_every_replica(stages: Stages, cfg: Any, name: str, step: int) -> Any:
     return gather([stages.submit(name, step, replica=r) for r in range(replicas)])[0]
 
 
-def gather(futures: list) -> list:
-    """The results of `futures` in order; the first failure is raised as soon as it happens, not after the futures
-    before it (a replica's failed stage would otherwise wait behind ranks stuck in a collective with it)."""
+def gather(futures: list, fail_fast: bool = True) -> list:
+    """The results of `futures` in order. fail_fast: the first failure is raised as soon as it happens, not after the
+    futures before it (a replica's failed stage would otherwise wait behind ranks stuck in a collective with it).
+    Otherwise (calls that do not wait for each other, as a round of generate calls) every future ends first, so a
+    replica's chunk is finished and stored (Cached when the step runs again) though another replica's failed."""
     finished: queue.Queue = queue.Queue()
     for future in futures:
         future.add_done_callback(finished.put)
+    first_error = None
     for _ in futures:
-        finished.get().result()  # raises that future's error
+        future = finished.get()
+        if fail_fast:
+            future.result()  # raises that future's error
+        elif first_error is None:
+            try:
+                future.result()
+            except Exception as e:  # noqa: BLE001 - raised once the others have ended
+                first_error = e
+    if first_error is not None:
+        raise first_error
     return [future.result() for future in futures]
 
 
