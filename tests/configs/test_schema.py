@@ -40,6 +40,22 @@ def test_qwen_image_recipe_is_verl_omnis():
     )
 
 
+@pytest.mark.parametrize(
+    "recipe, result",
+    [("qwen_image_ocr_lora", "qwen_image_ocr_lora_h200.json"), ("sd35m_flow_grpo_ocr", "sd35m_flow_grpo_h200.json")],
+)
+def test_gpu_recipes_use_the_attention_backend_their_benchmark_chose(recipe, result):
+    """The run takes the SDPA backend `benchmarks/rl_step.py --sdpa auto` picked for the recipe (its recorded result),
+    so `diffrl train` trains with the kernels the per-GPU figure was measured with."""
+    import json
+
+    path = os.path.join(os.path.dirname(CONFIG_DIR), "..", "benchmarks", "results", result)
+    with open(path) as f:
+        measured = json.load(f)
+    assert "--sdpa auto" in measured["command"]
+    assert load_experiment(recipe).model.attention == measured["main"]["levers"]["sdpa"] == "cudnn"
+
+
 def test_algorithm_bundle_with_overrides():
     cfg = load_experiment(None, ["algorithm=mix_grpo", "algorithm.window.size=2", "algorithm.kl_coef=0.01"])
     assert cfg.algorithm.name == "mix_grpo" and cfg.algorithm.kl_coef == 0.01
