@@ -53,14 +53,20 @@ def device_name(model_device: str) -> tuple[str, str]:
     return f"cpu ({os.cpu_count()} cores)", "cpu"
 
 
-def start_ray(workdir: str) -> str:
-    """A Ray cluster owned by this process: the machine's GPUs (one fake GPU without any), its address."""
+def start_ray(workdir: str, num_gpus: int | None = None, num_cpus: int | None = None) -> str:
+    """A Ray cluster owned by this process, its address: the machine's GPUs (one fake GPU without any) unless
+    `num_gpus` says how many (fake ones on a CPU machine), the machine's CPUs unless `num_cpus` says."""
     import ray
     import torch
 
-    gpus = torch.cuda.device_count() or 1
+    gpus = num_gpus or torch.cuda.device_count() or 1
     ctx = ray.init(
-        num_gpus=gpus, namespace="diffrl", include_dashboard=False, log_to_driver=False, _temp_dir=f"{workdir}/ray"
+        num_gpus=gpus,
+        num_cpus=num_cpus,
+        namespace="diffrl",
+        include_dashboard=False,
+        log_to_driver=False,
+        _temp_dir=f"{workdir}/ray",
     )
     return ctx.address_info["gcs_address"]
 

@@ -4,11 +4,16 @@ tasks, and the settings that cannot be shared over replicas are refused when the
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 from conftest import TINY
 from safetensors.torch import load_file
 
 ray = pytest.importorskip("ray")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+import scaling  # noqa: E402  (benchmarks/scaling.py: what it reads of a replicated run)
 
 RAY = ["cluster.mode=ray", "cluster.actor_timeout_s=120", "model.device=auto"]
 # Keys that must agree: sampling and rewards (same seeds, same weights), advantages over the whole step, the update.
@@ -122,6 +127,19 @@ def test_two_replicas_train_as_one(ray_cluster, prefect_server, workdir):
         "update_actor-step1-replica0",
         "update_actor-step1-replica1",
     ]
+    # what benchmarks/scaling.py reads of each replica: its persisted stage records, both steps, both replicas
+    records = scaling.replica_records(str(workdir / "runs/two"), "two")
+    assert {stage: sorted(steps) for stage, steps in records.items()} == {
+        "generate": [0, 1],
+        "update_actor": [0, 1],
+        "sync_weights": [0, 1],
+    }
+    assert [[r["chunk"] for r in records["generate"][s]] for s in (0, 1)] == [[0, 1], [0, 1]]
+    replicas = scaling.per_replica(records, 2, range(1, 3))
+    rank0 = [records["update_actor"][s][0]["metrics"]["timing_s/update_actor"] for s in (0, 1)]
+    assert replicas["update_actor"][0] == pytest.approx(sum(rank0) / 2)  # the median of two steps
+    assert all(t > 0 for t in replicas["generate"] + replicas["update_actor"])
+    assert replicas["peak_memory_allocated_gb"] == [None, None]  # CPU devices: no CUDA peak
     assert cluster.stop_actors("two") == ["two/engine", "two/engine-1", "two/reward", "two/gpus"]
     cluster.stop_actors("one")
     _gone("two")

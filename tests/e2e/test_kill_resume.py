@@ -45,9 +45,17 @@ def _diffrl(args: list[str], cwd, **env) -> subprocess.CompletedProcess:
 def test_killed_run_resumes_with_every_step_once(workdir, fault):
     killed = _diffrl(TINY, workdir, DIFFRL_INJECT_FAULT=fault)
     assert killed.returncode == 137, killed.stderr[-2000:]
+    # step 1's checkpoint is written behind the next step (the writer may lag 2 steps): on a loaded machine the kill
+    # in step 2 can come before it lands, and the rerun then trains step 1 again on its stored rows
+    pointer = workdir / "runs/quickstart/checkpoints/latest.json"
+    committed = json.loads(pointer.read_text())["step"] if pointer.exists() else None
+    assert committed in (None, 1)  # never step 2's: the kill came inside it
     done = _diffrl(TINY, workdir)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "resuming after step 1" in done.stderr
+    if committed == 1:
+        assert "resuming after step 1" in done.stderr
+    else:
+        assert "resuming" not in done.stderr, done.stderr[-2000:]
     rows = lance.dataset(f"{workdir}/runs/quickstart/trajectories.lance").to_table(columns=["step"])
     counts = {s: rows.column("step").to_pylist().count(s) for s in range(1, 4)}
     assert counts == {1: 8, 2: 8, 3: 8}  # step 2's chunks were reused, not written again
