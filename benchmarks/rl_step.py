@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (also puts the repository root on sys.path)
+import kernel_profile  # noqa: E402
 
 from diffrl.algorithms.catalog import Algorithm, get_algorithm  # noqa: E402
 from diffrl.configs.schema import DataConfig, ExperimentConfig, RolloutConfig, RunConfig  # noqa: E402
@@ -142,6 +143,8 @@ VARIANTS = {  # name -> lever overrides of the main measurement (one "before" st
     # issue 33: the deterministic steps after each chunk's last SDE window on fewer evaluations (rollout.ode_tail)
     "ode_tail_dpm2m_3": {"ode_tail": "dpm2m:3"},
     "ode_tail_ab2_2": {"ode_tail": "ab2:2"},
+    # issue 33: the deterministic steps before each forward batch's first SDE window on one Euler evaluation
+    "ode_head_euler_1": {"ode_head": "euler:1"},
     # issue 33: the rollout's forwards on a merged-LoRA / FP8 copy of the weights (rollout.weights)
     "weights_merged": {"weights": "merged"},
     "weights_fp8": {"weights": "fp8"},
@@ -567,7 +570,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="after the main measurement, profile one step: top CUDA kernels into the JSON",
+        help="after the main measurement, profile a steady-state step: device time by kernel kind and stage, GPU "
+        "busy fraction, top kernels into the JSON (benchmarks/kernel_profile.py)",
     )
     parser.add_argument(
         "--variants",
@@ -757,32 +761,27 @@ def _run_variant(bench: Bench, result: dict, name: str, levers: Levers, main_pha
     bench.apply(levers)  # back to the main levers (compilation stays)
 
 
-def profile_step(bench: Bench, rows: int = 40) -> dict:
-    """One more RL step under torch.profiler: the kernels with the most device time, and the step's total."""
-    from torch.profiler import ProfilerActivity, profile
+def profile_step(bench: Bench) -> dict:
+    """Two more RL steps under torch.profiler, the second one summarised: its device time by kernel kind and by stage,
+    how busy the GPU was, and the top kernels (benchmarks/kernel_profile.py).
+
+    The window is a steady-state step as a run sees it, from the end of one step to the end of the next: the run-ahead
+    worker runs a step's stages from the previous step's weight sync on, so the step before is profiled too (its
+    stage ranges open the ones the window finishes) and left out of the summary."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from diffrl.engines.step.run import STAGES
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if bench.device.startswith("cuda") else [])
-    bench.engines.memory.drain()
-    with profile(activities=activities) as prof:
-        stages = bench.step(bench.args.step_offset, StepClock())
-    bench.args.step_offset += 1
-    key = "device_time_total" if bench.device.startswith("cuda") else "cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
-    total = sum(getattr(e, "self_" + key) for e in events)
-    top = sorted(events, key=lambda e: getattr(e, "self_" + key), reverse=True)[:rows]
-    return {
-        "stage_seconds": stages,
-        "self_time_total_ms": total / 1e3,
-        "top": [
-            {
-                "name": e.key[:120],
-                "calls": e.count,
-                "self_ms": getattr(e, "self_" + key) / 1e3,
-                "share": getattr(e, "self_" + key) / max(total, 1),
-            }
-            for e in top
-        ],
-    }
+    clock = StepClock()
+    with kernel_profile.stage_ranges(STAGES), profile(activities=activities) as prof:
+        bench.step(bench.args.step_offset, clock)
+        with record_function(kernel_profile.WINDOW):
+            stages = bench.step(bench.args.step_offset + 1, clock)
+            common.synchronize(bench.device)
+    bench.args.step_offset += 2
+    kernels, ranges, window = kernel_profile.profile_rows(prof)
+    return {"stage_seconds": stages, **kernel_profile.summarize(kernels, ranges, window)}
 
 
 def _print_summary(result: dict) -> None:
@@ -797,6 +796,8 @@ def _print_summary(result: dict) -> None:
             f"{phase['name']:<26}{phase['images_per_gpu_s']:>10.3f}{phase['seconds_per_step']:>9.2f}"
             f"{st['rollout']:>9.2f}{st['update']:>9.2f}{(peak or 0):>9.1f}{(mfu or 0):>7.3f}"
         )
+    if "profile" in result:
+        print(kernel_profile.format_summary(result["profile"]))
 
 
 if __name__ == "__main__":
