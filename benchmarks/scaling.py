@@ -13,9 +13,13 @@ at 1 GPU, `efficiency` = speedup / N; `scaling` is what the issues name so: the 
         model.path=random:/tmp/qi "reward.components=[{name: jpeg_compressibility}]" data.num_val_prompts=0
     # writes benchmarks/results/scaling_qwen_image_ocr_lora_h200x8.json on an 8-GPU H200 machine
 
-    python benchmarks/scaling.py --config diffrl/configs/shapes_quick.yaml --gpus 1,2,4,8 --steps 4 --warmup 1 \\
-        model.device=cpu data.num_val_prompts=0 rollout.prompts_per_step=8 ...   # CPU: fake GPUs, the placement
-                                                                                # and the exchange are real
+    python benchmarks/scaling.py --config diffrl/configs/shapes_flow_grpo.yaml --gpus 1,2,4,8 --steps 5 --warmup 2 \\
+        model.device=cpu model.path=reference:shapes-small data.num_val_prompts=0 rollout.prompts_per_step=8 \\
+        rollout.chunk_size=16 rollout.batch_size=16 train.mini_batch_prompts=8 train.micro_batch_size=16 \\
+        --out benchmarks/results/scaling_shapes_small_cpu.json   # CPU: fake GPUs, the placement and exchange are real
+
+(The step's chunks must split evenly over the replicas, and DiffusionNFT, shapes_quick.yaml's algorithm, samples with
+the trainer's EMA adapter, which replicas do not support yet: hence FlowGRPO's shapes recipe on the small model.)
 
 On a machine without GPUs the Ray cluster gets max(--gpus) fake GPUs (devices are the CPU; collectives run on gloo): the
 replicas share the CPU cores, so images/s there measure what the replicas add (tasks, the exchange, N writers into
