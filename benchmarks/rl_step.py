@@ -502,6 +502,17 @@ def trained_steps(recipe: Recipe) -> int:
     return window.size if window.kind in sized else recipe.num_inference_steps - 1
 
 
+SAMPLER_LEVERS = ("ode_tail", "ode_head", "sort_by_window")  # the levers that change the rollout's evaluations
+
+
+def counted_phase(main_phase: dict, phase: dict, main: Levers, changed: Levers) -> dict:
+    """The phase whose measured rollout evaluations a variant's FLOPs count: main's when the variant keeps main's
+    sampler (timed without a warm-up, it can time a rollout the run-ahead sampled before it began: 0 evaluations
+    seen), its own when it changes one of SAMPLER_LEVERS (sorted rows change the ODE tail's evaluations too)."""
+    same = all(getattr(changed, name) == getattr(main, name) for name in SAMPLER_LEVERS)
+    return main_phase if same else phase
+
+
 def shortcut_evaluations(phase: dict, levers: Levers) -> float | None:
     """The phase's measured rollout evaluations per image when an ODE shortcut is on, else None (the schedule's
     steps): a variant timed without a warm-up step can time a rollout the run-ahead sampled before it started, whose
@@ -748,11 +759,11 @@ def _run_variant(bench: Bench, result: dict, name: str, levers: Levers, main_pha
         common.reset_peak(args.device)
         bench.apply(levers)
         return
-    # a variant that keeps main's sampler counts main's evaluations: timed without a warm-up, it can time a rollout
-    # the run-ahead sampled before it began (0 evaluations seen)
-    same_sampler = (changed.ode_tail, changed.ode_head) == (levers.ode_tail, levers.ode_head)
     flops = flop_model(
-        bench.recipe, result["probes"], changed, shortcut_evaluations(main_phase if same_sampler else phase, changed)
+        bench.recipe,
+        result["probes"],
+        changed,
+        shortcut_evaluations(counted_phase(main_phase, phase, levers, changed), changed),
     )
     add_mfu(phase, flops, result["matmul_tflops_measured"])
     if name == "compile":

@@ -127,3 +127,18 @@ def test_rl_step_sort_by_window_lever():
         rl_step.parse_args(["--recipe", "qwen_image_ocr_lora", "--sort-by-window", "yes"])
     names = list(rl_step.VARIANTS)
     assert names.index("sort_by_window") < names.index("compile") == len(names) - 1
+
+
+def test_variant_counts_its_own_evaluations_when_it_changes_the_sampler():
+    """A variant that sorts the rows (or changes an ODE shortcut) samples with fewer evaluations than main: its FLOPs
+    count its own measured evaluations. The sort_by_window result of 2026-12-02 counted main's 8.0 instead of its 6.25
+    (MFU 0.52 recorded for 0.44)."""
+    main = rl_step.Levers(rollout_batch=16, micro_batch=4, checkpointing=0.0, ode_tail="ab2:2")
+    main_phase = {"rollout_evaluations_per_image": 8.0}
+    sorted_phase = {"rollout_evaluations_per_image": 6.25}
+    sort = rl_step.dataclasses.replace(main, sort_by_window=True)
+    assert rl_step.counted_phase(main_phase, sorted_phase, main, sort) is sorted_phase
+    assert rl_step.shortcut_evaluations(rl_step.counted_phase(main_phase, sorted_phase, main, sort), sort) == 6.25
+    # a variant that keeps main's sampler (e.g. another micro-batch) counts main's evaluations
+    other = rl_step.dataclasses.replace(main, micro_batch=8)
+    assert rl_step.counted_phase(main_phase, {"rollout_evaluations_per_image": 0.0}, main, other) is main_phase
