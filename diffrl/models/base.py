@@ -139,6 +139,31 @@ def pad_and_cat(encodings: list[Encoding]) -> Encoding:
     return out
 
 
+def text_bucket(tokens: int) -> int:
+    """The text length compiled denoiser blocks see for a batch whose longest prompt has `tokens` tokens: the next
+    multiple of 32 up to 128 tokens, of 128 above. Compiled blocks specialise on the text length: without buckets a
+    new length recompiled them (at real size a second full compile in a run's second step: Qwen-Image's steps 1 and 2
+    took 63-82 s against 14-18 s after, on one H200), and from the second length on torch.compile made the length a
+    dynamic dimension. Buckets keep the shapes few and static (see `ModelAdapter.compile_blocks`)."""
+    if tokens < 1:
+        raise ValueError(f"a prompt encoding has at least one token; got {tokens}")
+    step = 32 if tokens <= 128 else 128
+    return -(-tokens // step) * step
+
+
+def pad_tokens(encoding: Encoding, keys: tuple[str, ...], length: int) -> Encoding:
+    """`encoding` with the token dim (dim 1) of each of `keys` right-padded with zeros to `length` (a mask's zeros keep
+    the padded tokens masked out); the other entries are shared, not copied."""
+    out = dict(encoding)
+    for key in keys:
+        value = encoding[key]
+        if value.shape[1] > length:
+            raise ValueError(f"{key} has {value.shape[1]} tokens, more than the {length} to pad to")
+        if value.shape[1] < length:
+            out[key] = torch.nn.functional.pad(value, (0, 0) * (value.dim() - 2) + (0, length - value.shape[1]))
+    return out
+
+
 def select(encoding: Encoding, index: torch.Tensor | slice | list[int]) -> Encoding:
     """Rows of an encoding (same index applied to every tensor)."""
     return {k: v[index] for k, v in encoding.items()}
@@ -221,6 +246,7 @@ class ModelAdapter(ABC):
         self.dtype = dtype
         self.source = ""  # path or hub id it was loaded from (set by from_pretrained)
         self.attention = "default"  # SDPA backend of the denoiser forwards (see attention_context)
+        self.compiled = False  # compile_blocks ran: adapters whose text length varies pad it to text_bucket()
 
     def attention_context(self) -> contextlib.AbstractContextManager:
         """Enter around denoiser forwards: selects the SDPA backend `self.attention` names."""
@@ -252,7 +278,10 @@ class ModelAdapter(ABC):
 
         The denoiser's first forward after this compiles (19-70 s measured at real size on an H200); LoRA
         added later or a new batch shape recompiles once. `model.compile: true` calls this after the
-        trainer is built.
+        trainer is built. Shapes stay static (`dynamic=False` unless `options` say otherwise): each new shape
+        (rollout batch, training micro-batch, a text bucket) compiles its own graph once, as the benchmarks
+        measure them, instead of torch.compile turning a dimension dynamic when it sees its second value. Adapters
+        whose prompts vary in length pad them to `text_bucket` lengths once compiled, which keeps those shapes few.
         """
         import torch._dynamo
 
@@ -261,8 +290,10 @@ class ModelAdapter(ABC):
             raise ValueError(f"{self.arch}: {type(self.transformer).__name__} has no transformer blocks to compile")
         # Rollout (CFG batch), training (micro-batch) and grad/no-grad modes each specialise: allow them all.
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        options.setdefault("dynamic", False)
         for unit in units:
             unit.compile(**options)
+        self.compiled = True
         return len(units)
 
     def fingerprint(self) -> str:

@@ -38,9 +38,12 @@ from diffrl.models.base import (
     images_to_uint8,
     load_pipeline,
     pad_and_cat,
+    pad_tokens,
     register_adapter,
+    text_bucket,
 )
 
+TEXT_KEYS = ("prompt_embeds", "prompt_embeds_mask")  # an encoding's entries with a token dim
 # QwenImagePipeline.check_inputs refuses longer text; the tokenizer keeps at most this + the template.
 _MAX_SEQUENCE_LENGTH_LIMIT = 1024
 
@@ -195,6 +198,8 @@ class QwenImageAdapter(ModelAdapter):
         hidden = latents.to(device=self.device, dtype=self.dtype)
         do_true_cfg = guidance_scale > 1 and negative is not None
         text = pad_and_cat([encoding, negative]) if do_true_cfg else encoding
+        if self.compiled:  # a few static text lengths for the compiled blocks (padded tokens are masked out)
+            text = pad_tokens(text, TEXT_KEYS, text_bucket(text["prompt_embeds"].shape[1]))
         if do_true_cfg:
             hidden, timestep_B = torch.cat([hidden, hidden]), torch.cat([timestep_B, timestep_B])
         rows, cols = self._token_grid(shape)

@@ -6,6 +6,7 @@ compiled, that sampling gives the same trajectories, and that a LoRA trainer sti
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from diffrl.algorithms.catalog import get_algorithm
@@ -59,3 +60,48 @@ def test_lora_trains_through_compiled_blocks(tiny_model):
 def test_model_compile_is_a_config_switch():
     assert load_experiment("quickstart", []).model.compile is False
     assert load_experiment("quickstart", ["model.compile=true"]).model.compile is True
+
+
+def test_compiled_qwen_image_pads_text_to_static_buckets(tiny_model):
+    """Prompts of different lengths used to give the compiled blocks a new text length each (a second full compile
+    in a real run's second step, then a dynamic length). Once compiled, Qwen-Image pads the text to `text_bucket`
+    lengths: two lengths in one bucket compile one graph, and the velocity equals the eager, unpadded one."""
+    import torch._dynamo
+
+    from diffrl.models.base import SampleShape, text_bucket
+
+    adapter = load_adapter(tiny_model("qwen_image"), device="cpu", dtype=torch.float32)
+    shape = SampleShape(32, 32)
+    short, long = (adapter.encode_prompt([p]) for p in ("a cube", "two red cats and a blue dog under a tree"))
+    negative = adapter.encode_prompt([" "])
+    lengths = {short["prompt_embeds"].shape[1], long["prompt_embeds"].shape[1]}
+    assert len(lengths) == 2 and {text_bucket(n) for n in lengths} == {32}
+    latents = adapter.prepare_latents(shape, [torch.Generator().manual_seed(0)])
+    sigma = adapter.sigmas(3, shape)[1:2]
+
+    def velocities():
+        return [
+            adapter.velocity(latents, sigma, enc, negative, guidance_scale=4.0, shape=shape) for enc in (short, long)
+        ]
+
+    with torch.no_grad():
+        eager = velocities()
+        adapter.compile_blocks(backend="eager")
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        compiled = velocities()
+    for got, want in zip(compiled, eager):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # one static shape for both prompts
+
+
+def test_text_bucket_and_pad_tokens():
+    from diffrl.models.base import pad_tokens, text_bucket
+
+    assert [text_bucket(n) for n in (1, 18, 32, 33, 128, 129, 300, 512)] == [32, 32, 32, 64, 128, 256, 384, 512]
+    enc = {"prompt_embeds": torch.ones(2, 5, 3), "prompt_embeds_mask": torch.ones(2, 5, dtype=torch.long)}
+    out = pad_tokens(enc, ("prompt_embeds", "prompt_embeds_mask"), 8)
+    assert out["prompt_embeds"].shape == (2, 8, 3) and out["prompt_embeds"][:, 5:].abs().sum() == 0
+    assert out["prompt_embeds_mask"].tolist() == [[1] * 5 + [0] * 3] * 2
+    with pytest.raises(ValueError, match="more than the 4"):
+        pad_tokens(enc, ("prompt_embeds",), 4)
