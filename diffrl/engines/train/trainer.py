@@ -261,6 +261,7 @@ class PolicyTrainer(TrainerBase):
         num_trained = traj.trained[rows].sum(dim=1).float().mean().item()  # T (equal per sample in every policy)
         replay = self._replay_fn(engine)
         self.optimizer.zero_grad(set_to_none=True)
+        replayed = []  # (replayed log-probs on the device, rollout log-probs, trained mask) per pass, for the gap
         for mb in range(0, len(local), self.cfg.micro_batch_size):
             idx = local[mb : mb + self.cfg.micro_batch_size]
             sub = traj.select(idx)
@@ -270,17 +271,18 @@ class PolicyTrainer(TrainerBase):
                 batch = self._step_batch(replay, sub, j, encodings, out, idx, traj, old, advantages)
                 loss, step_metrics = self.algorithm.loss(batch)
                 (loss * (len(idx) / (len(local) * num_trained))).backward()
-                for name, value in step_metrics.items():
-                    sums[name] += float(value)
-                    counts[name] += 1
+                _accumulate(sums, counts, step_metrics)
                 if measure_gap:
-                    _add_gap(
-                        sums,
-                        counts,
-                        out.log_prob.detach().float().cpu()[:, None],
-                        traj.log_probs[idx, j][:, None],
-                        sub.trained[:, j][:, None],
-                    )
+                    replayed.append((out.log_prob.detach(), traj.log_probs[idx, j], sub.trained[:, j]))
+        if replayed:  # one copy to the host for the mini-batch (the optimizer step waits for the GPU anyway)
+            device_parts, rollout_parts, trained_parts = zip(*replayed)
+            _add_gap(
+                sums,
+                counts,
+                torch.cat(device_parts).float().cpu()[:, None],
+                torch.cat(rollout_parts)[:, None],
+                torch.cat(trained_parts)[:, None],
+            )
         self._optimizer_step(sums, counts)
 
     def _step_batch(self, replay, sub, j: int, encodings, out, idx, traj, old: OldPolicy, advantages) -> StepBatch:
@@ -321,9 +323,7 @@ class PolicyTrainer(TrainerBase):
                 batch = self._sample_batch(traj, chunk, advantages, engine, sigmas_N, shape, epoch)
                 loss, metrics = self.algorithm.loss(batch)
                 (loss * (len(chunk) / len(local))).backward()
-                for k, v in metrics.items():
-                    sums[k] += float(v)
-                    counts[k] += 1
+                _accumulate(sums, counts, metrics)
             self._optimizer_step(sums, counts)
 
     def _noised(self, x0: torch.Tensor, seeds: torch.Tensor, sigmas_N: torch.Tensor, epoch: int):
@@ -376,6 +376,16 @@ class PolicyTrainer(TrainerBase):
         return sync.sync_weights(self, rollout)
 
 
+def _accumulate(sums, counts, metrics: dict) -> None:
+    """Add one pass's metrics without waiting for the GPU: tensors are summed where they are (in float64, as the
+    Python floats they were added as before) and read once, when the update's metrics are reduced. A float() per pass
+    held the host until that pass's backward had run, so the GPU then idled while the host prepared and launched the
+    next pass (profiled on an H200: Qwen-Image's update kept the GPU busy 72 % of its 6.3 s, SD3.5-M's 93 %)."""
+    for name, value in metrics.items():
+        sums[name] = sums[name] + (value.detach().double() if torch.is_tensor(value) else float(value))
+        counts[name] += 1
+
+
 def _add_gap(sums, counts, replayed: torch.Tensor, rollout: torch.Tensor, trained: torch.Tensor) -> None:
     """rollout_corr/logprob_abs_diff_{mean,max} over trained steps ((n, W) tensors)."""
     diff = (replayed - rollout).abs()[trained]
@@ -390,7 +400,7 @@ def _add_gap(sums, counts, replayed: torch.Tensor, rollout: torch.Tensor, traine
 def _reduce_metrics(sums: dict[str, float], counts: dict[str, int]) -> dict[str, float]:
     """Means of the accumulated metrics (max/count kept as they are), averaged over ranks."""
     names = sorted(sums)
-    local = {n: sums[n] / max(counts[n], 1) for n in names}
+    local = {n: float(sums[n]) / max(counts[n], 1) for n in names}  # device sums (see _accumulate) read here, once
     _, size = world()
     if size == 1 or not names:
         return local

@@ -252,3 +252,23 @@ def test_recomputed_old_log_probs_match_the_rollout_and_feed_the_correction(tiny
     metrics = trainer.update(traj, torch.tensor([1.0, -1.0]))
     assert metrics["rollout_corr/logprob_abs_diff_max"] <= 1e-6  # same numerics, measured
     assert abs(metrics["actor/ratio_mean"] - 1.0) <= 1e-5 and trainer.optimizer_steps == 1
+
+
+def test_pass_metrics_accumulate_on_device_and_read_once():
+    """Per-pass metrics stay tensors until the update's end (no host sync per pass); the means equal the float sums
+    the trainer used to make, bit for bit (float64 sums of the float32 values, in the same order)."""
+    from collections import defaultdict
+
+    from diffrl.engines.train.trainer import _accumulate, _reduce_metrics
+
+    values = torch.rand(7, generator=torch.Generator().manual_seed(0)) * 1e-3
+    sums, counts = defaultdict(float), defaultdict(int)
+    for v in values:
+        _accumulate(sums, counts, {"actor/pg_loss": v.reshape(()), "actor/lr_like": 0.5})
+    assert torch.is_tensor(sums["actor/pg_loss"]) and sums["actor/pg_loss"].dtype == torch.float64
+    expected = 0.0
+    for v in values:
+        expected += float(v)
+    reduced = _reduce_metrics(sums, counts)
+    assert reduced["actor/pg_loss"] == expected / 7 and isinstance(reduced["actor/pg_loss"], float)
+    assert reduced["actor/lr_like"] == 0.5
