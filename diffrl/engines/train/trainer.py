@@ -28,7 +28,7 @@ import torch.distributed as dist
 from diffrl.algorithms.base import Algorithm
 from diffrl.algorithms.batches import SampleBatch, StepBatch
 from diffrl.engines.rollout.config import SamplingConfig
-from diffrl.engines.rollout.engine import RolloutEngine
+from diffrl.engines.rollout.engine import RolloutEngine, to_device
 from diffrl.engines.train import checkpoint, sync
 from diffrl.engines.train.base import TrainerBase
 from diffrl.engines.train.config import TrainConfig
@@ -293,15 +293,15 @@ class PolicyTrainer(TrainerBase):
         weights = mask if weights is None else weights * mask
         device = out.log_prob.device
         ref = self._reference_step(replay, sub, j, encodings) if needs.reference else None
-        return StepBatch(
+        return StepBatch(  # host -> device copies queued behind the forward, not waited for (to_device)
             log_prob=out.log_prob,
-            old_log_prob=old.log_probs[idx, j].to(device),
-            advantages=advantages[idx].to(device),
+            old_log_prob=to_device(old.log_probs[idx, j], device),
+            advantages=to_device(advantages[idx], device),
             prev_sample_mean=out.prev_sample_mean,
             std_dev_t=out.std_dev_t,
             sqrt_dt=out.sqrt_dt,
-            weights=weights.to(device),
-            old_prev_sample_mean=None if old.means is None else old.means[idx, j].to(self.device),
+            weights=to_device(weights, device),
+            old_prev_sample_mean=None if old.means is None else to_device(old.means[idx, j], device),
             ref_prev_sample_mean=None if ref is None else ref.prev_sample_mean,
         )
 
@@ -331,7 +331,7 @@ class PolicyTrainer(TrainerBase):
         PPO epoch trains every sample at a new noise level, as DiffusionNFT trains several timesteps per sample."""
         key = self.cfg.seed * 1_000_003 + self.updates * 7_919 + epoch * 104_729
         sigma, x_t, target = noised_samples(x0, seeds, sigmas_N, key)
-        return sigma.to(self.device), x_t.to(self.device), target.to(self.device)
+        return to_device(sigma, self.device), to_device(x_t, self.device), to_device(target, self.device)
 
     def _velocity(self, x_t, sigma, encoding, shape: SampleShape) -> torch.Tensor:
         """The conditional velocity (guidance scale 1, no negative prompt), as the published code trains it."""
@@ -360,9 +360,9 @@ class PolicyTrainer(TrainerBase):
             velocity=velocity,
             target=target,
             x_t=x_t,
-            x0=x0.to(self.device),
+            x0=to_device(x0, self.device),
             sigma=sigma,
-            advantages=advantages[rows].to(self.device),
+            advantages=to_device(advantages[rows], self.device),
             old_velocity=old_velocity,
             ref_velocity=ref_velocity,
         )
