@@ -33,11 +33,13 @@ def test_decode_path_uses_the_normalised_codebook_the_vq_was_trained_with():
     too, so an image encoded by `quantize` and decoded by the policy is what the VQ-VAE learned to reconstruct."""
     policy = JanusImagePolicy.from_pretrained(resolve_model_path("reference:shapes-janus"))
     vq = policy.model.model.vqmodel
-    pixels = torch.rand(2, 3, 64, 64) * 2 - 1
+    pixels = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0)) * 2 - 1
     with torch.no_grad():
         z, q, indices = quantize(vq, pixels)
         ours = vq.decoder(vq.post_quant_conv(q))
-    torch.testing.assert_close(vq.decode(indices), ours, rtol=1e-5, atol=1e-5)
+    # the two paths normalise the codebook in a different op order: float32 rounding, up to 1.4e-5 seen on CI with
+    # unseeded inputs (this test drew fresh random pixels each run); the unnormalised codebook differs by up to 1.3
+    torch.testing.assert_close(vq.decode(indices), ours, rtol=1e-4, atol=1e-4)
 
 
 def test_shipped_reference_is_small_safetensors_and_beats_random_weights():
