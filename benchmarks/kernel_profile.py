@@ -105,12 +105,18 @@ def summarize(kernels: list[Kernel], ranges: list[StageRange], window: tuple[flo
         if r.end_us > lo and r.start_us < hi
     ]
     by_kind = dict.fromkeys(KINDS, 0.0)
-    stages: dict[str, dict] = {r.stage: {"kernel_s": dict.fromkeys(KINDS, 0.0), "intervals": []} for r in ranges}
+
+    def entry_of(stage: str) -> dict:
+        return stages.setdefault(stage, {"kernel_s": dict.fromkeys(KINDS, 0.0), "intervals": []})
+
+    stages: dict[str, dict] = {}
+    for r in ranges:  # every stage that ran is listed, with or without kernels
+        entry_of(r.stage)
     by_name: dict[str, list[float]] = {}
     for k in kernels:
         seconds, kind = (k.end_us - k.start_us) / 1e6, kernel_kind(k.name)
         by_kind[kind] += seconds
-        entry = stages.setdefault(stage_of(k, ranges), {"kernel_s": dict.fromkeys(KINDS, 0.0), "intervals": []})
+        entry = entry_of(stage_of(k, ranges))
         entry["kernel_s"][kind] += seconds
         entry["intervals"].append((k.start_us, k.end_us))
         by_name.setdefault(k.name, [0, 0.0])

@@ -134,7 +134,7 @@ def pad_and_cat(encodings: list[Encoding]) -> Encoding:
         parts = [e[key] for e in encodings]
         if parts[0].dim() >= 2 and len({p.shape[1] for p in parts}) > 1:
             longest = max(p.shape[1] for p in parts)
-            parts = [torch.nn.functional.pad(p, (0, 0) * (p.dim() - 2) + (0, longest - p.shape[1])) for p in parts]
+            parts = [_pad_dim1(p, longest) for p in parts]
         out[key] = torch.cat(parts, dim=0)
     return out
 
@@ -159,9 +159,15 @@ def pad_tokens(encoding: Encoding, keys: tuple[str, ...], length: int) -> Encodi
         value = encoding[key]
         if value.shape[1] > length:
             raise ValueError(f"{key} has {value.shape[1]} tokens, more than the {length} to pad to")
-        if value.shape[1] < length:
-            out[key] = torch.nn.functional.pad(value, (0, 0) * (value.dim() - 2) + (0, length - value.shape[1]))
+        out[key] = _pad_dim1(value, length)
     return out
+
+
+def _pad_dim1(value: torch.Tensor, length: int) -> torch.Tensor:
+    """`value` right-padded with zeros along dim 1 (the token dim) to `length` (itself when already that long)."""
+    if value.shape[1] == length:
+        return value
+    return torch.nn.functional.pad(value, (0, 0) * (value.dim() - 2) + (0, length - value.shape[1]))
 
 
 def select(encoding: Encoding, index: torch.Tensor | slice | list[int]) -> Encoding:

@@ -198,8 +198,7 @@ class QwenImageAdapter(ModelAdapter):
         hidden = latents.to(device=self.device, dtype=self.dtype)
         do_true_cfg = guidance_scale > 1 and negative is not None
         text = pad_and_cat([encoding, negative]) if do_true_cfg else encoding
-        if self.compiled:  # a few static text lengths for the compiled blocks (padded tokens are masked out)
-            text = pad_tokens(text, TEXT_KEYS, text_bucket(text["prompt_embeds"].shape[1]))
+        text = self._bucketed(text)
         if do_true_cfg:
             hidden, timestep_B = torch.cat([hidden, hidden]), torch.cat([timestep_B, timestep_B])
         rows, cols = self._token_grid(shape)
@@ -215,6 +214,13 @@ class QwenImageAdapter(ModelAdapter):
         if do_true_cfg:
             pred = true_cfg(pred[:batch], pred[batch:], guidance_scale)
         return pred.to(torch.float32)
+
+    def _bucketed(self, text: Encoding) -> Encoding:
+        """Once the blocks are compiled, the text padded to its `text_bucket` length (padded tokens are masked out),
+        so prompts of different lengths share a few static graphs; unchanged otherwise."""
+        if not self.compiled:
+            return text
+        return pad_tokens(text, TEXT_KEYS, text_bucket(text["prompt_embeds"].shape[1]))
 
     # ---- pixels ----------------------------------------------------------------------------------
     @torch.no_grad()

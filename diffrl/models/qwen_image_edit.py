@@ -39,16 +39,8 @@ from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dime
 from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLProcessor
 
-from diffrl.models.base import (
-    Encoding,
-    SampleShape,
-    load_pipeline,
-    pad_and_cat,
-    pad_tokens,
-    register_adapter,
-    text_bucket,
-)
-from diffrl.models.qwen_image import _MAX_SEQUENCE_LENGTH_LIMIT, TEXT_KEYS, QwenImageAdapter, true_cfg
+from diffrl.models.base import Encoding, SampleShape, load_pipeline, pad_and_cat, register_adapter
+from diffrl.models.qwen_image import _MAX_SEQUENCE_LENGTH_LIMIT, QwenImageAdapter, true_cfg
 
 CONDITION_AREA = 1024 * 1024  # upstream's fixed pixel area of the conditioning image
 IMAGE_KEYS = ("image_latents", "image_grid")  # the parts of an encoding that are the input image's, not the text's
@@ -204,8 +196,7 @@ class QwenImageEditAdapter(QwenImageAdapter):
         do_true_cfg = guidance_scale > 1 and negative is not None
         text_only = lambda enc: {k: v for k, v in enc.items() if k not in IMAGE_KEYS}  # noqa: E731
         text = pad_and_cat([text_only(encoding), text_only(negative)]) if do_true_cfg else text_only(encoding)
-        if self.compiled:  # a few static text lengths for the compiled blocks (padded tokens are masked out)
-            text = pad_tokens(text, TEXT_KEYS, text_bucket(text["prompt_embeds"].shape[1]))
+        text = self._bucketed(text)
         if do_true_cfg:
             hidden, timestep_B = torch.cat([hidden, hidden]), torch.cat([timestep_B, timestep_B])
         rows, cols = self._token_grid(shape)

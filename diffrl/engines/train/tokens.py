@@ -32,7 +32,7 @@ from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.policy_loss import correction_weights, lora_disabled
 from diffrl.engines.train.preference import training_units
 from diffrl.engines.train.setup import build_optimizer, build_scheduler, check_offload, prepare_denoiser, world
-from diffrl.engines.train.trainer import _reduce_metrics
+from diffrl.engines.train.trainer import _accumulate, _reduce_metrics
 from diffrl.models.causal_lm import CausalLMPolicy
 
 
@@ -173,9 +173,7 @@ class TokenTrainer(TrainerBase):
             )
             loss, step_metrics = self.algorithm.loss(batch)
             (loss * (len(idx) / len(rows))).backward()
-            for name, value in step_metrics.items():
-                sums[name] += float(value)
-                counts[name] += 1
+            _accumulate(sums, counts, step_metrics)
             sums["actor/entropy"] += float((entropy.cpu() * token_mask).sum() / token_mask.sum().clamp_min(1))
             counts["actor/entropy"] += 1
             if measure_gap:
