@@ -211,10 +211,16 @@ def test_retention_on_its_own_handle_while_the_writer_appends(tmp_path):
     for s in range(4):
         writer.append(chunks[s], run="r", step=s, chunk=0)
     failures: list[BaseException] = []
+    # As in a run, the retention after step N starts once step N is written (it then overlaps the next appends);
+    # unguarded, the janitor could run "after step 7" before steps 4 and 5 existed and leave their latents.
+    written = {s: threading.Event() for s in range(12)}
+    for s in range(4):
+        written[s].set()
 
     def janitor():
         try:
             for step in (3, 5, 7):  # a rewrite and a merge of the table, three times, while the appends go on
+                assert written[step].wait(timeout=120), f"step {step} was not written"
                 _retain_apart(TrajectoryStore, uri, None, 2, step, True, 1)
         except BaseException as e:  # noqa: BLE001 - reported below
             failures.append(e)
@@ -224,6 +230,7 @@ def test_retention_on_its_own_handle_while_the_writer_appends(tmp_path):
     for s in range(4, 12):
         writer.append(chunks[s], run="r", step=s, chunk=0)
         writer.write_rewards(s, chunks[s], torch.arange(4.0) + s, {}, torch.ones(4, dtype=torch.bool))
+        written[s].set()
     thread.join()
     assert not failures, failures
     assert writer.num_rows() == 12 * 4 and writer.steps() == list(range(12))
