@@ -8,6 +8,7 @@ PIP     = $(PY) -m pip
 TORCH  ?= torch==2.13.0
 # pytest-xdist workers for `make test` (the CI machine has 2 cores; each worker holds tiny models and servers: keep it
 # small); 1 runs the suite in one process. Ray and vLLM tests stay on one worker each (tests/conftest.py).
+# --durations prints the slowest tests, to keep the suite under CI's 25 minutes.
 TEST_WORKERS ?= 2
 
 .PHONY: venv install quickstart lint test test-fast clean
@@ -34,7 +35,7 @@ lint: install
 	$(VENV)/bin/lint-imports --no-cache
 
 test: lint
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --durations=40
 
 test-fast: install
 	$(PY) -m pytest tests -m "not slow"
