@@ -25,6 +25,7 @@ import torch
 
 from diffrl.algorithms.base import Algorithm
 from diffrl.algorithms.batches import TokenBatch
+from diffrl.engines.rollout.engine import to_device
 from diffrl.engines.rollout.tokens import TokenSampling
 from diffrl.engines.token_trajectories import TokenTrajectories
 from diffrl.engines.train.base import TrainerBase
@@ -163,19 +164,20 @@ class TokenTrainer(TrainerBase):
                 with self.reference_policy():
                     ref = self._replay(traj.select(idx), ids)[0]
             weights = correction_weights(old[idx, :width], rollout_log_probs[idx, :width], self.cfg)
-            batch = TokenBatch(
+            device_mask = to_device(token_mask, self.device)
+            batch = TokenBatch(  # host -> device copies queued behind the forward, not waited for (to_device)
                 log_probs=log_probs,
-                old_log_probs=old[idx, :width].to(self.device),
-                mask=token_mask.to(self.device),
-                advantages=advantages[idx].to(self.device),
+                old_log_probs=to_device(old[idx, :width], self.device),
+                mask=device_mask,
+                advantages=to_device(advantages[idx], self.device),
                 ref_log_probs=ref,
-                weights=None if weights is None else weights.to(self.device),
+                weights=None if weights is None else to_device(weights, self.device),
             )
             loss, step_metrics = self.algorithm.loss(batch)
             (loss * (len(idx) / len(rows))).backward()
-            _accumulate(sums, counts, step_metrics)
-            sums["actor/entropy"] += float((entropy.cpu() * token_mask).sum() / token_mask.sum().clamp_min(1))
-            counts["actor/entropy"] += 1
+            entropy_mean = (entropy.detach() * device_mask).sum() / device_mask.sum().clamp_min(1)
+            # summed on the device and read once at the update's end (a float() here waited for this pass's backward)
+            _accumulate(sums, counts, {**step_metrics, "actor/entropy": entropy_mean})
             if measure_gap:
                 _add_gap(sums, counts, log_probs.detach().float().cpu(), rollout_log_probs[idx, :width], token_mask)
         self._optimizer_step(sums, counts)

@@ -76,6 +76,34 @@ def test_one_update_prefers_the_higher_advantage_responses(name, overrides, lora
     assert rollout.policy_version == 1
 
 
+def test_entropy_metric_is_the_token_mean_entropy_before_the_step():
+    """actor/entropy (summed on the device, read once at the update's end) is the mean over passes of each pass's
+    masked token-mean entropy: with micro-batches of 4, two passes on the weights before the optimizer step (at a low
+    temperature, so that the tiny random model's two passes differ clearly)."""
+    sampling = TokenSampling(max_new_tokens=4, temperature=0.05, batch_size=8)
+    policy = CausalLMPolicy(*tiny_thinker(0))
+    cfg = TrainConfig(lora=False, lr=1e-3, mini_batch_prompts=2, micro_batch_size=4, shuffle=False)
+    trainer = TokenTrainer(policy, get_algorithm("grpo"), cfg, sampling, group_size=4)
+    rollout = TransformersTokenEngine(policy)
+    traj = rollout.generate(
+        [p for p in PROMPTS for _ in range(4)], ["a"] * 4 + ["b"] * 4, list(range(8)), [5] * 8, sampling
+    )
+    ids, _, mask = traj.padded()
+    expected = []
+    with torch.no_grad():
+        for idx in ([0, 1, 2, 3], [4, 5, 6, 7]):
+            width = int(mask[idx].sum(1).max())
+            sub = traj.select(idx)
+            inputs = policy.inputs_from_ids(sub.prompt_ids, sub.image_paths, sub.audio_paths)
+            entropy = policy.replay(inputs, ids[idx, :width], temperature=sampling.temperature, entropy=True)[1]
+            expected.append(float((entropy.cpu() * mask[idx, :width]).sum() / mask[idx, :width].sum()))
+    metrics = trainer.update(traj, torch.tensor([1.0, -1.0, 0.5, -0.5] * 2), rollout)
+    assert metrics["actor/entropy"] == pytest.approx(sum(expected) / 2, rel=1e-5)
+    assert min(expected) > 0 and abs(expected[0] - expected[1]) > 1e-3 * max(
+        expected
+    )  # two different passes, both counted
+
+
 @pytest.mark.parametrize("lora", [False, True])
 def test_checkpoint_resumes_the_next_update_exactly_and_lora_is_a_peft_folder(tmp_path, lora):
     """Save after one update, update again; a fresh trainer that loads the checkpoint makes the same second update
