@@ -105,6 +105,33 @@ def _gaussian_log_prob(sample: torch.Tensor, mean: torch.Tensor, std: torch.Tens
     return torch.where(stochastic, lp, torch.zeros_like(lp))
 
 
+def _host(value, dtype: torch.dtype) -> torch.Tensor | None:
+    """`value` (a number or a tensor) flattened on the host in `dtype`; None when it lives on a device."""
+    if torch.is_tensor(value) and value.device.type != "cpu":
+        return None
+    return torch.as_tensor(value).to(dtype).reshape(-1)
+
+
+def check_sigmas(
+    sigma, sigma_prev, *, noise_level=0.0, dtype: torch.dtype = torch.float32, needs_sigma_max: bool = False
+) -> None:
+    """The step's checks of its sigmas, on values given on the host (numbers, CPU tensors) only. Reading device
+    values back waits for every kernel queued before it, in a replay the transformer forward that made the velocity,
+    so the host could not queue the loss and the backward ahead of the GPU; the rollout and the replay pass device
+    sigmas taken from a host schedule they check with this function first (diffrl/engines/rollout/engine.py)."""
+    sigma_h, sigma_prev_h = _host(sigma, dtype), _host(sigma_prev, dtype)
+    if sigma_h is None or sigma_prev_h is None:
+        return
+    if bool((sigma_prev_h > sigma_h).any()):
+        raise ValueError("sigma_prev must be <= sigma (a reverse step moves towards sigma = 0)")
+    eta_h = _host(noise_level, dtype)
+    if needs_sigma_max and eta_h is not None and bool(((sigma_h == 1) & (eta_h != 0)).any()):
+        raise ValueError(
+            "sigma == 1 makes sigma / (1 - sigma) infinite for sde_type='sde': pass sigma_max "
+            "(flow_grpo passes the schedule's sigmas[1])"
+        )
+
+
 def _mean_over_non_batch(t: torch.Tensor) -> torch.Tensor:
     return t.mean(dim=tuple(range(1, t.ndim))) if t.ndim > 1 else t
 
@@ -115,13 +142,8 @@ def _flow_grpo_coefficients(x, v, sigma, dt, eta, sigma_max):
     if sigma_max is not None:
         sigma_max_t = torch.as_tensor(sigma_max, dtype=sigma.dtype, device=sigma.device)
         denominator = 1 - torch.where(at_one, sigma_max_t, sigma)
-    elif bool((at_one & (eta != 0)).any()):
-        raise ValueError(
-            "sigma == 1 makes sigma / (1 - sigma) infinite for sde_type='sde': pass sigma_max "
-            "(flow_grpo passes the schedule's sigmas[1])"
-        )
     else:
-        # Only deterministic (eta == 0) steps sit at sigma == 1 here; any finite value works.
+        # Only deterministic (eta == 0) steps sit at sigma == 1 here (sde_step checks host values); any finite value.
         denominator = torch.where(at_one, torch.ones_like(sigma), 1 - sigma)
     std_dev_t = torch.sqrt(sigma / denominator) * eta
     mean = x * (1 + std_dev_t**2 / (2 * sigma) * dt) + v * (1 + std_dev_t**2 * (1 - sigma) / (2 * sigma)) * dt
@@ -193,9 +215,10 @@ def sde_step(
     eta = _per_sample(noise_level, batch, ndim, dtype, device, "noise_level")
     if x.ndim == 1:  # (B,) latents: per-sample scalars, keep the broadcast shape (B,)
         sigma_b, sigma_prev_b, eta = sigma_b.reshape(-1), sigma_prev_b.reshape(-1), eta.reshape(-1)
+    check_sigmas(
+        sigma, sigma_prev, noise_level=noise_level, dtype=dtype, needs_sigma_max=sde_type == "sde" and sigma_max is None
+    )
     dt = sigma_prev_b - sigma_b
-    if bool((dt > 0).any()):
-        raise ValueError("sigma_prev must be <= sigma (a reverse step moves towards sigma = 0)")
     sqrt_dt = torch.sqrt(-dt)
 
     if sde_type == "sde":

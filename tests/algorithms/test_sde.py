@@ -153,6 +153,21 @@ def test_dtypes_and_errors():
         sde_step(x64, v64, torch.ones(3), 0.4, noise_level=0.7)
 
 
+@pytest.mark.parametrize("sde_type", ["sde", "cps", "dance_sde"])
+def test_device_sigmas_are_never_read_back(sde_type):
+    """A replay (or rollout) step with its sigmas on the device reads no value back: on a GPU that read waits for the
+    forward queued before it, and the host cannot queue the loss and the backward ahead. No GPU on CI: the meta
+    device stands in for it, as reading a meta tensor's value fails where a GPU's would synchronise. The same step
+    with host sigmas still checks them."""
+    meta = [torch.empty(2, 3, 4, device="meta") for _ in range(3)]
+    sigma, sigma_prev = torch.empty(2, device="meta"), torch.empty(2, device="meta")
+    out = sde_step(*meta[:2], sigma, sigma_prev, noise_level=0.7, sde_type=sde_type, prev_sample=meta[2])
+    assert out.log_prob.device.type == "meta" and out.log_prob.shape == (2,)
+    with pytest.raises(ValueError, match="sigma_prev"):
+        x, v = _inputs((2, 3, 4))
+        sde_step(x, v, torch.tensor([0.4, 0.4]), torch.tensor([0.3, 0.6]), noise_level=0.7, sde_type=sde_type)
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     sde_type=st.sampled_from(["sde", "cps", "dance_sde"]),

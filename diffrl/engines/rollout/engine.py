@@ -24,7 +24,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from diffrl.algorithms.sde import SDEStep
+from diffrl.algorithms.sde import SDEStep, check_sigmas
 from diffrl.algorithms.windows import Windows, sample_windows
 from diffrl.engines import trace
 from diffrl.engines.rollout.config import OdeShortcut, SamplingConfig
@@ -199,6 +199,7 @@ class RolloutEngine:
         windows = sample_windows(cfg.window, cfg.num_inference_steps, seeds_B, step)
         noise_seeds_B = _initial_noise_seeds(group_ids, seeds_B) if cfg.same_noise_per_group else seeds_B
         sigmas = self.adapter.sigmas(cfg.num_inference_steps, shape).to(device="cpu", dtype=torch.float32)
+        check_sigmas(sigmas[:-1], sigmas[1:])  # on the host: the loop's steps take device sigmas (sde.py)
         order = forward_order(windows.starts, cfg.sort_by_window)
         chunks = [order[i : i + cfg.batch_size] for i in range(0, batch, cfg.batch_size)]
         bar = tqdm(
@@ -395,6 +396,7 @@ class RolloutEngine:
                 )
             encoding = fetched if encoding is None else encoding
             negative = fetched_neg if negative is None else negative
+        check_sigmas(traj.sigmas[:, j], traj.sigmas_prev[:, j])  # on the host: the step takes device sigmas (sde.py)
         device = self.adapter.device
         return denoise_step(
             self.adapter,
