@@ -39,6 +39,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (also puts the repository root on sys.path)
 import kernel_profile  # noqa: E402
+import sync_points  # noqa: E402
 
 from diffrl.algorithms.catalog import Algorithm, get_algorithm  # noqa: E402
 from diffrl.configs.schema import DataConfig, ExperimentConfig, RolloutConfig, RunConfig  # noqa: E402
@@ -585,6 +586,12 @@ def parse_args(argv: list[str] | None):
         "busy fraction, top kernels into the JSON (benchmarks/kernel_profile.py)",
     )
     parser.add_argument(
+        "--sync-points",
+        action="store_true",
+        help="after the main measurement (and the profile), two more steps recording every synchronising CUDA call "
+        "by stage and call site into the JSON (benchmarks/sync_points.py; CUDA only)",
+    )
+    parser.add_argument(
         "--variants",
         default="recompute_old_log_probs,full_checkpointing,no_kl,sdpa_default,compile",
         help=f"comma list of {sorted(VARIANTS)} (or empty), each timed after the main measurement",
@@ -653,6 +660,8 @@ def scaled_recipe(args) -> Recipe:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.sync_points and not args.device.startswith("cuda"):
+        raise SystemExit("--sync-points records synchronising CUDA calls: it needs --device cuda")
     recipe = scaled_recipe(args)
     started = time.perf_counter()
     slug = common.device_slug(args.device)
@@ -716,6 +725,9 @@ def main(argv: list[str] | None = None) -> dict:
     common.write_json(out, result)
     if args.profile:
         result["profile"] = profile_step(bench)
+        common.write_json(out, result)
+    if args.sync_points:
+        result["sync_points"] = sync_points_of_steps(bench)
         common.write_json(out, result)
     for name in filter(None, args.variants.split(",")):
         _run_variant(bench, result, name, levers, main_phase, started)
@@ -795,6 +807,21 @@ def profile_step(bench: Bench) -> dict:
     return {"stage_seconds": stages, **kernel_profile.summarize(kernels, ranges, window)}
 
 
+def sync_points_of_steps(bench: Bench, steps: int = 2) -> dict:
+    """`steps` more RL steps with every synchronising CUDA call recorded by stage and call site
+    (benchmarks/sync_points.py): what makes the host wait for the GPU, where the profile shows it idle."""
+    from diffrl.engines.step.run import STAGES
+
+    records: list[sync_points.SyncRecord] = []
+    clock = StepClock()
+    with sync_points.recording(STAGES, records):
+        for i in range(steps):
+            bench.step(bench.args.step_offset + i, clock)
+        common.synchronize(bench.device)
+    bench.args.step_offset += steps
+    return sync_points.summarize(records, steps)
+
+
 def _print_summary(result: dict) -> None:
     print(json.dumps({k: result[k] for k in ("probes", "flops")}, indent=1, default=str))
     print(f"{'phase':<26}{'img/GPU/s':>10}{'s/step':>9}{'rollout':>9}{'update':>9}{'peak GiB':>9}{'MFU':>7}")
@@ -809,6 +836,8 @@ def _print_summary(result: dict) -> None:
         )
     if "profile" in result:
         print(kernel_profile.format_summary(result["profile"]))
+    if "sync_points" in result:
+        print(sync_points.format_summary(result["sync_points"]))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Issue 33's "as users run it" check in one device call: `diffrl train` on a recipe's YAML (real size, random weights
 # built in memory from a folder of configs) against benchmarks/rl_step.py on the same levers, then rl_step's
-# steady-state step under the profiler (device time by kernel kind and stage: benchmarks/kernel_profile.py).
+# steady-state step under the profiler (device time by kernel kind and stage: benchmarks/kernel_profile.py) and two
+# steps with every synchronising CUDA call recorded (what makes the host wait: benchmarks/sync_points.py).
 # Both at rl_step's --quick size (one prompt x one group a step) with the rule reward jpeg_compressibility.
 #   bash benchmarks/users_vs_engine_gpu.sh qwen_image /tmp/out     # or sd35m
 # On the GPU machine with the offline bundle on PYTHONPATH (docs/performance.md says how). Writes
@@ -26,6 +27,6 @@ echo "flow done rc=$? at $((SECONDS - T0)) s"; tail -n 4 "$OUT/flow.log"
 # the engines' benchmark on the YAML's levers (SD3.5-M: the micro-batch rl_step's probe picks on an H200, 24; the YAML
 # keeps 12, which an 80 GB H100 holds), then the profiled steady-state step
 timeout $((590 - (SECONDS - T0))) python3 benchmarks/rl_step.py --recipe $RECIPE --quick --sdpa cudnn --compile \
-  --micro-batch $MB --checkpointing 0 --warmup 2 --steps 2 --tf32 --lora-compute base --variants "" --profile \
+  --micro-batch $MB --checkpointing 0 --warmup 2 --steps 2 --tf32 --lora-compute base --variants "" --profile --sync-points \
   --out "$OUT/${RECIPE}_users_h200.json" > "$OUT/rl_step.log" 2>&1
-echo "rl_step done rc=$? at $((SECONDS - T0)) s"; tail -n 12 "$OUT/rl_step.log"
+echo "rl_step done rc=$? at $((SECONDS - T0)) s"; tail -n 30 "$OUT/rl_step.log"
