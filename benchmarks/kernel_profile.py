@@ -197,12 +197,24 @@ def profile_rows(prof) -> tuple[list[Kernel], list[StageRange], tuple[float, flo
 
 
 @contextlib.contextmanager
-def stage_ranges(stages: dict[str, tuple[Callable, type]]) -> Iterator[None]:
-    """While inside, each entry of the step core's STAGES table runs in a `record_function("stage:<name>")` range
-    (the table is restored on exit); the profiler then tells which stage launched each kernel."""
-    from torch.profiler import record_function
-
+def wrapped_stages(
+    stages: dict[str, tuple[Callable, type]], wrap: Callable[[str, Callable], Callable]
+) -> Iterator[None]:
+    """While inside, each entry of the step core's STAGES table runs as `wrap(name, call)`; the table is restored on
+    exit."""
     saved = dict(stages)
+    for name, (call, kind) in saved.items():
+        stages[name] = (wrap(name, call), kind)
+    try:
+        yield
+    finally:
+        stages.update(saved)
+
+
+def stage_ranges(stages: dict[str, tuple[Callable, type]]):
+    """While inside, each stage runs in a `record_function("stage:<name>")` range; the profiler then tells which stage
+    launched each kernel."""
+    from torch.profiler import record_function
 
     def ranged(name: str, call: Callable) -> Callable:
         def wrapped(*args, **kwargs):
@@ -212,9 +224,4 @@ def stage_ranges(stages: dict[str, tuple[Callable, type]]) -> Iterator[None]:
         wrapped.__name__ = getattr(call, "__name__", name)
         return wrapped
 
-    for name, (call, kind) in saved.items():
-        stages[name] = (ranged(name, call), kind)
-    try:
-        yield
-    finally:
-        stages.update(saved)
+    return wrapped_stages(stages, ranged)

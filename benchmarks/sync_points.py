@@ -30,6 +30,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import kernel_profile
+
 MESSAGE = "called a synchronizing CUDA operation"  # what torch's sync debug mode warns with
 _OURS = (os.sep + "diffrl" + os.sep, os.sep + "benchmarks" + os.sep)
 _SKIPPED = (os.sep + "torch" + os.sep, os.sep + "warnings.py", os.sep + "sync_points.py", os.sep + "contextlib.py")
@@ -114,7 +116,6 @@ def capturing(stages: dict[str, tuple[Callable, type]], records: list[SyncRecord
     the running stage instead of being shown: the STAGES table's entries are wrapped to note the stage per thread. The
     table and the warning filters are restored on exit."""
     local = threading.local()
-    saved_stages = dict(stages)
 
     def noted(name: str, call: Callable) -> Callable:
         def wrapped(*args, **kwargs):
@@ -128,7 +129,7 @@ def capturing(stages: dict[str, tuple[Callable, type]], records: list[SyncRecord
         wrapped.__name__ = getattr(call, "__name__", name)
         return wrapped
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), kernel_profile.wrapped_stages(stages, noted):
         warnings.simplefilter("always")  # every call, not once per line
         shown = warnings.showwarning
 
@@ -139,9 +140,4 @@ def capturing(stages: dict[str, tuple[Callable, type]], records: list[SyncRecord
             records.append(SyncRecord(getattr(local, "stage", "outside"), stack))
 
         warnings.showwarning = keep
-        for name, (call, kind) in saved_stages.items():
-            stages[name] = (noted(name, call), kind)
-        try:
-            yield
-        finally:
-            stages.update(saved_stages)
+        yield
