@@ -16,18 +16,30 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 # Tests that share one process-wide resource run on one pytest-xdist worker (`make test` runs two, `--dist
 # loadgroup`): the Ray cluster tests (one local cluster, its fake GPUs and named actors) and the vLLM tests (one
-# cached venv, CPU-heavy servers). Without xdist the marks do nothing.
+# cached venv, CPU-heavy servers); every other test file is one unit too, so that its module fixtures are set up once.
+# xdist 3.8's own loadgroup marks a group by rewriting `item._nodeid`, which pytest 9.2 no longer reads (its node ids
+# are `item._id`): the marks grouped nothing, every group's tests were spread over both workers, and each module
+# fixture was set up on both (the vLLM training run twice, 145 s and 141 s of setup). So the scheduler groups here, by
+# folder and file, from the node ids it is given.
 XDIST_GROUPS = {"cluster": "ray", "vllm": "vllm"}
 
 
-def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    tests = os.path.dirname(__file__)
-    for item in items:
-        folder = os.path.relpath(str(item.path), tests).split(os.sep)[0]
-        if folder in XDIST_GROUPS:
-            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS[folder]))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup`: xdist's scope scheduler with the scopes above (other --dist modes: xdist's own)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedResourceScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::")[0]
+            parts = path.split("/")
+            if len(parts) > 2 and parts[0] == "tests":
+                return XDIST_GROUPS.get(parts[1], path)
+            return path
+
+    return SharedResourceScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
