@@ -33,7 +33,7 @@ from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.policy_loss import correction_weights, lora_disabled
 from diffrl.engines.train.preference import training_units
 from diffrl.engines.train.setup import build_optimizer, build_scheduler, check_offload, prepare_denoiser, world
-from diffrl.engines.train.trainer import _accumulate, _reduce_metrics
+from diffrl.engines.train.trainer import _accumulate, _add_gap, _reduce_metrics
 from diffrl.models.causal_lm import CausalLMPolicy
 
 
@@ -129,7 +129,7 @@ class TokenTrainer(TrainerBase):
         old = rollout_log_probs
         if self.algorithm.needs.old_log_probs and self.cfg.recompute_old_log_probs(same_numerics):
             old = self._forward_all(traj, response_ids)
-            _add_gap(sums, counts, old, rollout_log_probs, mask)
+            _add_gap(sums, counts, old, rollout_log_probs, mask.bool())
         pairs = self.algorithm.needs.pairs
         units = training_units(advantages, traj.group_ids, pairs)
         mini = self.cfg.mini_batch_prompts * (1 if pairs else self.group_size)
@@ -179,7 +179,9 @@ class TokenTrainer(TrainerBase):
             # summed on the device and read once at the update's end (a float() here waited for this pass's backward)
             _accumulate(sums, counts, {**step_metrics, "actor/entropy": entropy_mean})
             if measure_gap:
-                _add_gap(sums, counts, log_probs.detach().float().cpu(), rollout_log_probs[idx, :width], token_mask)
+                _add_gap(
+                    sums, counts, log_probs.detach().float().cpu(), rollout_log_probs[idx, :width], token_mask.bool()
+                )
         self._optimizer_step(sums, counts)
 
     def _replay(self, sub: TokenTrajectories, response_ids: torch.Tensor, *, entropy: bool = False):
@@ -222,13 +224,3 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
     for state in optimizer.state.values():
         state["step"].zero_()  # the zero-gradient step above does not count
-
-
-def _add_gap(sums, counts, replayed: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> None:
-    """rollout_corr/logprob_abs_diff_{mean,max} over response tokens ((n, T) tensors)."""
-    diff = (replayed - rollout).abs()[mask.bool()]
-    sums["rollout_corr/logprob_abs_diff_mean"] += float(diff.sum())
-    counts["rollout_corr/logprob_abs_diff_mean"] += diff.numel()
-    top = float(diff.max()) if diff.numel() else 0.0
-    sums["rollout_corr/logprob_abs_diff_max"] = max(sums["rollout_corr/logprob_abs_diff_max"], top)
-    counts["rollout_corr/logprob_abs_diff_max"] = 1
