@@ -28,6 +28,12 @@ def _suggest(key: str, valid: list[str]) -> str:
     return f"{hint} valid keys: {', '.join(valid)}"
 
 
+def _retired(cls: type, path: str, key: str) -> str:
+    """The message of a key the schema has retired (a class's RETIRED: {key: what replaces it}), else ""."""
+    replacement = getattr(cls, "RETIRED", {}).get(key)
+    return f"config key {path!r} is retired: {replacement}" if replacement else ""
+
+
 def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
@@ -104,7 +110,9 @@ def build(cls: type[T], data: dict, *, where: str = "") -> T:
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
         if key not in fields:
-            raise ConfigError(f"unknown config key {path!r}{_suggest(str(key), list(fields))}")
+            raise ConfigError(
+                _retired(cls, path, str(key)) or f"unknown config key {path!r}{_suggest(str(key), list(fields))}"
+            )
         kwargs[key] = coerce(value, hints[key], path)
     try:
         return cls(**kwargs)
@@ -145,7 +153,7 @@ def apply_overrides(data: dict, overrides: list[str], cls: type) -> dict:
             where = ".".join(path[: depth + 1])
             names = [f.name for f in dataclasses.fields(tp)] if _is_dataclass_type(tp) else None
             if names is not None and part not in names:
-                raise ConfigError(f"unknown config key {where!r}{_suggest(part, names)}")
+                raise ConfigError(_retired(tp, where, part) or f"unknown config key {where!r}{_suggest(part, names)}")
             if depth == len(path) - 1:
                 node[part] = value
                 break

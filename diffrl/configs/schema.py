@@ -10,6 +10,7 @@ import math
 import os
 import typing
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -214,19 +215,27 @@ class RunConfig:
 class ClusterConfig:
     """Where the engines live (docs/operations.md section 5).
 
-    Data parallelism, two ways (ray mode): `gpus: N` runs N colocated engine replicas, one GPU each (rollout + trainer
-    in one actor; each replica generates its share of the step's chunks, the trainers are one FSDP2 group);
-    `placement: split` with `trainers: N` keeps one rollout actor and shards only the training over N trainer actors.
+    `local`: every engine in the `diffrl train` process. `ray`: `gpus: N` engine replicas, one GPU each, as Ray actors
+    on one machine or many; each replica runs the local pipeline on its share of the step's chunks (rollout, rewards
+    streamed while it samples, background writes, the next step's rollout run ahead) and the replicas' trainers are one
+    FSDP2 group.
     """
+
+    # Keys of earlier placements, refused with what replaces them (diffrl/configs/loader.py).
+    RETIRED: ClassVar[dict[str, str]] = {
+        "placement": "every GPU is an engine replica that samples and trains (cluster.gpus: N); there is no split "
+        "rollout/trainer placement",
+        "trainers": "the trainer is sharded over the engine replicas: set cluster.gpus: N",
+        "reward_actors": "each engine replica scores its own chunks while it samples, as the local run does; a reward "
+        "model on its own GPU runs as a vLLM judge server (docs/rewards.md)",
+        "reward_gpus": "each engine replica scores its own chunks while it samples, as the local run does; a reward "
+        "model on its own GPU runs as a vLLM judge server (docs/rewards.md)",
+    }
 
     mode: str = "local"  # local | ray
     address: str | None = None  # ray cluster address (ray mode)
-    placement: str = "colocated"  # colocated | split
-    actor_timeout_s: float = 600.0
-    trainers: int = 1  # data-parallel trainer actors (FSDP2 over one torch.distributed group); split only
-    gpus: int | str = 1  # colocated engine replicas, one per GPU (ray mode): N, or "auto" (every GPU Ray sees)
-    reward_actors: int = 1  # reward actors (ray mode); chunk c is scored by actor c % reward_actors
-    reward_gpus: float = 0.0  # GPUs each reward actor asks Ray for (a reward model on its own GPU); 0: CPUs only
+    actor_timeout_s: float = 600.0  # how long the driver waits for one actor call before it fails the stage
+    gpus: int | str = 1  # engine replicas, one per GPU (ray mode): N, or "auto" (every GPU Ray sees)
     # CPU threads torch uses in each actor: N, or "auto" (the node's CPUs over the run's actors). Ray alone starts
     # every actor with OMP_NUM_THREADS=1: one thread for the CPU-side work (rewards, image conversion, CPU models).
     actor_threads: int | str = "auto"
@@ -234,28 +243,12 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("local", "ray"):
             raise ValueError(f"cluster.mode must be 'local' or 'ray', got {self.mode!r}")
-        if self.placement not in ("colocated", "split"):
-            raise ValueError(f"cluster.placement must be 'colocated' or 'split', got {self.placement!r}")
-        if self.trainers < 1:
-            raise ValueError(f"cluster.trainers must be >= 1, got {self.trainers}")
-        if self.trainers > 1 and (self.mode, self.placement) != ("ray", "split"):
-            raise ValueError(
-                f"cluster.trainers: {self.trainers} runs data-parallel trainer actors, which needs "
-                f"cluster.mode: ray and cluster.placement: split (the rollout in its own actor); got "
-                f"mode {self.mode!r}, placement {self.placement!r}"
-            )
-        if self.gpus != "auto" and (isinstance(self.gpus, str) or self.gpus < 1):
+        if self.gpus != "auto" and (isinstance(self.gpus, (str, bool)) or self.gpus < 1):
             raise ValueError(f"cluster.gpus must be a number of GPUs >= 1 or 'auto', got {self.gpus!r}")
-        if self.gpus != 1 and (self.mode, self.placement) != ("ray", "colocated"):
+        if self.gpus != 1 and self.mode != "ray":
             raise ValueError(
-                f"cluster.gpus: {self.gpus} runs colocated engine replicas as Ray actors, which needs cluster.mode: "
-                f"ray and cluster.placement: colocated; got mode {self.mode!r}, placement {self.placement!r} "
-                "(split placement shards the training with cluster.trainers instead)"
-            )
-        if self.reward_actors < 1 or self.reward_gpus < 0:
-            raise ValueError(
-                f"cluster.reward_actors must be >= 1 and cluster.reward_gpus >= 0, got {self.reward_actors} and "
-                f"{self.reward_gpus}"
+                f"cluster.gpus: {self.gpus} runs engine replicas as Ray actors, which needs cluster.mode: ray "
+                f"(got {self.mode!r})"
             )
         if self.actor_threads != "auto" and (
             isinstance(self.actor_threads, (str, bool))
@@ -264,11 +257,6 @@ class ClusterConfig:
         ):
             raise ValueError(
                 f"cluster.actor_threads must be a number of threads >= 1 or 'auto', got {self.actor_threads!r}"
-            )
-        if (self.reward_actors, self.reward_gpus) != (1, 0.0) and self.mode != "ray":
-            raise ValueError(
-                "cluster.reward_actors / cluster.reward_gpus place reward actors on a Ray cluster: they need "
-                f"cluster.mode: ray (got {self.mode!r}; local mode scores in the run's process)"
             )
 
     @property
@@ -280,9 +268,8 @@ class ClusterConfig:
 
     @property
     def data_parallel(self) -> int:
-        """Processes the trainer is sharded over: the replicas, or the split trainer actors (1 when `gpus: auto`
-        is not resolved yet)."""
-        return self.trainers if self.placement == "split" else (1 if self.gpus == "auto" else int(self.gpus))
+        """Processes the trainer is sharded over: the replicas (1 while `gpus: auto` is not resolved yet)."""
+        return 1 if self.gpus == "auto" else int(self.gpus)
 
 
 @dataclass
@@ -370,20 +357,18 @@ def check_model_kind(cfg: ExperimentConfig) -> None:
 
 
 def check_data_parallel(cfg: ExperimentConfig) -> None:
-    """ValueError for a step that cannot be shared evenly by the run's data-parallel processes (engine replicas or
-    split trainers), or an algorithm the replicas cannot run."""
+    """ValueError for a step that cannot be shared evenly by the run's engine replicas, or an algorithm the replicas
+    cannot run."""
     size = cfg.cluster.data_parallel
     if size == 1:
         return
-    who = f"cluster.gpus: {size} replicas" if cfg.cluster.placement == "colocated" else f"cluster.trainers: {size}"
+    who = f"cluster.gpus: {size} replicas"
     mini = cfg.train.mini_batch_prompts * cfg.rollout.group_size
     if mini % size:
         raise ValueError(
             f"{who} each train an equal share of every mini-batch: train.mini_batch_prompts x rollout.group_size "
             f"({mini}) must be a multiple of {size}"
         )
-    if cfg.cluster.placement == "split":
-        return
     chunks = -(-cfg.rollout.samples_per_step // cfg.rollout.chunk_size)
     if chunks % size or cfg.rollout.samples_per_step % cfg.rollout.chunk_size:
         raise ValueError(

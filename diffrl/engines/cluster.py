@@ -5,23 +5,23 @@ a Prefect task only carries (run, step, chunk) and runs its stage function on th
 
 Ray mode (`cluster.mode: ray`): the engines are named, detached Ray actors in the "diffrl"
 namespace, created once per run name and found again by later flow runs (warm models across steps
-and across runs). Each actor holds one role's engines (see ROLES) and runs stage functions on them;
-callers wait at most `cluster.actor_timeout_s`, so a dead or stuck actor fails the caller with the
-actor's error instead of hanging. Both kinds of handle expose the same `run(role, fn, *args)` and
-`run_one(role, index, fn, *args)`. The actor body is diffrl/engines/host.py.
+and across runs). Each actor is one engine replica holding what the local run holds (model, rollout,
+trainer, reward pool, store and the step's memory with its background writer and run-ahead worker) and
+runs stage functions on them; callers wait at most `cluster.actor_timeout_s`, so a dead or stuck actor
+fails the caller with the actor's error instead of hanging. Both kinds of handle expose the same
+`run(role, fn, *args)` and `run_one(role, index, fn, *args)`. The actor body is diffrl/engines/host.py.
 
-    colocated: <run>/engine  (adapter + rollout + trainer on the same GPUs: weights shared, no copy)
-               <run>/engine-1 ... <run>/engine-{N-1} with cluster.gpus: N (replicas, one GPU each; the trainers
-               are one FSDP2 group: LoRA replicated, the rollout on the trainer's module; full fine-tuning sharded,
-               the rollout on an unsharded copy in the same actor)
-               <run>/reward  (reward pool + store, on CPUs; <run>/reward-1 ... with cluster.reward_actors)
-    split:     <run>/rollout (its own adapter copy, own GPU)   <run>/trainer (adapter + trainer, own GPU)
-               <run>/trainer-1 ... with cluster.trainers: N (data-parallel trainer ranks)
-               <run>/reward
+    <run>/engine, <run>/engine-1 ... <run>/engine-{N-1} with cluster.gpus: N (one GPU each; the trainers are
+    one FSDP2 group: LoRA replicated, the rollout on the trainer's module; full fine-tuning sharded, the rollout
+    on an unsharded copy in the same actor)
+
+A role names which replicas run a call: "trainer" every one at once (a collective stage), "rollout" and "reward"
+the first (validation, logged examples) unless `run_one` picks one.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from dataclasses import dataclass, field
@@ -42,11 +42,7 @@ _LOCK = threading.Lock()
 _ENGINES: dict[str, Any] = {}
 
 NAMESPACE = "diffrl"
-# Which actor of a placement plays each role (a role is what a stage function needs).
-ROLES = {
-    "colocated": {"rollout": "engine", "trainer": "engine", "reward": "reward"},
-    "split": {"rollout": "rollout", "trainer": "trainer", "reward": "reward"},
-}
+ROLES = ("rollout", "trainer", "reward")
 # Environment the Ray side needs from the driver (tasks report to the same Prefect server).
 FORWARDED_ENV = (
     "PREFECT_API_URL",
@@ -64,10 +60,9 @@ FORWARDED_ENV = (
 class Engines:
     """The warm state of one run (or of one actor's role): each stage function reads the fields it uses.
 
-    A field is None where this process does not play the role (the reward actor has no model; engines built
-    without a store for the benchmarks have no store). `run_uid` keys the run's Prefect task caches (set by the
-    train flow); `model_path` is the resolved model folder; `preferences` is offline DPO's pair cache;
-    `rollout_version` is the policy version a split rollout actor (which has no trainer) last received.
+    A field is None where the run has no such part (engines built without a store for the benchmarks have no
+    store). `run_uid` keys the run's Prefect task caches (set by the train flow); `model_path` is the resolved model
+    folder; `preferences` is offline DPO's pair cache.
     """
 
     config: ExperimentConfig
@@ -82,8 +77,6 @@ class Engines:
     model_path: str = ""
     run_uid: str = ""
     preferences: PreferenceCache | None = None
-    rollout_version: int = 0
-    split = False  # one process: the rollout always samples with the trainer's adapter
 
     def run(self, role: str, fn: Callable, *args: Any) -> Any:
         """Run `fn(engines, *args)` here (every role lives in this process)."""
@@ -99,10 +92,8 @@ class Engines:
 
     @property
     def policy_version(self) -> int:
-        """The policy version the rollout samples with (split rollout actors have no trainer)."""
-        if self.trainer is not None:
-            return self.trainer.policy_version
-        return self.rollout_version
+        """The policy version the rollout samples with (the trainer's)."""
+        return self.trainer.policy_version if self.trainer is not None else 0
 
 
 def put(run_name: str, engines: Any) -> None:
@@ -144,21 +135,9 @@ def actor_name(run_name: str, actor: str) -> str:
     return f"{run_name}/{actor}"
 
 
-def dp_actors(config: Any) -> list[str]:
-    """The data-parallel ranks of a run, rank order: its engine replicas ("engine", "engine-1", ... with
-    cluster.gpus > 1) or its split trainer actors ("trainer", "trainer-1", ... with cluster.trainers > 1)."""
-    first = ROLES[config.cluster.placement]["trainer"]
-    return [first] + [f"{first}-{rank}" for rank in range(1, config.cluster.data_parallel)]
-
-
-def reward_actors(config: Any) -> list[str]:
-    """The reward actors of a run: "reward", then "reward-1" ... for cluster.reward_actors > 1."""
-    return ["reward"] + [f"reward-{i}" for i in range(1, config.cluster.reward_actors)]
-
-
 def actor_names(config: Any) -> list[str]:
-    """Every actor of a run: its placement's roles, the data-parallel ranks and the reward actors."""
-    return sorted(set(ROLES[config.cluster.placement].values()) | set(dp_actors(config)) | set(reward_actors(config)))
+    """The engine replicas of a run, rank order: "engine", then "engine-1" ... with cluster.gpus > 1."""
+    return ["engine"] + [f"engine-{rank}" for rank in range(1, config.cluster.data_parallel)]
 
 
 def actor_threads(config: Any, node_cpus: float) -> int:
@@ -171,26 +150,17 @@ def actor_threads(config: Any, node_cpus: float) -> int:
     return max(1, int(node_cpus) // len(actor_names(config)))
 
 
-def role_of(actor: str) -> str:
-    """The role an actor builds for ("trainer-1" builds what "trainer" builds, "engine-2" what "engine" does)."""
-    return actor.split("-", 1)[0]
-
-
 def gpus_seen(config: Any) -> int:
-    """`cluster.gpus: auto`: the GPUs of the connected Ray cluster, less those the reward actors ask for."""
-    import math
-
+    """`cluster.gpus: auto`: the GPUs of the connected Ray cluster."""
     import ray
 
-    total = ray.cluster_resources().get("GPU", 0)
-    left = int(total - math.ceil(config.cluster.reward_actors * config.cluster.reward_gpus))
-    if left < 1:
+    total = int(ray.cluster_resources().get("GPU", 0))
+    if total < 1:
         raise ValueError(
-            f"cluster.gpus: auto found {total:g} GPUs on the Ray cluster ({config.cluster.reward_actors} reward "
-            f"actors ask for {config.cluster.reward_gpus:g} each): start Ray with GPUs (`ray start --head "
+            "cluster.gpus: auto found no GPUs on the Ray cluster: start Ray with GPUs (`ray start --head "
             "--num-gpus N`) or set cluster.gpus to a number"
         )
-    return left
+    return total
 
 
 def forwarded_env() -> dict[str, str]:
@@ -217,13 +187,11 @@ def connect(address: str | None) -> None:
 
 
 def _resources(config: Any, actors: list[str]) -> dict[str, float]:
-    """GPUs each actor asks for: 1 for a model holder when the cluster has GPUs and the model is not on CPU;
-    cluster.reward_gpus for a reward actor."""
+    """GPUs each replica asks for: 1 when the cluster has GPUs and the model is not on CPU."""
     import ray
 
     has_gpus = ray.cluster_resources().get("GPU", 0) >= 1 and config.model.device != "cpu"
-    model = 1.0 if has_gpus else 0.0
-    return {a: config.cluster.reward_gpus if role_of(a) == "reward" else model for a in actors}
+    return {a: 1.0 if has_gpus else 0.0 for a in actors}
 
 
 def _placement_group(run_name: str, gpus: dict[str, float], timeout_s: float):
@@ -238,6 +206,7 @@ def _placement_group(run_name: str, gpus: dict[str, float], timeout_s: float):
     try:
         pg = get_placement_group(name)
     except ValueError:
+        # PACK: the replicas on as few nodes as fit (NVLink within a node); the rest spread over the others
         pg = placement_group(bundles, strategy="PACK", name=name, lifetime="detached")
     if not pg.wait(timeout_seconds=timeout_s):
         raise RuntimeError(
@@ -248,13 +217,13 @@ def _placement_group(run_name: str, gpus: dict[str, float], timeout_s: float):
 
 
 class RayEngines:
-    """A run's engines living in named detached Ray actors: the handle flows and Ray-run tasks hold.
+    """A run's engines living in named detached Ray actors (its engine replicas): the handle the flow holds.
 
     `config`, `val_prompts` and `run_uid` are copies; `store` is this process's own view of the run's
-    trajectory table (reads for logging and retention); models never leave their actors.
+    trajectory table (reads for resume checks); models never leave their actors.
     """
 
-    memory = None  # the step core's hand-off lives in each actor (diffrl/engines/step/memory.py), not in this handle
+    memory = None  # the step's memory lives in each replica (diffrl/engines/step/memory.py), not in this handle
 
     def __init__(
         self,
@@ -267,56 +236,37 @@ class RayEngines:
     ):
         self.run_name, self.config, self.actors, self.run_uid = run_name, config, actors, run_uid
         self.store, self.val_prompts = store, val_prompts or []
-        self.split = config.cluster.placement == "split"
 
     @classmethod
     def find(cls, run_name: str) -> "RayEngines":
         """The live actors of `run_name` (from any process connected to the cluster)."""
         import ray
 
-        def lookup(names: list[str]) -> dict[str, Any]:
-            found = {}
-            for actor in names:
-                try:
-                    found[actor] = ray.get_actor(actor_name(run_name, actor), namespace=NAMESPACE)
-                except ValueError:
-                    continue
-            return found
-
-        first = lookup(["reward"])
-        if not first:
+        found = {}
+        try:
+            first = ray.get_actor(actor_name(run_name, "engine"), namespace=NAMESPACE)
+        except ValueError:
             raise RuntimeError(
                 f"run {run_name!r} has no actors on this Ray cluster (namespace {NAMESPACE!r}): "
                 f"start it with `diffrl train ... cluster.mode=ray run.name={run_name}`"
-            )
-        info = ray.get(first["reward"].describe.remote(), timeout=60)  # the config the actors were built from
-        return cls(run_name, info["config"], lookup(actor_names(info["config"])), info["run_uid"])
+            ) from None
+        info = ray.get(first.describe.remote(), timeout=60)  # the config the actors were built from
+        for actor in actor_names(info["config"]):
+            try:
+                found[actor] = ray.get_actor(actor_name(run_name, actor), namespace=NAMESPACE)
+            except ValueError:
+                continue
+        return cls(run_name, info["config"], found, info["run_uid"])
 
     def set_run_uid(self, uid: str) -> None:
-        """Key the run's task caches by `uid` here and in every actor (the Ray workers running tasks ask them)."""
+        """Key the run's task caches by `uid` here and in every replica."""
         self.run_uid = uid
         for name, actor in self.actors.items():
             self.wait(actor.attach.remote(self.config, uid), f"{name}.attach")
 
-    def actor_for(self, role: str) -> Any:
-        actor = ROLES[self.config.cluster.placement][role]
-        if actor not in self.actors:
-            raise RuntimeError(
-                f"run {self.run_name!r}: its {actor_name(self.run_name, actor)} actor is not alive "
-                f"(it died or was stopped); `diffrl cluster stop {self.run_name}` and rerun "
-                "`diffrl train` to start fresh actors from the last checkpoint"
-            )
-        return self.actors[actor]
-
-    def members(self, role: str) -> list[Any]:
-        """Every actor playing `role`, rank order: the data-parallel ranks for "trainer" (and for "rollout" with
-        engine replicas), the reward actors for "reward"."""
-        if role == "reward":
-            names = reward_actors(self.config)
-        elif role == "trainer" or (role == "rollout" and not self.split):
-            names = dp_actors(self.config)
-        else:
-            return [self.actor_for(role)]
+    def members(self) -> list[Any]:
+        """Every engine replica, rank order."""
+        names = actor_names(self.config)
         missing = [a for a in names if a not in self.actors]
         if missing:
             raise RuntimeError(
@@ -327,27 +277,22 @@ class RayEngines:
         return [self.actors[a] for a in names]
 
     def ranks(self, role: str) -> list[Any]:
-        """The actors that run a call of `role`: every data-parallel rank for "trainer" (rank 0 first)."""
-        return self.members("trainer") if role == "trainer" else [self.actor_for(role)]
+        """The replicas that run a call of `role`: every one for "trainer" (rank 0 first), else the first."""
+        assert role in ROLES, role
+        members = self.members()
+        return members if role == "trainer" else members[:1]
 
     def run_one(self, role: str, index: int, fn: Callable, *args: Any) -> Any:
-        """`fn(engines, *args)` inside the `index`-th actor playing `role` (modulo their number): one engine replica,
-        one trainer rank (a collective stage then needs a call on every rank at once) or one reward actor."""
-        actors = self.members(role)
-        return self.wait(actors[index % len(actors)].run.remote(fn, *args), f"{role}[{index}] ({fn.__name__})")
+        """`fn(engines, *args)` inside engine replica `index` (modulo their number): its share of a stage, or one
+        rank's part of a collective stage (which then needs a call on every rank at once)."""
+        actors = self.members()
+        return self.wait(actors[index % len(actors)].run.remote(fn, *args), f"{role}[{index}] ({_name(fn)})")
 
     def run(self, role: str, fn: Callable, *args: Any) -> Any:
-        """`fn(engines, *args)` inside the actor playing `role` -- on every trainer rank for "trainer", which
-        returns rank 0's result; an error (or a timeout) of any of them fails the caller."""
+        """`fn(engines, *args)` on the replicas of `role` (every rank for "trainer": rank 0's result is returned); an
+        error (or a timeout) of any of them fails the caller."""
         refs = [actor.run.remote(fn, *args) for actor in self.ranks(role)]
-        return self.wait(refs, f"{role} ({getattr(fn, '__name__', fn)})")[0]
-
-    def pipe(self, first: tuple[str, Callable], second: tuple[str, Callable], *args: Any) -> Any:
-        """second_fn(engines2, first_fn(engines1, *args)): the intermediate goes actor to actor, not via here
-        (from rank 0 when `first` runs on every trainer rank)."""
-        refs = [actor.run.remote(first[1], *args) for actor in self.ranks(first[0])]
-        out = self.actor_for(second[0]).run.remote(second[1], refs[0])
-        return self.wait([out, *refs[1:]], f"{first[0]} -> {second[0]}")[0]
+        return self.wait(refs, f"{role} ({_name(fn)})")[0]
 
     def wait(self, ref: Any, what: str) -> Any:
         """ray.get of one ref or a list of them, within cluster.actor_timeout_s."""
@@ -377,8 +322,15 @@ class RayEngines:
         )
 
 
+def _name(fn: Callable) -> str:
+    """A stage function's name for messages (a stage is a partial of the step core's `_here`: its stage name)."""
+    if isinstance(fn, functools.partial):
+        return str(fn.args[0]) if fn.args else _name(fn.func)
+    return getattr(fn, "__name__", repr(fn))
+
+
 def start_actors(config: Any, build: Callable, run_uid: str = "") -> RayEngines:
-    """Create-or-get the run's named detached actors on the connected cluster (model built once per actor)."""
+    """Create-or-get the run's named detached engine replicas on the connected cluster (model built once per actor)."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -386,13 +338,12 @@ def start_actors(config: Any, build: Callable, run_uid: str = "") -> RayEngines:
     from diffrl.engines.host import EngineHost
 
     names = actor_names(config)
-    dp_ranks = dp_actors(config) if config.cluster.data_parallel > 1 else []
     gpus = _resources(config, names)
     pg = _placement_group(run_name, gpus, timeout)
     host = ray.remote(EngineHost)
     actors, bundle = {}, 0
     env = {"env_vars": forwarded_env()}
-    for actor in names:
+    for rank, actor in enumerate(names):
         options = dict(
             name=actor_name(run_name, actor),
             namespace=NAMESPACE,
@@ -402,17 +353,19 @@ def start_actors(config: Any, build: Callable, run_uid: str = "") -> RayEngines:
             num_gpus=gpus[actor],
             runtime_env=env,
             max_restarts=0,
+            # the flow's stage calls reach a replica at once (a chunk's score while the next chunk generates, a
+            # settle beside a stuck stage); the replica's engines take concurrent stage calls, as in one process
+            max_concurrency=16,
         )
         if gpus[actor] > 0:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle)
             bundle += 1
-        rank, world = (dp_ranks.index(actor), len(dp_ranks)) if actor in dp_ranks else (0, 1)
-        actors[actor] = host.options(**options).remote(build, config, actor, run_uid, rank, world)
+        actors[actor] = host.options(**options).remote(build, config, actor, run_uid, rank, len(names))
     handle = RayEngines(run_name, config, actors, run_uid)
-    if dp_ranks:  # data-parallel replicas or trainers: one process group, rank 0's address
-        ranks = handle.ranks("trainer")
-        address, port = handle.wait(ranks[0].rendezvous.remote(), "trainer rendezvous")
-        handle.wait([r.join.remote(address, port) for r in ranks], "data-parallel ranks (process group and build)")
+    if len(names) > 1:  # engine replicas: one process group, rank 0's address
+        ranks = handle.members()
+        address, port = handle.wait(ranks[0].rendezvous.remote(), "replica rendezvous")
+        handle.wait([r.join.remote(address, port) for r in ranks], "engine replicas (process group and build)")
     # a warm actor from an earlier flow run answers `attach`; a new one answers once its build is done
     for name, actor in actors.items():
         handle.wait(actor.attach.remote(config, run_uid), f"{name} (build/attach)")

@@ -1,5 +1,6 @@
-"""The body of one named detached Ray actor of a run (diffrl/engines/cluster.py places them): it builds its role's
-engines once, joins the run's data-parallel process group when it is one of several ranks, and runs stage functions.
+"""The body of one named detached Ray actor of a run, an engine replica (diffrl/engines/cluster.py places them): it
+builds the engines of the local run once, joins the replicas' process group when it is one of several, and runs stage
+functions on them.
 """
 
 from __future__ import annotations
@@ -9,13 +10,13 @@ import os
 import time
 from typing import Any, Callable
 
-from diffrl.engines.cluster import Engines, actor_threads, role_of
+from diffrl.engines.cluster import Engines, actor_threads
 
 _BUILDS = 0  # engine builds in this process (an actor process: 1 while it stays warm)
 
 
 class EngineHost:
-    """The body of one named detached actor: builds its role's engines once, then runs stage functions.
+    """The body of one named detached actor: builds the engines once, then runs stage functions.
 
     `build(config, actor)` is passed by reference (flows.build.build_engines), so this module stays
     free of model code; Ray ships functions of importable modules by name, never their bytecode.
@@ -26,28 +27,36 @@ class EngineHost:
         self._pending = (build, config, run_uid)
         self.engines: Engines | None = None
         self.created = time.time()
+        self.threads = 1
         self._set_threads(config)
         if world == 1:
             self._build()
         # A data-parallel trainer rank builds in `join`, once every rank knows where rank 0 listens.
 
-    @staticmethod
-    def _set_threads(config: Any) -> None:
+    def _set_threads(self, config: Any) -> None:
         """torch's CPU threads in this actor (cluster.actor_threads), for the build and every stage after it."""
         import ray
-        import torch
 
         node = ray.get_runtime_context().get_node_id()
         cpus = next((n["Resources"].get("CPU", 1.0) for n in ray.nodes() if n["NodeID"] == node), 1.0)
-        threads = actor_threads(config, cpus)
-        torch.set_num_threads(threads)
-        os.environ["OMP_NUM_THREADS"] = str(threads)  # for what reads it later (child processes, numexpr)
+        self.threads = actor_threads(config, cpus)
+        os.environ["OMP_NUM_THREADS"] = str(self.threads)  # for what reads it later (child processes, numexpr)
+        self._use_threads()
+
+    def _use_threads(self) -> None:
+        """Apply the actor's thread count in the calling thread: the actor answers calls on a pool of threads, and
+        torch's count is per thread (a thread started after it was set inherits it, one started before does not)."""
+        import torch
+
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
 
     def _build(self) -> None:
         global _BUILDS
         build, config, run_uid = self._pending
-        self.engines = build(config, role_of(self.actor))
+        self.engines = build(config, "engine")
         self.engines.run_uid = run_uid
+        self._attached = False
         _BUILDS += 1
 
     def rendezvous(self) -> tuple[str, int]:
@@ -62,10 +71,11 @@ class EngineHost:
         return ray.util.get_node_ip_address(), port
 
     def join(self, address: str, port: int) -> None:
-        """Join the run's trainer process group (NCCL on GPUs, gloo on CPUs), then build: the trainer
-        shards its model with FSDP2 over the group. A warm (already built) rank does nothing."""
+        """Join the replicas' process group (NCCL on GPUs, gloo on CPUs), then build: the trainer shards its model
+        with FSDP2 over the group. A warm (already built) rank does nothing."""
         if self.engines is not None:
             return
+        self._use_threads()
         import datetime
 
         import torch
@@ -93,12 +103,17 @@ class EngineHost:
                 f"(model/train/rollout/reward/data differ); remove them with "
                 f"`diffrl cluster stop {config.run.name}` or use another run.name"
             )
+        if self._attached:  # a later flow run: the step's memory starts afresh (what it held ended with that run)
+            self.engines.memory.drain()
+            self.engines.memory.reset()
+        self._attached = True
         self.engines.config = config
         self.engines.run_uid = run_uid
         self._set_threads(config)  # cluster.actor_threads may change between flow runs
         return self.describe()
 
     def run(self, fn: Callable, *args: Any) -> Any:
+        self._use_threads()
         return fn(self.engines, *args)
 
     def describe(self) -> dict:
@@ -106,6 +121,7 @@ class EngineHost:
         import ray
         import torch
 
+        self._use_threads()
         e = self.engines
         if e is None:
             return {
@@ -113,7 +129,7 @@ class EngineHost:
                 "pid": os.getpid(),
                 "holds": [],
                 "rank": self.rank,
-                "error": "not built: waiting for the other trainer ranks to join",
+                "error": "not built: waiting for the other replicas to join",
             }
         holds = [name for name in ("adapter", "rollout", "trainer", "reward", "store") if getattr(e, name) is not None]
         return {

@@ -109,10 +109,10 @@ def build_engines(
 
     `cluster.mode: ray` (called with actor="local" by the flow): the engines are built inside the run's
     named Ray actors instead (each calls back here with its actor name) and a handle is registered.
-    Actors: "local"/"engine" build everything but the reward pool when it has its own actor. An "engine" that is one
-    of several data-parallel replicas (cluster.gpus > 1; torch.distributed is up) trains with the others: LoRA on
-    whole parameters on every replica (its rollout samples with the trainer's module, as a single engine does), full
-    fine-tuning sharded over them (its rollout samples with its own unsharded copy, loaded after every update).
+    Actors: "local" (the flow's process) and "engine" (a Ray replica) build the same engines. An "engine" that is one
+    of several replicas (cluster.gpus > 1; torch.distributed is up) trains with the others: LoRA on whole parameters
+    on every replica (its rollout samples with the trainer's module, as a single engine does), full fine-tuning
+    sharded over them (its rollout samples with its own unsharded copy, loaded after every update).
     durable=False (the engines-only benchmarks): no trajectory store and no embedding cache on disk; the
     step core hands everything over in memory and writes nothing.
     """
@@ -126,7 +126,7 @@ def build_engines(
             "engines without a store (durable=False) run in one process on online rollouts: "
             "cluster.mode local, data.sample_source online"
         )
-    needs_model = actor in ("local", "engine", "rollout", "trainer") and not tokens
+    needs_model = actor in ("local", "engine") and not tokens
     replica = actor == "engine" and world()[1] > 1  # one of several engine replicas (cluster.gpus > 1)
     offline = cfg.data.sample_source == "offline"
     train_set = train_prompts(cfg) if offline else load_prompts(cfg.data.train, cfg.data, seed=cfg.run.seed)
@@ -134,7 +134,7 @@ def build_engines(
     val_set = load_prompts(val_source, cfg.data, seed=cfg.run.seed + 10_000) if val_source else train_set
     sampler = PromptSampler(train_set, batch=cfg.rollout.prompts_per_step, seed=cfg.run.seed)
     # missing reward weights fail here, before the model loads
-    reward = MultiReward(cfg.reward) if actor in ("local", "reward") else None
+    reward = MultiReward(cfg.reward)
     run_dir = cfg.run_dir
     storage = cfg.run.storage_options or None
     store_class = TokenStore if tokens else TrajectoryStore  # token rows or latent rows, the same tables otherwise
@@ -163,7 +163,7 @@ def build_engines(
         )
         sampler_adapter = rollout_copy(adapter) if replica and not cfg.train.lora else adapter
         rollout = RolloutEngine(sampler_adapter, cache=embed_cache, progress=sys.stderr.isatty())
-    if actor in ("local", "engine", "trainer") and not tokens:
+    if needs_model:
         trainer = PolicyTrainer(  # every diffusion algorithm: the trainer asks it what to prepare
             adapter,
             cfg.algorithm,
@@ -184,9 +184,8 @@ def build_engines(
         if rollout.adapter is not adapter:
             rollout.adapter.compile_blocks()
     val_prompts = [val_set[i] for i in range(min(cfg.data.num_val_prompts, len(val_set)))]
-    # One process holding every role hands the step over in memory and writes behind it; an actor's stages
-    # may be followed by another actor's, which reads what this one wrote: its writes are inline.
-    memory = StepMemory(asynchronous=actor == "local")
+    # The step is handed over in memory and written behind it, in the flow's process or in each Ray replica
+    memory = StepMemory(asynchronous=True)
     if tokens and hasattr(rollout, "close"):  # a vLLM rollout's server ends with the run (the flow closes the memory)
         memory.close_with(rollout.close)
     engines = cluster.Engines(
@@ -211,7 +210,6 @@ def _start_ray(cfg: ExperimentConfig) -> cluster.RayEngines:
     """Ray mode: create-or-get the run's actors on the cluster (paths made absolute: actors have their own cwd)."""
     import dataclasses
 
-    require_prefect_server()
     MultiReward(cfg.reward)  # bad reward settings fail here, before any actor starts
     if "://" not in cfg.run.root:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, root=os.path.abspath(cfg.run.root)))
@@ -231,18 +229,3 @@ def _shape(cfg: ExperimentConfig):
     from diffrl.models.base import SampleShape
 
     return SampleShape(cfg.rollout.height, cfg.rollout.width, cfg.rollout.num_frames)
-
-
-def require_prefect_server() -> str:
-    """Ray mode reports task states from Ray workers: an ephemeral per-process Prefect server won't do."""
-    from prefect.settings import get_current_settings
-
-    url = get_current_settings().api.url
-    if not url:
-        raise ValueError(
-            "cluster.mode=ray needs a running Prefect server that the Ray workers can reach: "
-            "start one with `prefect server start --host 127.0.0.1` and set "
-            "PREFECT_API_URL=http://127.0.0.1:4200/api (or use cluster.mode=local)"
-        )
-    os.environ.setdefault("PREFECT_API_URL", url)  # forwarded to the Ray workers below
-    return url

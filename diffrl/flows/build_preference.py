@@ -28,11 +28,6 @@ def check_preference_config(cfg: ExperimentConfig) -> None:
             f"algorithm {algo.name!r} trains on {needs.data}; a diffusion model ({cfg.model.path}) trains on "
             f"{' or '.join(TRAINED_DATA)}"
         )
-    if cfg.data.sample_source == "offline" and cfg.cluster.trainers > 1:
-        raise ValueError(
-            "data.sample_source 'offline' reads its pairs in the trainer actor, which is one "
-            f"process: use cluster.trainers: 1 (got {cfg.cluster.trainers})"
-        )
     if cfg.data.sample_source == "offline" and not needs.pairs:
         pair_algorithms = " or ".join(sorted(name for name, a in algorithms().items() if a.needs.pairs))
         raise ValueError(

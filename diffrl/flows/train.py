@@ -30,7 +30,7 @@ from diffrl.engines.numbering import step_index, step_number
 from diffrl.engines.step.generate import rollout_examples
 from diffrl.engines.step.plan import validation_due, validation_rollout
 from diffrl.engines.step.retention import checkpoint_bytes, describe_disk, latent_numel, retain
-from diffrl.engines.step.run import StepClock, add_perf, settle, sync_engines
+from diffrl.engines.step.run import StepClock, add_perf, drain, set_first_step, settle, sync_engines
 from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint, point_latest
 from diffrl.engines.train.checkpoint import CorruptCheckpoint
 from diffrl.flows import early
@@ -42,7 +42,7 @@ from diffrl.flows.rl_step import rl_step
 from diffrl.flows.run_format import RUN_FORMAT, check_run_format
 from diffrl.flows.run_lock import run_lock
 from diffrl.flows.tracking import Tracker, caption, mark_failed, open_tracking_store
-from diffrl.tasks.common import persist_results_in, step_runner
+from diffrl.tasks.common import persist_results_in
 from diffrl.tasks.stages import check_step_results, forget_unfinished, last_persisted_step
 
 log = logging.getLogger("diffrl")
@@ -202,7 +202,7 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
     # The stages' results persist as JSON under the run and are read back only through JsonResultStorage; the
     # step's own return value is not persisted (a retried train flow runs a finished step again: all Cached).
     step_flow = persist_results_in(
-        rl_step.with_options(persist_result=False, result_serializer="json", **step_runner(cfg)), _results_dir(cfg)
+        rl_step.with_options(persist_result=False, result_serializer="json"), _results_dir(cfg)
     )
     try:
         newest = latest_checkpoint(cfg.run_dir)
@@ -219,8 +219,7 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
         # the last step an earlier process may have left rows or stage results of (beyond a damaged checkpoint, or
         # a step that ran ahead while the checkpoint before it was being written)
         touched = max(start, -1 if newest is None else newest, last_persisted_step(engines, _results_dir(cfg)) or 0)
-        if engines.memory is not None:
-            engines.memory.first_step = touched  # steps after it cannot have rows from an earlier process
+        engines.run("trainer", set_first_step, touched)  # steps after it cannot have rows from an earlier process
         # MLflow step = global step (RL steps done): step k's metrics at k + 1, validation before training at 0
         if relog:
             pin_step_key(step_flow, last)
@@ -247,8 +246,7 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
         tracker.log_values(startup.metrics(), start)
         with step_flow_settings():  # once for all steps: building Prefect settings costs ~30 ms
             val = _train_steps(engines, tracker, step_flow, start)
-        if engines.memory is not None:
-            engines.memory.drain()  # the last step's rows and checkpoint land before the run reports done
+        engines.run("trainer", drain)  # the last step's rows and checkpoint land before the run reports done
     except BaseException as e:
         console.close()  # the error starts a line of its own
         settle(engines)
@@ -411,7 +409,7 @@ def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: i
             metrics = step_flow(cfg.run.name, step)
         with trace.span("rollout images", step=step):
             _log_rollout_images(engines, tracker, step)
-        retain(engines, step)
+        engines.run("rollout", retain, step)  # on the first replica's writer, behind its step's writes
         metrics = add_perf(metrics, clock.lap())
         times.append(metrics["perf/time_per_step"])
         if validation_due(cfg, step + 1):

@@ -1,7 +1,7 @@
 """What every stage task shares: its cache key is (run incarnation, step, stage, chunk), so a retried or
 resumed flow run finds a completed stage Cached instead of running it again, and results are small
-JSON records persisted with the run (read back only through JsonResultStorage); and how a flow runs a task
-(in this process, or on Ray)."""
+JSON records persisted with the run (read back only through JsonResultStorage). Tasks run in the flow's process (on
+Prefect's thread pool): a stage task is a thin call into the engines, here or in their Ray actors."""
 
 from __future__ import annotations
 
@@ -122,40 +122,3 @@ def check_results(results_dir: str, names: list[str]) -> None:
         if os.path.isfile(path):
             with open(path, "rb") as f:
                 check_result(path, f.read())
-
-
-def step_runner(cfg: Any) -> dict:
-    """rl_step options for the run's cluster mode: ray -> prefect-ray's RayTaskRunner on the run's cluster."""
-    if cfg.cluster.mode != "ray":
-        return {}
-    from prefect_ray import RayTaskRunner
-
-    return {
-        "task_runner": RayTaskRunner(
-            address=cfg.cluster.address or os.environ.get("RAY_ADDRESS") or "auto",
-            init_kwargs={"runtime_env": {"env_vars": cluster.forwarded_env()}},
-        )
-    }
-
-
-def _ray_options(cfg: Any):
-    # a stage task on Ray is a thin caller of the run's actors: a slice of a CPU, no GPU, and the
-    # driver's Prefect server/logging settings (whoever started Ray, the task reports to our server)
-    from prefect_ray.context import remote_options
-
-    return remote_options(num_cpus=0.5, num_gpus=0, runtime_env={"env_vars": cluster.forwarded_env()})
-
-
-def submit_stage(cfg: Any, stage_task: Any, *args: Any) -> Any:
-    """Submit a stage to the flow's task runner (a thread locally, a Ray worker in ray mode)."""
-    if cfg.cluster.mode != "ray":
-        return stage_task.submit(*args)
-    with _ray_options(cfg):
-        return stage_task.submit(*args)
-
-
-def call_stage(cfg: Any, stage_task: Any, *args: Any) -> Any:
-    """Run a stage and wait: in this process locally, through the task runner in ray mode."""
-    if cfg.cluster.mode != "ray":
-        return stage_task(*args)
-    return submit_stage(cfg, stage_task, *args).result()

@@ -3,8 +3,9 @@ stage (diffrl/engines/step/run.py STAGES), which runs where the stage's role liv
 persists its typed result as JSON keyed by (run, step, stage, chunk).
 
 With engine replicas (`cluster.gpus: N`) a stage that runs on them is one task per replica, named after it:
-generate-step3-replica1-chunk2 (replica 1 generates chunk 2), update_actor-step3-replica1, sync_weights-step3-replica1,
-keyed by (run, step, stage, chunk) for generate and (run, step, stage, replica) for the two trainer stages.
+generate-step3-replica1-chunk2 (replica 1 generates chunk 2), advantages-step3-replica1, update_actor-step3-replica1,
+sync_weights-step3-replica1, keyed by (run, step, stage, chunk) for generate and (run, step, stage, replica) for the
+stages every replica runs at once.
 
 Retries: none automatic. An optimizer step is not idempotent (its checkpoint is); a retried flow run finds the
 completed stages Cached and reruns the rest.
@@ -26,12 +27,10 @@ from diffrl.engines.step.run import STAGES
 from diffrl.engines.step.update import latest_checkpoint
 from diffrl.tasks.common import (
     STAGE,
-    call_stage,
     check_results,
     run_key_prefix,
     stage_cache_key,
     stage_key,
-    submit_stage,
 )
 
 
@@ -84,10 +83,15 @@ def offline_pairs(run_name: str, step: int) -> dict:
     return _run("offline_pairs", run_name, step)
 
 
-@task(name="advantages", task_run_name=task_name("advantages"), cache_key_fn=stage_cache_key("advantages"), **STAGE)
-def compute_advantages(run_name: str, step: int) -> dict:
-    """Group advantages, beside the reward pool."""
-    return _run("advantages", run_name, step)
+@task(
+    name="advantages",
+    task_run_name=task_name("advantages"),
+    cache_key_fn=replica_cache_key("advantages"),
+    **STAGE,
+)
+def compute_advantages(run_name: str, step: int, replica: int | None = None) -> dict:
+    """Group advantages over the whole step, beside the reward pool (`replica`'s part: its rows)."""
+    return _run("advantages", run_name, step, 0, replica)
 
 
 @task(
@@ -112,7 +116,7 @@ def sync_weights(run_name: str, step: int, replica: int | None = None) -> dict:
     return _run("sync_weights", run_name, step, 0, replica)
 
 
-REPLICATED = ("update_actor", "sync_weights")  # one task per engine replica (their trainer group), keyed by replica
+REPLICATED = ("advantages", "update_actor", "sync_weights")  # one task per engine replica, keyed by replica
 TASKS = {
     "generate": generate_chunk,
     "score": score_chunk,
@@ -139,11 +143,11 @@ class PrefectStages:
     def call(self, name: str, step: int, chunk: int = 0, replica: int | None = None) -> Any:
         args = self._args(name, step, chunk, replica)
         with trace.span(f"task {name}", step=step, chunk=chunk):  # the stage's own span inside; the rest is Prefect
-            return from_record(STAGES[name][1], call_stage(self.cfg, TASKS[name], *args))
+            return from_record(STAGES[name][1], TASKS[name](*args))
 
     def submit(self, name: str, step: int, chunk: int = 0, replica: int | None = None) -> Any:
         args = self._args(name, step, chunk, replica)
-        return _Typed(submit_stage(self.cfg, TASKS[name], *args), STAGES[name][1])
+        return _Typed(TASKS[name].submit(*args), STAGES[name][1])
 
 
 class _Typed:
@@ -164,7 +168,7 @@ def check_step_results(engines: Any, step: int, results_dir: str) -> None:
     (else UntrustedResult naming the file: Prefect's lookup would skip it without a word)."""
     cfg, uid = engines.config, engines.run_uid
     stages = [(stage, chunk) for chunk in range(step_chunks(cfg)) for stage in ("generate", "score")]
-    stages += [(stage, 0) for stage in ("offline_pairs", "advantages")]
+    stages += [("offline_pairs", 0)]
     stages += [(stage, replica) for stage in REPLICATED for replica in range(cfg.cluster.replicas)]
     check_results(results_dir, [stage_key(cfg.run.name, uid, step, stage, chunk) for stage, chunk in stages])
 
@@ -199,9 +203,9 @@ def forget_unfinished(engines: Any, step: int, results_dir: str) -> list[str]:
         if not rewards_ok:
             stale.append(("score", chunk))
     if not advantages_ok:
-        stale.append(("advantages", 0))
+        stale += [("advantages", replica) for replica in range(cfg.cluster.replicas)]
     if not checkpoint_ok:
-        stale += [(stage, replica) for stage in REPLICATED for replica in range(cfg.cluster.replicas)]
+        stale += [(stage, replica) for stage in REPLICATED[1:] for replica in range(cfg.cluster.replicas)]
     dropped = []
     for stage, chunk in stale:
         path = os.path.join(results_dir, stage_key(cfg.run.name, uid, step, stage, chunk))

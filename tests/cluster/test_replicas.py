@@ -1,6 +1,6 @@
-"""Engine replicas (`cluster.gpus: N`, issue 38) on the local test cluster (2 CPUs, fake GPUs, gloo): two replicas
-give one replica's per-step metrics and weights at the same global batch, each replica's stages are their own Prefect
-tasks, and the settings that cannot be shared over replicas are refused when the config loads."""
+"""Engine replicas (`cluster.gpus: N`) on the local test cluster (2 CPUs, fake GPUs, gloo): two replicas give one
+replica's per-step metrics and weights at the same global batch, each replica's stages are their own Prefect tasks,
+and the settings that cannot be shared over replicas are refused when the config loads."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_two_replicas_train_as_one(ray_cluster, prefect_server, workdir):
             assert b[name] == pytest.approx(a[name], abs=1e-5), name
 
     actors = {a["name"]: a for a in cluster.list_actors("two")}
-    assert sorted(actors) == ["two/engine", "two/engine-1", "two/reward"]
+    assert sorted(actors) == ["two/engine", "two/engine-1"]
     replicas = [actors["two/engine"], actors["two/engine-1"]]
     assert [(a["rank"], a["world"]) for a in replicas] == [(0, 2), (1, 2)]
     assert replicas[0]["gpus"] != replicas[1]["gpus"] and all(len(a["gpus"]) == 1 for a in replicas)
@@ -120,6 +120,8 @@ def test_two_replicas_train_as_one(ray_cluster, prefect_server, workdir):
 
     # one Prefect task per replica and stage (step 1 of run "two": the only replica-named tasks of the session)
     assert _task_names(prefect_server, "-step1-replica") == [
+        "advantages-step1-replica0",
+        "advantages-step1-replica1",
         "generate-step1-replica0-chunk0",
         "generate-step1-replica1-chunk1",
         "sync_weights-step1-replica0",
@@ -140,7 +142,7 @@ def test_two_replicas_train_as_one(ray_cluster, prefect_server, workdir):
     assert replicas["update_actor"][0] == pytest.approx(sum(rank0) / 2)  # the median of two steps
     assert all(t > 0 for t in replicas["generate"] + replicas["update_actor"])
     assert replicas["peak_memory_allocated_gb"] == [None, None]  # CPU devices: no CUDA peak
-    assert cluster.stop_actors("two") == ["two/engine", "two/engine-1", "two/reward", "two/gpus"]
+    assert cluster.stop_actors("two") == ["two/engine", "two/engine-1", "two/gpus"]
     cluster.stop_actors("one")
     _gone("two")
 
@@ -199,28 +201,23 @@ def test_a_failed_replica_generates_again_and_the_others_come_back_cached(ray_cl
     cluster.stop_actors("retry")
 
 
-def test_gpus_auto_counts_the_clusters_gpus_less_the_reward_actors(ray_cluster):
+def test_gpus_auto_counts_the_clusters_gpus(ray_cluster):
     from diffrl.configs.schema import load_experiment
     from diffrl.engines import cluster
 
     cfg = load_experiment(None, TINY + RAY + ["cluster.gpus=auto"])
     assert cfg.cluster.gpus == "auto" and cluster.gpus_seen(cfg) == 4  # the test cluster's 4 fake GPUs
-    with_reward = load_experiment(None, TINY + RAY + ["cluster.gpus=auto", "cluster.reward_gpus=1"])
-    assert cluster.gpus_seen(with_reward) == 3
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["cluster.gpus=2"], "needs cluster.mode: ray and cluster.placement: colocated"),
-        (RAY + ["cluster.gpus=2", "cluster.placement=split"], "split placement shards the training"),
+        (["cluster.gpus=2"], "needs cluster.mode: ray"),
         (RAY + ["cluster.gpus=0"], "cluster.gpus must be a number of GPUs >= 1 or 'auto'"),
         (RAY + ["cluster.gpus=two"], "cluster.gpus must be a number of GPUs >= 1 or 'auto'"),
         (RAY + ["cluster.gpus=4"], r"8 samples come in 2 chunk\(s\) .* multiple of 4 \(e.g. rollout.chunk_size: 2\)"),
         (RAY + ["cluster.gpus=2", "rollout.chunk_size=8"], "chunk_size: 4"),
         (RAY + ["cluster.gpus=8", "rollout.chunk_size=1", "train.mini_batch_prompts=1"], r"group_size \(4\) must"),
-        (["cluster.reward_actors=2"], "need cluster.mode: ray"),
-        (RAY + ["cluster.reward_actors=0"], "cluster.reward_actors must be >= 1"),
         (RAY + ["cluster.actor_threads=0"], "cluster.actor_threads must be a number of threads >= 1 or 'auto'"),
         (RAY + ["cluster.actor_threads=many"], "cluster.actor_threads must be a number of threads >= 1 or 'auto'"),
     ],
@@ -237,11 +234,11 @@ def test_actor_threads_share_the_node_cpus_among_the_runs_actors():
     from diffrl.configs.schema import load_experiment
     from diffrl.engines import cluster
 
-    two = load_experiment(None, TINY + RAY)  # an engine and a reward actor
-    assert cluster.actor_threads(two, 16.0) == 8 and cluster.actor_threads(two, 3.0) == 1
-    eight = load_experiment(None, TINY + RAY + ["cluster.gpus=2", "cluster.reward_actors=2", "rollout.chunk_size=1"])
-    assert len(cluster.actor_names(eight)) == 4 and cluster.actor_threads(eight, 128.0) == 32
-    assert cluster.actor_threads(eight, 2.0) == 1  # never 0
+    one = load_experiment(None, TINY + RAY)  # one engine replica
+    assert cluster.actor_threads(one, 16.0) == 16 and cluster.actor_threads(one, 3.0) == 3
+    four = load_experiment(None, TINY + RAY + ["cluster.gpus=4", "rollout.chunk_size=2", "train.mini_batch_prompts=1"])
+    assert len(cluster.actor_names(four)) == 4 and cluster.actor_threads(four, 128.0) == 32
+    assert cluster.actor_threads(four, 2.0) == 1  # never 0
     assert cluster.actor_threads(load_experiment(None, TINY + RAY + ["cluster.actor_threads=5"]), 2.0) == 5
 
 

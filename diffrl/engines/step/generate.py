@@ -19,8 +19,16 @@ import torch
 from diffrl.engines.numbering import step_number
 from diffrl.engines.reward.base import concat_outputs, select_outputs
 from diffrl.engines.step.memory import ChunkRewards
-from diffrl.engines.step.plan import chunk_plan, inject_fault, num_chunks, sample_seed, validation_due
+from diffrl.engines.step.plan import (
+    chunk_plan,
+    inject_fault,
+    num_chunks,
+    replica_chunks,
+    sample_seed,
+    validation_due,
+)
 from diffrl.engines.step.records import Generated, Scored
+from diffrl.engines.train.setup import world
 from diffrl.engines.trajectories import Trajectories
 from diffrl.models.base import SampleShape
 
@@ -137,10 +145,10 @@ def prefetch(engines: Any, step: int) -> int:
         or validation_due(cfg, step)
     ):
         return 0
-    count = num_chunks(cfg)
-    for chunk in range(count):
+    chunks = replica_chunks(cfg, world()[0])  # this replica's share (every chunk with one process)
+    for chunk in chunks:
         memory.start_rollout(step, chunk, functools.partial(sample_chunk, engines, step, chunk))
-    return count
+    return len(chunks)
 
 
 # ---- score --------------------------------------------------------------------------------------------
@@ -245,7 +253,7 @@ def _pair_trajectories(engines: Any, step: int) -> Trajectories:
     shape = SampleShape(sampling.height, sampling.width, sampling.num_frames)
     last_sigma = float(engines.adapter.sigmas(n, shape)[n - 1])
     prompts = [r.prompt for r in records for _ in range(2)]
-    encoder = engines.rollout if engines.rollout is not None else engines.trainer.replayer  # split trainer actor
+    encoder = engines.rollout if engines.rollout is not None else engines.trainer.replayer
     return Trajectories(
         prompts=prompts,
         group_ids=[r.uid for r in records for _ in range(2)],
@@ -282,16 +290,15 @@ def step_trajectories(engines: Any, step: int, *, with_latents: bool = True, wit
 
 
 def step_rewards(engines: Any, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-    """(rewards (B,), components {name: (B,)}, valid (B,)) of the step, aligned with step_trajectories."""
-    parts = engines.memory.rewards(step, step_chunks(engines.config))
-    if parts is None:
+    """(rewards (B,), components {name: (B,)}, valid (B,)) of the step, aligned with step_trajectories: from memory
+    (the whole step's as the replicas exchanged them, or every chunk's scored here), else from the store."""
+    memory = engines.memory
+    held = memory.step_rewards(step)
+    if held is None:
+        held = memory.rewards_of(step, list(range(step_chunks(engines.config))))
+    if held is None:
         return store_call(engines, step, f"read rewards of step {step_number(step)}", engines.store.read_rewards, step)
-    names = sorted({name for p in parts for name in p.components})
-    components = {
-        name: torch.cat([p.components.get(name, torch.full_like(p.scores, float("nan"))) for p in parts])
-        for name in names
-    }
-    return torch.cat([p.scores for p in parts]), components, torch.cat([p.valid for p in parts])
+    return held
 
 
 def step_reward_info(engines: Any, step: int, kept: torch.Tensor) -> dict[str, float]:

@@ -65,6 +65,9 @@ class StepMemory:
         self._streamed: dict[tuple[int, int], list[tuple[list[int], Future]]] = {}
         self._rewards_done: dict[tuple[int, int], ChunkRewards] = {}
         self._advantages: dict[int, torch.Tensor] = {}
+        # step -> (rewards (S,), components {name: (S,)}, valid (S,)) of the whole step: an engine replica holds its
+        # own chunks, and the step's S samples once the replicas exchanged them (diffrl/engines/step/replicas.py)
+        self._step_rewards: dict[int, tuple] = {}
         self._held: list[tuple] = []  # the step's durable writes, until the update releases them
         # The first step of this process: earlier-or-equal steps may have durable state from a previous
         # process (resume), later ones cannot, so only those check the store before sampling.
@@ -161,6 +164,15 @@ class StepMemory:
         rows = [r for batch, _ in streamed for r in batch]
         return [out for out, _ in results], rows, sum(s for _, s in results)
 
+    def put_step_rewards(self, step: int, rewards: tuple) -> None:
+        with self._lock:
+            self._step_rewards[step] = rewards
+
+    def step_rewards(self, step: int) -> tuple | None:
+        """The whole step's (rewards, components, valid) exchanged between replicas, or None."""
+        with self._lock:
+            return self._step_rewards.get(step)
+
     def put_rewards(self, step: int, chunk: int, rewards: ChunkRewards) -> None:
         with self._lock:
             self._rewards_done[(step, chunk)] = rewards
@@ -170,6 +182,19 @@ class StepMemory:
         with self._lock:
             parts = [self._rewards_done.get((step, c)) for c in range(count)]
         return None if any(p is None for p in parts) else parts
+
+    def rewards_of(self, step: int, chunks: list[int]) -> tuple | None:
+        """(scores, components, valid) of `chunks` of a step, concatenated in that order; None unless all are held."""
+        with self._lock:
+            parts = [self._rewards_done.get((step, c)) for c in chunks]
+        if any(p is None for p in parts):
+            return None
+        names = sorted({name for p in parts for name in p.components})
+        components = {
+            name: torch.cat([p.components.get(name, torch.full_like(p.scores, float("nan"))) for p in parts])
+            for name in names
+        }
+        return torch.cat([p.scores for p in parts]), components, torch.cat([p.valid for p in parts])
 
     # ---- advantages ------------------------------------------------------------------------------------
     def put_advantages(self, step: int, advantages: torch.Tensor) -> None:
@@ -187,8 +212,9 @@ class StepMemory:
             for table in (self._chunks, self._streamed, self._rewards_done):
                 for key in [k for k in table if k[0] < step]:
                     table.pop(key)
-            for key in [k for k in self._advantages if k < step]:
-                self._advantages.pop(key)
+            for table in (self._advantages, self._step_rewards):
+                for key in [k for k in table if k < step]:
+                    table.pop(key)
 
     def drain(self) -> None:
         """Wait for the run-ahead, running rollouts and rewards (their errors are the stages' to raise), then the
@@ -205,6 +231,15 @@ class StepMemory:
         self.release_writes()
         self.writer.flush()
         self.janitor.flush()
+
+    def reset(self) -> None:
+        """Forget every step held here (after drain): a new flow run of warm engines starts from the store."""
+        with self._lock:
+            for table in (self._chunks, self._streamed, self._rewards_done, self._advantages, self._step_rewards):
+                table.clear()
+            self.first_step = 0
+        if self.ahead is not None:
+            self.ahead.done_before(1 << 62)
 
     def close_with(self, closer: Callable[[], None]) -> None:
         """Call `closer` when this memory closes, after its threads end: a process the run's engines started (a vLLM

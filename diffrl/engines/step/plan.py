@@ -33,6 +33,11 @@ def replica_chunks(cfg: Any, replica: int) -> range:
     return range(replica * per_replica, (replica + 1) * per_replica)
 
 
+def chunk_owner(cfg: Any, chunk: int) -> int:
+    """The engine replica that generates (and scores) chunk `chunk`."""
+    return chunk // (num_chunks(cfg) // cfg.cluster.replicas)
+
+
 def chunk_plan(engines: Any, step: int, chunk: int) -> dict:
     """Which samples chunk `chunk` of `step` holds: prompt-major order, group_size samples per prompt."""
     cfg = engines.config

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from diffrl.engines.step.generate import step_trajectories
+from diffrl.engines.step.generate import step_trajectories, store_call
 from diffrl.engines.step.plan import replica_chunks
 from diffrl.engines.train.setup import world
 from diffrl.engines.trajectories import Trajectories
@@ -45,7 +45,7 @@ def gathered_step(engines: Any, step: int) -> Trajectories | None:
     """The whole step's samples in (chunk, row) order, gathered from every replica's memory; None with one process or
     when any replica lacks its chunks in memory (then the caller reads the store, on every replica)."""
     rank, size = world()
-    if size == 1 or engines.config.cluster.placement != "colocated":
+    if size == 1:
         return None
     held = [engines.memory.chunk(step, chunk) for chunk in replica_chunks(engines.config, rank)]
     device = _device()
@@ -79,3 +79,63 @@ def _all_gather(local: Trajectories, size: int, device: str) -> Trajectories:
 def _device() -> str:
     """Where the process group's tensors live: the GPU for NCCL, the CPU for gloo."""
     return "cuda" if dist.get_backend() == "nccl" else "cpu"
+
+
+def own_chunks(cfg: Any) -> list[int]:
+    """The chunks of a step this process generates: its replica's share (every chunk with one process)."""
+    if cfg.data.sample_source == "offline":
+        return [0]
+    return list(replica_chunks(cfg, world()[0]))
+
+
+def step_rewards_of_every_replica(engines: Any, step: int) -> tuple[list[tuple[str, int]], list[int], tuple] | None:
+    """Engine replicas: (this replica's samples' keys (group id, sample index), their rows in the whole step, the whole
+    step's
+    (rewards, components, valid, group_ids)) with the rewards exchanged over the process group; None with one
+    process. A replica that no longer holds its chunks' rewards (a resumed step whose scores came back Cached) makes
+    every replica read the whole step from the store instead, once every replica's writes of the step landed."""
+    rank, size = world()
+    if size == 1:
+        return None
+    cfg, memory = engines.config, engines.memory
+    chunks = own_chunks(cfg)
+    rewards = memory.rewards_of(step, chunks)
+    everyone = torch.tensor([float(rewards is not None)], device=_device())
+    dist.all_reduce(everyone, op=dist.ReduceOp.MIN)  # one path for all ranks: the gather below is a collective
+    first = chunks[0] * cfg.rollout.chunk_size
+    if everyone.item() < 1:
+        store_call(engines, step, f"writes of step {step}", lambda: None)  # this replica's writes landed
+        dist.barrier()  # and every other replica's
+        whole = store_call(engines, step, f"read step {step}", engines.store.read_step, step, with_latents=False)
+        stored = store_call(engines, step, f"read rewards of step {step}", engines.store.read_rewards, step)
+        rows = list(range(first, first + len(chunks) * cfg.rollout.chunk_size))
+        return _keys([whole.select(rows)]), rows, (*stored, list(whole.group_ids))
+    mine = _keys([_own_chunk(engines, step, chunk) for chunk in chunks])
+    parts: list[Any] = [None] * size
+    scores, components, valid = rewards
+    dist.all_gather_object(parts, (scores, components, valid, [group for group, _ in mine]))
+    names = sorted({name for part in parts for name in part[1]})
+    whole_components = {
+        name: torch.cat([p[1].get(name, torch.full_like(p[0], float("nan"))) for p in parts]) for name in names
+    }
+    whole = (
+        torch.cat([p[0] for p in parts]),
+        whole_components,
+        torch.cat([p[2] for p in parts]),
+        [g for p in parts for g in p[3]],
+    )
+    return mine, list(range(first, first + len(mine))), whole
+
+
+def _keys(parts: list[Trajectories]) -> list[tuple[str, int]]:
+    """(group id, sample index) of every sample of `parts`, in order: what the store keys a row's reward by."""
+    return [(g, int(i)) for t in parts for g, i in zip(t.group_ids, t.sample_index.tolist())]
+
+
+def _own_chunk(engines: Any, step: int, chunk: int) -> Trajectories:
+    """One of this replica's chunks: held in memory, or committed (a chunk an earlier process generated)."""
+    held = engines.memory.chunk(step, chunk)
+    if held is not None:
+        return held[0]
+    read = engines.store.read_chunk
+    return store_call(engines, step, f"read chunk {chunk}", read, step, chunk, with_latents=False, with_images=False)

@@ -29,16 +29,11 @@ ROW_BYTES = 1024  # prompt, keys, log-probs, sigmas, metadata of one row (an upp
 def retain(engines: Any, step: int) -> None:
     """After step `step` is done: every run.compact_every steps, drop latents older than run.keep_latents_steps,
     merge fragments and delete old versions (every step's drop when compact_every is 0). Queued on the background
-    writer (after the step's checkpoint), which hands it to the janitor, when this process owns the writes; done here
-    otherwise (the Ray driver's own store view)."""
+    writer (after the step's checkpoint), which hands it to the janitor (runs where the engines live: this process, or
+    the first Ray replica)."""
     run = engines.config.run
     compact = bool(run.compact_every) and (step + 1) % run.compact_every == 0
     memory = engines.memory
-    if memory is None:
-        _retain(engines.store, run.keep_latents_steps, step, compact, run.compact_every)
-        if compact:
-            engines.run("rollout", compact_embeddings)
-        return
     if engines.store is None:
         return
     what = f"retention after step {step_number(step)}"

@@ -5,11 +5,16 @@ stages as Prefect tasks, the benchmarks and tests run it with the stages called 
     offline: offline_pairs(step)   -- offline DPO's pairs from the VAE-latent cache
     advantages(step) -> update_actor(step) (+ checkpoint) -> sync_weights(step) (+ the next step's rollout)
 
-With N engine replicas (`cluster.gpus: N`), replica r generates the r-th N-th of the step's chunks: the chunks of a
-round (one per replica) generate at once, each scored while the next round generates; the advantages are normalised
-over the whole step (the reward actor reads every replica's rewards), exactly as with one replica; update_actor and
-sync_weights are one call on every replica at once (their trainers are one FSDP2 group). A stage call names the replica
-it runs on, so each replica's part of a stage is its own Prefect task, retried like any other.
+With N engine replicas (`cluster.gpus: N`, Ray actors), each replica runs the local pipeline on its share: replica r
+generates the r-th N-th of the step's chunks (a round of chunks, one per replica, at once) and scores them while it
+samples; the advantages are normalised over the whole step (the replicas exchange their rewards), exactly as with one
+replica; advantages, update_actor and sync_weights are one call on every replica at once (their trainers are one FSDP2
+group). A stage call names the replica it runs on, so each replica's part of a stage is its own Prefect task, retried
+like any other.
+
+Every stage runs once per (stage, step, chunk) where the engines live (`_here`): the flow's task, or the run-ahead
+worker of that process (diffrl/engines/step/ahead.py), which runs the next step's stages of its own share as soon as
+the weight sync started the next rollout.
 
 Which trainer, which rows and which rollout policy a step uses follow from the algorithm (diffrl/engines/step/update.py
 `training_rows`, diffrl/engines/step/generate.py `uses_old_policy_rollout`), so policy-gradient and direct-preference
@@ -29,60 +34,29 @@ from typing import Any, Callable, Protocol
 from diffrl.engines import trace
 from diffrl.engines.step import generate as sample_stages
 from diffrl.engines.step import update as learn_stages
-from diffrl.engines.step.plan import num_chunks, replica_chunks
+from diffrl.engines.step.plan import chunk_owner, replica_chunks
 from diffrl.engines.step.records import Advantaged, Generated, Scored, StepResult, Synced, Updated
+from diffrl.engines.train.setup import world
 
 log = logging.getLogger("diffrl")
 
 
-def sync_engines(
-    engines: Any, step: int, chunk: int = 0, replica: int | None = None, prefetch_next: bool = True
-) -> Synced:
-    """Bring the rollout to the trainer's weights wherever they live (in-process or colocated actor: the shared
-    adapter; split actors: the changed tensors travel trainer -> rollout; a replica: its own copy, all replicas at
-    once, so `replica` names one of the calls that must run together)."""
-    if engines.split:
-        return engines.pipe(
-            ("trainer", learn_stages.export_for_rollout), ("rollout", learn_stages.load_from_trainer), step
-        )
-    if replica is None:
-        return engines.run("trainer", learn_stages.sync, step, 0, prefetch_next)
-    return engines.run_one("trainer", replica, learn_stages.sync, step, 0, prefetch_next)
+def sync_engines(engines: Any, step: int, *, prefetch_next: bool = True) -> Synced:
+    """Bring the rollout to the trainer's weights on every replica at once, outside a step (a resume): the shared
+    adapter only moves its version, a full fine-tuning replica loads its rollout copy."""
+    return engines.run("trainer", learn_stages.sync, step, 0, prefetch_next)
 
 
-def _on(role: str, fn: Callable) -> Callable:
-    """The driver-side call of a stage: `fn(engines, step, chunk)` where its role lives (on every trainer rank for
-    "trainer"); `replica` picks one actor of the role instead (one engine replica, or one rank's part of a collective
-    stage)."""
+def _here(name: str, fn: Callable, engines: Any, step: int, chunk: int = 0) -> Any:
+    """`fn(engines, step, chunk)` run once per (stage, step, chunk) in the process that holds `engines`: a second
+    caller of the same stage run (the flow's task, or the run-ahead worker) gets the first one's record."""
 
-    def call(engines: Any, step: int, chunk: int = 0, replica: int | None = None):
-        if replica is None:
-            return engines.run(role, fn, step, chunk)
-        return engines.run_one(role, replica, fn, step, chunk)
+    def run():
+        with trace.span(name, step=step, chunk=chunk):
+            return fn(engines, step, chunk)
 
-    call.__name__ = fn.__name__
-    return call
-
-
-def _score(engines: Any, step: int, chunk: int = 0, replica: int | None = None) -> Scored:
-    """The score stage on the reward actor of chunk `chunk` (chunk c on actor c % cluster.reward_actors)."""
-    return engines.run_one("reward", chunk, sample_stages.score, step, chunk)
-
-
-def _once(name: str, call: Callable) -> Callable:
-    """`call` run once per (stage, step, chunk, replica) where the engines run ahead of the flow (one process,
-    diffrl/engines/step/ahead.py): a second caller of the same stage run gets the first one's record."""
-
-    def staged(engines: Any, step: int, chunk: int = 0, replica: int | None = None):
-        def run():
-            with trace.span(name, step=step, chunk=chunk, replica=replica):
-                return call(engines, step, chunk, replica)
-
-        ahead = _run_ahead(engines)
-        return run() if ahead is None else ahead.once((name, step, chunk, replica), run)
-
-    staged.__name__ = getattr(call, "__name__", name)
-    return staged
+    ahead = _run_ahead(engines)
+    return run() if ahead is None else ahead.once((name, step, chunk), run)
 
 
 def _run_ahead(engines: Any) -> Any:
@@ -90,16 +64,33 @@ def _run_ahead(engines: Any) -> Any:
     return memory.ahead if memory is not None else None
 
 
+def _on(role: str, name: str, fn: Callable) -> Callable:
+    """The driver-side call of a stage: `fn(engines, step, chunk)` where its role lives (on every replica at once for
+    "trainer"); `replica` picks one replica instead (its share, or its part of a collective stage). A partial of
+    module functions: Ray ships it to the actors by name."""
+    here = functools.partial(_here, name, fn)
+
+    def call(engines: Any, step: int, chunk: int = 0, replica: int | None = None):
+        if name == "score":  # on the replica that sampled the chunk: its rewards were streamed there
+            replica = chunk_owner(engines.config, chunk)
+        if replica is None:
+            return engines.run(role, here, step, chunk)
+        return engines.run_one(role, replica, here, step, chunk)
+
+    call.__name__ = fn.__name__
+    return call
+
+
 # Stage name -> (driver-side call running the stage where its role lives, the record type it returns).
 STAGES: dict[str, tuple[Callable, type]] = {
-    name: (_once(name, call), kind)
-    for name, (call, kind) in {
-        "generate": (_on("rollout", sample_stages.generate), Generated),
-        "score": (_score, Scored),
-        "offline_pairs": (_on("trainer", sample_stages.offline_pairs), Generated),
-        "advantages": (_on("reward", learn_stages.advantages), Advantaged),
-        "update_actor": (_on("trainer", learn_stages.update), Updated),
-        "sync_weights": (sync_engines, Synced),
+    name: (_on(role, name, fn), kind)
+    for name, (role, fn, kind) in {
+        "generate": ("rollout", sample_stages.generate, Generated),
+        "score": ("reward", sample_stages.score, Scored),
+        "offline_pairs": ("trainer", sample_stages.offline_pairs, Generated),
+        "advantages": ("trainer", learn_stages.advantages, Advantaged),
+        "update_actor": ("trainer", learn_stages.update, Updated),
+        "sync_weights": ("trainer", learn_stages.sync, Synced),
     }.items()
 }
 
@@ -117,10 +108,10 @@ class Stages(Protocol):
 class DirectStages:
     """The stages called on the engines directly, without Prefect (benchmarks, tests, the engines-only loop)."""
 
-    def __init__(self, engines: Any):
+    def __init__(self, engines: Any, workers: int | None = None):
         self.engines = engines
         # a generate and a score in flight per replica; a collective stage needs a call on every replica at once
-        workers = 2 * engines.config.cluster.replicas
+        workers = workers or 2 * engines.config.cluster.replicas
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="diffrl-stage")
 
     def call(self, name: str, step: int, chunk: int = 0, replica: int | None = None) -> Any:
@@ -131,29 +122,39 @@ class DirectStages:
 
 
 def run_step(engines: Any, step: int, stages: Stages) -> StepResult:
-    """Run RL step `step` on `engines` through `stages`; returns its metrics (DESIGN section 4 names). In one process,
-    the next step's stages then start on the run-ahead worker (diffrl/engines/step/ahead.py)."""
+    """Run RL step `step` on `engines` through `stages`; returns its metrics (DESIGN section 4 names). Then, where the
+    engines live (this process, or each replica), the next step's stages start on the run-ahead worker
+    (diffrl/engines/step/ahead.py)."""
     try:
-        result, synced = _run_stages(engines, step, stages)
+        result = _run_stages(engines, step, stages)
     except BaseException:
         settle(engines)
         raise
-    ahead = _run_ahead(engines)
-    if ahead is not None:
-        ahead.done_before(step)
-        # the next step's rollout runs: its other stages follow it now, not after the flow's. Only a rollout started
-        # in this process counts: a resumed step's weight sync can come back Cached from Prefect, its record saying
-        # that the earlier process prefetched, while here nothing synced yet (a vLLM server just started holds
-        # version 0: the run-ahead sampled "version 1" before the resume's own sync, and failed)
-        if synced.prefetched and engines.memory.has_chunk(step + 1, 0):
-            if ahead.stages is None:
-                ahead.stages = DirectStages(engines)
-            ahead.start(step + 1, functools.partial(_run_stages, engines, step + 1, ahead.stages))
+    engines.run("trainer", run_ahead, step)
     return result
 
 
-def _run_stages(engines: Any, step: int, stages: Stages) -> tuple[StepResult, Synced]:
-    """The stages of step `step` in order through `stages`; its record and the weight sync's."""
+def run_ahead(engines: Any, step: int) -> bool:
+    """After the flow recorded step `step`: where the engines live, start step `step + 1`'s stages of this process's
+    share on the run-ahead worker, once its rollout runs. Only a rollout started in this process counts: a resumed
+    step's weight sync can come back Cached from Prefect, its record saying that the earlier process prefetched, while
+    here nothing synced yet (a vLLM server just started holds version 0). Returns whether it started."""
+    ahead = _run_ahead(engines)
+    if ahead is None:
+        return False
+    ahead.done_before(step)
+    share = world()[0]  # this replica (0 with one process)
+    if not engines.memory.has_chunk(step + 1, replica_chunks(engines.config, share)[0]):
+        return False
+    if ahead.stages is None:
+        ahead.stages = DirectStages(engines, workers=2)  # a generate and a score in flight
+    ahead.start(step + 1, functools.partial(_run_stages, engines, step + 1, ahead.stages, share))
+    return True
+
+
+def _run_stages(engines: Any, step: int, stages: Stages, share: int | None = None) -> StepResult:
+    """The stages of step `step` in order through `stages`; its record. `share` None: the flow's calls on every
+    replica; `share` r: replica r's own calls, made in its process (the run-ahead)."""
     cfg = engines.config
     started = time.perf_counter()
     generated: list[Generated] = []
@@ -163,29 +164,30 @@ def _run_stages(engines: Any, step: int, stages: Stages) -> tuple[StepResult, Sy
         generated.append(stages.call("offline_pairs", step))
     else:
         pending = []
-        for round_ in _generate_rounds(stages, cfg, step):
+        for round_ in _generate_rounds(stages, cfg, step, share):
             for done in round_:
                 generated.append(done)
                 pending.append(stages.submit("score", step, done.chunk))  # overlaps with the next round
         rollout_done = time.perf_counter()
         scored = [future.result() for future in pending]
         reward_wait = time.perf_counter() - rollout_done
-    advantaged = stages.call("advantages", step)
-    updated = _on_every_replica(stages, cfg, "update_actor", step)
-    synced = _on_every_replica(stages, cfg, "sync_weights", step)
+    advantaged = _on_every_replica(stages, cfg, "advantages", step, share)
+    updated = _on_every_replica(stages, cfg, "update_actor", step, share)
+    synced = _on_every_replica(stages, cfg, "sync_weights", step, share)
     seconds = time.perf_counter() - started
     metrics = step_metrics(
         cfg, generated, scored, advantaged, updated, synced, seconds=seconds, reward_wait=reward_wait
     )
-    return StepResult(step, metrics), synced
+    return StepResult(step, metrics)
 
 
-def _generate_rounds(stages: Stages, cfg: Any, step: int):
-    """The step's generate calls, a round at a time: one chunk (one replica), or one chunk on each of N replicas at
-    once (replica r generating chunks r*K ... r*K + K-1 of the step's N*K: diffrl/engines/step/plan.replica_chunks)."""
+def _generate_rounds(stages: Stages, cfg: Any, step: int, share: int | None = None):
+    """The step's generate calls, a round at a time: one chunk (one replica, or replica `share`'s own), or one chunk
+    on each of N replicas at once (replica r generating chunks r*K ... r*K + K-1 of the step's N*K:
+    diffrl/engines/step/plan.replica_chunks)."""
     replicas = cfg.cluster.replicas
-    if replicas == 1:
-        for chunk in range(num_chunks(cfg)):
+    if replicas == 1 or share is not None:
+        for chunk in replica_chunks(cfg, share or 0):
             yield [stages.call("generate", step, chunk)]
         return
     shares = [replica_chunks(cfg, r) for r in range(replicas)]
@@ -194,11 +196,11 @@ def _generate_rounds(stages: Stages, cfg: Any, step: int):
         yield gather(futures, fail_fast=False)  # no collective among them: the chunks that finish are kept
 
 
-def _on_every_replica(stages: Stages, cfg: Any, name: str, step: int) -> Any:
+def _on_every_replica(stages: Stages, cfg: Any, name: str, step: int, share: int | None = None) -> Any:
     """A stage of the replicas' trainer group: one call per replica, all at once (they meet in collectives); rank 0's
-    record (metrics are reduced over the ranks already)."""
+    record (metrics are reduced over the ranks already). Replica `share`'s own call where it runs its share."""
     replicas = cfg.cluster.replicas
-    if replicas == 1:
+    if replicas == 1 or share is not None:
         return stages.call(name, step)
     return gather([stages.submit(name, step, replica=r) for r in range(replicas)])[0]
 
@@ -227,18 +229,39 @@ def gather(futures: list, fail_fast: bool = True) -> list:
 
 
 def settle(engines: Any) -> None:
-    """After a failed stage: let this process's running rollouts and rewards end and commit the writes queued
-    before the failure, so a retry reuses them. A failure of the writer itself is logged, not raised over the
-    stage's own error."""
+    """After a failed stage: commit the writes queued before the failure on every replica, so a retry reuses them. A
+    failure of the writer (or of a replica) is logged, not raised over the stage's own error."""
+    try:
+        engines.run("trainer", settle_here)
+    except Exception as e:  # noqa: BLE001 - the stage's error is the one to raise
+        log.error("diffrl: committing the writes made before the failure failed too: %s", e)
+
+
+def settle_here(engines: Any) -> None:
+    """settle in the process that holds the engines. In one process its running rollouts and rewards end first; a
+    replica does not wait for its run-ahead worker, which may wait in a collective for the replica that failed."""
     memory = engines.memory
     if memory is None:
         return
-    try:
+    if world()[1] > 1:
+        memory.release_writes()
+        memory.writer.flush()
+    else:
         memory.drain()
-    except Exception as e:  # noqa: BLE001 - the stage's error is the one to raise
-        log.error("diffrl: the background writer failed too: %s", e)
     if memory.ahead is not None:
         memory.ahead.forget_failures()  # a retry in this process runs the failed stage again
+
+
+def set_first_step(engines: Any, step: int) -> None:
+    """Where the engines live: steps after `step` cannot have rows from an earlier process (a resume)."""
+    if engines.memory is not None:
+        engines.memory.first_step = step
+
+
+def drain(engines: Any) -> None:
+    """Where the engines live: the run-ahead, rollouts, rewards and every queued write end (the run's last step)."""
+    if engines.memory is not None:
+        engines.memory.drain()
 
 
 def step_metrics(
@@ -304,21 +327,25 @@ class StepClock:
 
 
 def add_perf(metrics: dict[str, float], seconds: float) -> dict[str, float]:
-    """perf/time_per_step, perf/throughput (images/GPU/s, over perf/gpus) and perf/images_per_s of a step that took
-    `seconds` as the run saw it."""
+    """perf/time_per_step, perf/throughput (images/GPU/s, over perf/gpus), perf/images_per_s and
+    timing_s/unaccounted of a step that took `seconds` as the run saw it."""
     metrics["perf/time_per_step"] = seconds
     metrics["timing_s/step_total"] = seconds
     images = metrics.get("rollout/samples", 0.0)
     gpus = metrics.get("perf/gpus") or 1
     metrics["perf/images_per_s"] = images / seconds if seconds > 0 else 0.0
     metrics["perf/throughput"] = images / seconds / gpus if seconds > 0 else 0.0
+    staged = sum(metrics.get(f"timing_s/{stage}", 0.0) for stage in ACCOUNTED)
+    metrics["timing_s/unaccounted"] = seconds - staged
     return metrics
 
 
+# The stage times a step's time is made of when nothing overlaps; what is left is orchestration and bookkeeping
+# (timing_s/unaccounted: negative where the run-ahead overlapped a stage with the flow's bookkeeping).
+ACCOUNTED = ("generate", "reward_wait", "update_actor", "checkpoint", "writer_wait", "sync_weights")
+
+
 def _engine_gpus(cfg: Any) -> int:
-    """GPUs the run's model engines hold: its replicas (ray, colocated), trainers + rollout (ray, split), or one
-    (local: one process on one device, however many the machine has). The Ray driver's own view of its machine's
-    GPUs says nothing of the run's."""
-    if cfg.cluster.mode != "ray":
-        return 1
-    return cfg.cluster.replicas if cfg.cluster.placement == "colocated" else cfg.cluster.trainers + 1
+    """GPUs the run's model engines hold: its replicas (ray), or one (local: one process on one device, however many
+    the machine has). The Ray driver's own view of its machine's GPUs says nothing of the run's."""
+    return cfg.cluster.replicas if cfg.cluster.mode == "ray" else 1

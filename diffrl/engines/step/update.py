@@ -1,5 +1,5 @@
 """Stages that learn from a step's samples: `advantages`, `update` (both trainer families, plus the checkpoint that
-commits the step) and the weight sync (`sync`, or `export_weights`/`load_weights` between split actors).
+commits the step) and the weight sync (`sync`).
 
 A step is done when its checkpoint is committed: `checkpoints/latest.json` names it. The checkpoint is queued on
 the background writer after the step's rows, rewards and advantages, so it can only commit after them; a step
@@ -31,12 +31,11 @@ from diffrl.engines.step.generate import (
 )
 from diffrl.engines.step.plan import inject_fault
 from diffrl.engines.step.records import Advantaged, Synced, Updated
-from diffrl.engines.step.replicas import training_samples
+from diffrl.engines.step.replicas import step_rewards_of_every_replica, training_samples
 from diffrl.engines.step.tokens import shape_rewards, token_metrics
 from diffrl.engines.train import checkpoint
 from diffrl.engines.train.preference import preference_pairs
 from diffrl.engines.train.setup import barrier, world
-from diffrl.engines.train.sync import export_weights, load_weights
 
 # How many steps the background writer may lag behind the update before the update waits for it.
 WRITER_LAG_STEPS = 2
@@ -45,20 +44,27 @@ WRITER_LAG_STEPS = 2
 # ---- advantages ---------------------------------------------------------------------------------------
 def advantages(engines: Any, step: int, chunk: int = 0) -> Advantaged:
     """Group-normalised advantages of the step's valid samples (an excluded sample gets NaN, stored as such: it is
-    not trained on); critic/* and reward/<component> metrics over the kept samples."""
+    not trained on); critic/* and reward/<component> metrics over the kept samples. Engine replicas exchange their
+    rewards and each normalises over the whole step (the same numbers on every replica); each stores its own rows'."""
     inject_fault("advantages", step)
     algo = engines.config.algorithm
-    rewards, components, valid = step_rewards(engines, step)
+    exchanged = step_rewards_of_every_replica(engines, step)
+    if exchanged is None:
+        keys = step_trajectories(engines, step, with_latents=False)
+        rewards, components, valid = step_rewards(engines, step)
+        group_ids, own_rows = list(keys.group_ids), None
+    else:
+        keys, own_rows, (rewards, components, valid, group_ids) = exchanged
+        engines.memory.put_step_rewards(step, (rewards, components, valid))  # for the update
     weights = {c.name: c.weight for c in engines.config.reward.components}
     rewards, left_out = drop_partial_components(rewards, components, valid, weights)  # an optional one was down
-    keys = step_trajectories(engines, step, with_latents=False)
     kept = valid.nonzero().squeeze(1)
     extra = {}
     if algo.needs.data == "tokens":  # verl's language-RL metrics; DAPO's length shaping of the rewards
         extra = token_metrics(engines, keys, rewards, kept)
         rewards = shape_rewards(engines, rewards, keys)
     advantages_B = torch.full_like(rewards, float("nan"))  # excluded samples: marked, never a silent 0
-    kept_groups = [keys.group_ids[i] for i in kept.tolist()]
+    kept_groups = [group_ids[i] for i in kept.tolist()]
     advantages_B[kept] = group_advantages(
         rewards[kept],
         kept_groups,
@@ -68,9 +74,8 @@ def advantages(engines: Any, step: int, chunk: int = 0) -> Advantaged:
         ddof=algo.adv_std_ddof,
     )
     engines.memory.put_advantages(step, advantages_B)
-    store_submit(
-        engines, step, f"advantages of step {step_number(step)}", _write_advantages, engines, step, keys, advantages_B
-    )
+    mine = advantages_B if own_rows is None else advantages_B[own_rows]
+    store_submit(engines, step, f"advantages of step {step_number(step)}", _write_advantages, engines, step, keys, mine)
     stats = {**reward_stats(rewards[kept], kept_groups), **advantage_stats(advantages_B[kept])}
     for name, scores in components.items():  # reward/<name>: each component over the kept samples it scored
         stats[f"reward/{name}"] = scores[kept].float().nanmean()
@@ -264,39 +269,3 @@ def sync(engines: Any, step: int, chunk: int = 0, prefetch_next: bool = True) ->
     metrics = {k: float(v) for k, v in engines.trainer.sync_weights(engines.rollout).items()}
     started = prefetch(engines, step + 1) if prefetch_next else 0
     return Synced(step, prefetched=started, metrics=metrics)
-
-
-def export_for_rollout(engines: Any, step: int) -> dict:
-    """Split placement, trainer side: the changed tensors as versioned buckets (bumps the policy version)."""
-    inject_fault("sync_weights", step)
-    trainer = engines.trainer
-    started = time.perf_counter()
-    buckets = list(export_weights(trainer, version=trainer.policy_version + 1))
-    trainer.mark_synced()  # the same bookkeeping as engines.train.sync.sync_weights
-    return {
-        "step": step,
-        "buckets": buckets,
-        "lora_cfg": trainer.cfg if trainer.cfg.lora else None,
-        "targets": trainer.cfg.lora_targets,
-        "version": trainer.policy_version,
-        "export_s": time.perf_counter() - started,
-    }
-
-
-def load_from_trainer(engines: Any, export: dict) -> Synced:
-    """Split placement, rollout side: apply the buckets to this actor's adapter and take their version."""
-    started = time.perf_counter()
-    for bucket in export["buckets"]:
-        load_weights(engines.adapter, bucket, lora_cfg=export["lora_cfg"], targets=export["targets"])
-    engines.rollout_version = export["version"]
-    tensors = [t for b in export["buckets"] for t in b.tensors.values()]
-    return Synced(
-        export["step"],
-        prefetched=0,
-        metrics={
-            "timing_s/sync_weights": export["export_s"] + time.perf_counter() - started,
-            "sync/num_tensors": float(len(tensors)),
-            "sync/bytes": float(sum(t.numel() * t.element_size() for t in tensors)),
-            "sync/policy_version": float(export["version"]),
-        },
-    )

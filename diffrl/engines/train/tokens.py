@@ -59,7 +59,7 @@ class TokenTrainer(TrainerBase):
             )
         self.rank, self.world_size = world()
         if self.world_size > 1:
-            raise ValueError("TokenTrainer trains in one process for now (cluster.gpus: 1, cluster.trainers: 1)")
+            raise ValueError("TokenTrainer trains in one process for now (cluster.gpus: 1)")
         check_offload(cfg)
         self.adapter, self.algorithm, self.cfg, self.sampling = policy, algorithm, cfg, sampling
         self.group_size = group_size

@@ -113,7 +113,7 @@ class PolicyTrainer(TrainerBase):
         self.optimizer_steps = 0  # optimizer steps taken (skipped ones excluded)
         self.updates = 0  # update() calls, i.e. RL steps trained
         self._version = 0
-        # the trainer's own replays (and, in a split trainer actor, the prompt encoder of offline pairs)
+        # the trainer's own replays
         self.replayer = RolloutEngine(adapter, progress=False)
         self.last_exported: dict[str, torch.Tensor] = {}  # what the last weight export sent (sync.export_weights)
         # A data-parallel replica's rollout adapter: an unsharded copy of this denoiser in this process that every
