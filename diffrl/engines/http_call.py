@@ -6,7 +6,7 @@ never trips it. Here a watchdog shuts the socket down when `timeout_s` has passe
 phase it is in (connect, sending, headers, body), and the call fails with "no complete answer within T s". An answer
 larger than `max_bytes` is refused from its Content-Length or as soon as that many bytes have arrived, never read
 whole. A connection refused, reset or closed before the end of the answer is transient: `call_with_retries` tries
-again. Errors are one line naming the URL.
+again. Errors are one line naming the URL (without its credentials).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from diffrl.engines.redact import redact_text
+
 logger = logging.getLogger(__name__)
 
 MIB = 1 << 20
@@ -35,6 +37,7 @@ class HttpCallError(RuntimeError):
     """A call that got no complete answer. `kind`: TIMEOUT, TOO_LARGE or BROKEN (refused, reset, cut off)."""
 
     def __init__(self, url: str, what: str, kind: str):
+        url = redact_text(url)  # an https://user:TOKEN@host URL is named without its TOKEN
         super().__init__(f"{url}: {what}")
         self.url, self.what, self.kind = url, what, kind
 
@@ -177,5 +180,12 @@ def call_with_retries(
             if answer.status not in retry_statuses:
                 return answer
             last_error, last_kind = f"HTTP {answer.status}: {answer.text[:200]}", BROKEN
-        logger.warning("%s: attempt %d/%d to %s failed: %s", owner or "http", attempt + 1, retries + 1, url, last_error)
+        logger.warning(
+            "%s: attempt %d/%d to %s failed: %s",
+            owner or "http",
+            attempt + 1,
+            retries + 1,
+            redact_text(url),
+            last_error,
+        )
     raise HttpCallError(url, f"failed after {retries + 1} attempts; last error: {last_error}", last_kind)

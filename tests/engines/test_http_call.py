@@ -116,3 +116,13 @@ def test_vllm_health_probe_that_trickles_is_not_healthy(tmp_path):
         assert time.monotonic() - started < 1 + 5 and slow.requests["slow-headers"] == 1
     finally:
         slow.close()
+
+
+def test_a_urls_credentials_stay_out_of_errors_and_logs(server, caplog):
+    url = server.url.replace("http://", "http://user:TOKEN@") + "/trickle"
+    with pytest.raises(RewardError) as error:
+        build_reward("http_scorer", {"url": url, "timeout_s": 1, "retries": 1, "backoff_s": 0.01})(
+            _images(1), ["x"], [{}]
+        )
+    assert "http://***@127.0.0.1:" in str(error.value) and "TOKEN" not in str(error.value)
+    assert caplog.records and not any("TOKEN" in record.getMessage() for record in caplog.records)

@@ -16,6 +16,7 @@ import requests
 from PIL import Image
 
 from diffrl.engines.http_call import MIB, HttpCallError, call_with_retries
+from diffrl.engines.redact import redact_text
 from diffrl.engines.reward.base import RewardError
 
 logger = logging.getLogger(__name__)
@@ -95,11 +96,13 @@ def post_with_retries(
     except HttpCallError as e:
         raise RewardError(f"{reward_name}: {e}", reward_name) from None
     if answer.status >= 400:
-        raise RewardError(f"{reward_name}: {url} answered HTTP {answer.status}: {answer.text[:500]}", reward_name)
+        raise RewardError(
+            f"{reward_name}: {redact_text(url)} answered HTTP {answer.status}: {answer.text[:500]}", reward_name
+        )
     try:
         return answer.json()
     except ValueError:
-        raise MalformedAnswer(f"{url} answered a non-JSON body: {answer.text[:200]!r}") from None
+        raise MalformedAnswer(f"{redact_text(url)} answered a non-JSON body: {answer.text[:200]!r}") from None
 
 
 def map_concurrently(function: Callable[[int], T], count: int, concurrency: int) -> list[T]:
