@@ -15,6 +15,7 @@ it. vLLM's own engine failures also end the server process (its EngineCore exits
 from __future__ import annotations
 
 import atexit
+import json as json_module
 import logging
 import os
 import signal
@@ -25,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import requests
+from diffrl.engines.http_call import BROKEN, MIB, Answer, HttpCallError, call, call_with_retries
 
 logger = logging.getLogger(__name__)
 
@@ -77,15 +78,16 @@ class VllmServerOptions:
     load_format: str = "auto"
     start_timeout_s: float = 600.0
     request_timeout_s: float = 120.0
+    max_answer_mib: float = 256.0
     stop_timeout_s: float = 30.0
     extra_args: tuple[str, ...] = ()
     env: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if min(self.start_timeout_s, self.request_timeout_s, self.stop_timeout_s) <= 0:
+        if min(self.start_timeout_s, self.request_timeout_s, self.stop_timeout_s, self.max_answer_mib) <= 0:
             raise ValueError(
-                "start_timeout_s, request_timeout_s and stop_timeout_s must be > 0; got "
-                f"{self.start_timeout_s}, {self.request_timeout_s}, {self.stop_timeout_s}"
+                "start_timeout_s, request_timeout_s, stop_timeout_s and max_answer_mib must be > 0; got "
+                f"{self.start_timeout_s}, {self.request_timeout_s}, {self.stop_timeout_s}, {self.max_answer_mib}"
             )
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535] (0: a free one); got {self.port}")
@@ -153,7 +155,6 @@ class VllmServer:
         self.name = options.served_model_name or os.path.basename(os.path.normpath(model))
         self.log_path = log_path or os.path.join(tempfile.gettempdir(), f"diffrl-vllm-{self.port}.log")
         self.process: subprocess.Popen | None = None
-        self.session = requests.Session()
         self.started_s: float | None = None
         self.pid: int | None = None
 
@@ -236,9 +237,10 @@ class VllmServer:
         )
 
     def healthy(self, timeout_s: float = 5.0) -> bool:
+        """Whether `/health` answers 200 within timeout_s (the whole call: a server that trickles is not healthy)."""
         try:
-            return self.session.get(f"{self.root_url}/health", timeout=timeout_s).status_code == 200
-        except requests.RequestException:
+            return call("GET", f"{self.root_url}/health", timeout_s=timeout_s, max_bytes=MIB).status == 200
+        except HttpCallError:
             return False
 
     def check_alive(self) -> None:
@@ -251,19 +253,34 @@ class VllmServer:
                 f"{self.log_tail()}"
             )
 
-    def request(self, method: str, path: str, *, json: dict | None = None, timeout_s: float | None = None):
-        """One HTTP call to the server (path from the root, e.g. /v1/completions); returns the response.
-        A connection failure or timeout becomes VllmServerError saying whether the server died."""
-        timeout = timeout_s or self.options.request_timeout_s
+    def request(self, method: str, path: str, *, json: dict | None = None, timeout_s: float | None = None) -> Answer:
+        """One HTTP call to the server (path from the root, e.g. /v1/completions); returns the complete answer.
+
+        The whole call, body included, has timeout_s (default request_timeout_s) and the answer at most
+        max_answer_mib. A refused connection or an answer cut off mid-body is tried twice more while the process
+        lives; a dead server, a timeout, a too-large answer or an HTTP error becomes VllmServerError."""
+        o = self.options
+        body = None if json is None else json_module.dumps(json).encode()
         try:
-            response = self.session.request(method, f"{self.root_url}{path}", json=json, timeout=timeout)
-        except requests.RequestException as e:
+            answer = call_with_retries(
+                method,
+                f"{self.root_url}{path}",
+                body=body,
+                headers={"Content-Type": "application/json"} if body is not None else {},
+                timeout_s=timeout_s or o.request_timeout_s,
+                max_bytes=int(o.max_answer_mib * MIB),
+                retries=2,
+                backoff_s=1.0,
+                retry_kinds=(BROKEN,),  # not timeouts: a stuck server would only hold the run longer
+                owner="vLLM server",
+                after_failure=lambda error: self.check_alive(),
+            )
+        except HttpCallError as e:
+            raise VllmServerError(f"vLLM server {e}") from None
+        if answer.status >= 400:
             self.check_alive()
-            raise VllmServerError(f"vLLM server {self.root_url}{path}: {type(e).__name__}: {e}") from e
-        if response.status_code >= 400:
-            self.check_alive()
-            raise VllmServerError(f"vLLM server {path} answered {response.status_code}: {response.text[:1000]}")
-        return response
+            raise VllmServerError(f"vLLM server {path} answered {answer.status}: {answer.text[:1000]}")
+        return answer
 
     def log_tail(self, lines: int = 40) -> str:
         try:

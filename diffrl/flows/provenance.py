@@ -27,6 +27,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from diffrl.engines.numbering import step_number
+from diffrl.engines.redact import redact_text
 from diffrl.engines.step.update import checkpoint_dir
 from diffrl.engines.store.prompts import PromptRecord
 from diffrl.engines.train.export import export_checkpoint
@@ -48,7 +49,7 @@ def _git(cwd: str, *args: str) -> str:
 def source_tags(config: str | None, *, deployment: str | None = None, cwd: str | None = None) -> dict[str, str]:
     """MLflow's source tags for a `diffrl train CONFIG` (source type LOCAL) or a Prefect deployment run (JOB,
     named flow/deployment as `prefect deployment run` names it), with the git tags of the working directory's
-    checkout (none outside one)."""
+    checkout (none outside one); a remote's credentials are replaced by ***."""
     tags = {
         "mlflow.source.type": "JOB" if deployment else "LOCAL",
         "mlflow.source.name": deployment or f"diffrl train {config or 'quickstart'}",
@@ -66,7 +67,7 @@ def source_tags(config: str | None, *, deployment: str | None = None, cwd: str |
             tags["mlflow.source.git.branch"] = branch
         remote = _git(cwd, "config", "--get", "remote.origin.url")
         if remote:
-            tags["mlflow.source.git.repoURL"] = remote
+            tags["mlflow.source.git.repoURL"] = redact_text(remote)  # https://user:TOKEN@host: no TOKEN
     return tags
 
 

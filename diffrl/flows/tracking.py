@@ -12,9 +12,11 @@ from importlib import metadata
 
 import mlflow
 import numpy as np
+import yaml
 from mlflow.tracking import MlflowClient
 from PIL import Image, ImageDraw
 
+from diffrl.engines.redact import redact, redact_text
 from diffrl.engines.step.background import Background
 from diffrl.flows.mlflow_template import seed_sqlite_store
 
@@ -126,23 +128,25 @@ class Tracker:
             json.dump(state, f, indent=2)
         os.replace(tmp, self.state_path)
 
-    def log_config(self, config: dict, config_yaml: str) -> None:
-        self._writes.submit(0, "MLflow config", self._log_config, config, config_yaml)
+    def log_config(self, config: dict) -> None:
+        """The run's config as params (flattened) and as the artifact config.yaml, secrets replaced by ***
+        (diffrl/engines/redact.py: storage_options keys, URL credentials, tokens)."""
+        self._writes.submit(0, "MLflow config", self._log_config, redact(config))
 
-    def _log_config(self, config: dict, config_yaml: str) -> None:
+    def _log_config(self, config: dict) -> None:
         params = _flatten(config)
         existing = self.client.get_run(self.run_id).data.params
         new = {k: v[:6000] for k, v in params.items() if k not in existing}
         if new:
             self.client.log_batch(self.run_id, params=[mlflow.entities.Param(k, v) for k, v in new.items()])
-        self.client.log_text(self.run_id, config_yaml, "config.yaml")
+        self.client.log_text(self.run_id, yaml.safe_dump(config, sort_keys=False), "config.yaml")
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self._writes.submit(0, "MLflow tags", self._set_tags, tags)
 
     def _set_tags(self, tags: dict[str, str]) -> None:
         base = {"diffrl.version": _version(), "git.commit": _git_commit()}
-        entries = [mlflow.entities.RunTag(key, str(value)) for key, value in {**base, **tags}.items()]
+        entries = [mlflow.entities.RunTag(key, redact_text(str(value))) for key, value in {**base, **tags}.items()]
         self.client.log_batch(self.run_id, tags=entries)
 
     def has_step(self, step: int) -> bool:
@@ -224,7 +228,7 @@ class Tracker:
 
     @property
     def ui_hint(self) -> str:
-        return f"mlflow ui --backend-store-uri {self.uri}  (run id {self.run_id})"
+        return f"mlflow ui --backend-store-uri {redact_text(self.uri)}  (run id {self.run_id})"
 
 
 def image_grid(

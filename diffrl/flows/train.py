@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-import yaml
 from prefect import flow
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
@@ -27,6 +26,7 @@ from diffrl.configs.loader import to_dict
 from diffrl.configs.schema import ExperimentConfig, load_experiment
 from diffrl.engines import cluster, trace
 from diffrl.engines.numbering import step_index, step_number
+from diffrl.engines.redact import redact_text
 from diffrl.engines.step.generate import rollout_examples
 from diffrl.engines.step.plan import validation_due, validation_rollout
 from diffrl.engines.step.retention import checkpoint_bytes, describe_disk, latent_numel, retain
@@ -49,7 +49,7 @@ log = logging.getLogger("diffrl")
 
 
 def _say(message: str) -> None:
-    console.say(message)  # above the live step line, on a terminal
+    console.say(redact_text(message))  # above the live step line, on a terminal; no URL's credentials
 
 
 def _run_state(cfg: ExperimentConfig) -> dict:
@@ -189,7 +189,7 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
         experiment=cfg.run.experiment, run_name=cfg.run.name, state_path=os.path.join(cfg.run_dir, "run.json")
     )
     startup.mark("mlflow")
-    tracker.log_config(to_dict(cfg), yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    tracker.log_config(to_dict(cfg))
     tracker.set_tags(
         {
             "prefect.flow_run_id": flow_run.get_id() or "",

@@ -33,6 +33,16 @@ def test_source_tags_name_the_command_and_the_working_directorys_commit(tmp_path
     assert job["mlflow.source.type"] == "JOB" and job["mlflow.source.name"] == "train/nightly"
 
 
+def test_a_remotes_credentials_stay_out_of_the_source_tags(tmp_path):
+    """A checkout cloned with a token in its remote URL: MLflow's repoURL tag names the remote without it."""
+    _git(tmp_path, "init", "-q", "-b", "main")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "--allow-empty", "-m", "x")
+    _git(tmp_path, "remote", "add", "origin", "https://user:TOKEN@example.com/x.git")
+    tags = source_tags("my.yaml", cwd=str(tmp_path))
+    assert tags["mlflow.source.git.repoURL"] == "https://***@example.com/x.git"
+    assert not any("TOKEN" in value for value in tags.values())
+
+
 def test_a_prompt_file_is_a_local_dataset_and_a_generator_names_itself(tmp_path, monkeypatch):
     """The dataset inputs' sources: a shipped prompt file named relative to the package (as the quickstart's data.val
     is) resolves to the file; a generator is described by its name and seed; the digest follows the content."""

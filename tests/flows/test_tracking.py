@@ -50,3 +50,55 @@ def test_the_experiment_is_a_model_training_one_and_images_are_stepped_and_capti
     names = [a.path for a in client.list_artifacts(tracker.run_id, "images")]
     assert sum("rollout" in n and "step%2B1" in n.replace("+", "%2B") for n in names) >= 1, names
     assert sum("rollout" in n and "step%2B2" in n.replace("+", "%2B") for n in names) >= 1, names
+
+
+def test_the_logged_config_params_and_tags_hold_no_secret(tmp_path, monkeypatch):
+    """A run whose config carries storage credentials, a URL with a user's token and a scorer token in a query
+    string, started in a checkout whose remote has a token: MLflow's params, config.yaml and tags have none of them,
+    and the rest of the config is logged as it was."""
+    import subprocess
+
+    import yaml
+
+    from diffrl.configs.loader import to_dict
+    from diffrl.configs.schema import load_experiment
+    from diffrl.flows.provenance import source_tags
+
+    cfg = load_experiment(
+        None,
+        [
+            "run.storage_options={key: AKIA1, secret: SK2, client_kwargs: {endpoint_url: 'https://minio:PW3@m.example'}}",
+            "data.train=https://user:TOKEN4@example.com/prompts.jsonl",
+            "reward.components=[{name: http_scorer, options: {url: 'https://s.example/score?token=TOKEN5', "
+            "api_key_env: SCORER_KEY}}]",
+        ],
+    )
+    subprocess.run(["git", "init", "-q", str(tmp_path / "checkout")], check=True)
+    git = ["git", "-C", str(tmp_path / "checkout")]
+    subprocess.run([*git, "remote", "add", "origin", "https://user:TOKEN6@example.com/x.git"], check=True)
+    subprocess.run(
+        [*git, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "x", "--allow-empty"], check=True
+    )
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    tracker = Tracker(experiment="secrets", run_name="secrets", state_path=str(tmp_path / "run.json"))
+    tracker.log_config(to_dict(cfg))
+    tracker.set_tags(source_tags("my.yaml", cwd=str(tmp_path / "checkout")))
+    tracker.finish()
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    run = client.get_run(tracker.run_id)
+    path = client.download_artifacts(tracker.run_id, "config.yaml", str(tmp_path))
+    with open(path) as f:
+        logged_yaml = f.read()
+    recorded = [logged_yaml, *run.data.params.values(), *run.data.tags.values()]
+    secrets = ["AKIA1", "SK2", "PW3", "TOKEN4", "TOKEN5", "TOKEN6"]
+    assert [s for s in secrets if any(s in text for text in recorded)] == []
+    assert run.data.params["run.storage_options.key"] == "***"
+    assert run.data.params["data.train"] == "https://***@example.com/prompts.jsonl"
+    assert run.data.tags["mlflow.source.git.repoURL"] == "https://***@example.com/x.git"
+    logged = yaml.safe_load(logged_yaml)
+    assert logged["reward"]["components"][0]["options"] == {
+        "url": "https://s.example/score?token=***",
+        "api_key_env": "SCORER_KEY",
+    }
+    assert logged["run"]["steps"] == cfg.run.steps and logged["model"] == to_dict(cfg)["model"]

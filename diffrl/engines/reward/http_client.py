@@ -1,5 +1,6 @@
 """HTTP plumbing shared by the network rewards (vlm_judge, http_scorer): retries with exponential
-backoff, timeouts on every call, a concurrency limit, API keys from environment variables."""
+backoff, a deadline on every call as a whole and a cap on the answer's size (diffrl/engines/http_call.py), a
+concurrency limit, API keys from environment variables."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import base64
 import io
 import logging
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
@@ -15,6 +15,8 @@ import numpy as np
 import requests
 from PIL import Image
 
+from diffrl.engines.http_call import MIB, HttpCallError, call_with_retries
+from diffrl.engines.redact import redact_text
 from diffrl.engines.reward.base import RewardError
 
 logger = logging.getLogger(__name__)
@@ -58,46 +60,49 @@ def data_url(image_HW3: np.ndarray, image_format: str = "png") -> str:
 
 
 def post_with_retries(
-    session: requests.Session,
     url: str,
     *,
     reward_name: str,
+    headers: dict[str, str],
     timeout_s: float,
+    max_answer_mib: float,
     retries: int,
     backoff_s: float,
     **request_kwargs: Any,
 ) -> Any:
-    """POSTs and returns the decoded JSON body.
+    """POSTs (request_kwargs as requests takes them: json=, or files= and data=) and returns the decoded JSON body.
 
-    Connection errors, timeouts and RETRY_STATUSES are retried `retries` times, sleeping
-    backoff_s * 2**attempt between attempts; after the last attempt a RewardError names the URL
-    and the last failure. A body that is not JSON raises MalformedAnswer (not retried).
+    Each attempt must bring the complete answer within timeout_s and at most max_answer_mib
+    (diffrl/engines/http_call.py). Connection errors, cut-off answers, timeouts and RETRY_STATUSES are
+    retried `retries` times, sleeping backoff_s * 2**attempt between attempts; after the last attempt
+    (or an answer too large) a RewardError names the URL and the failure. A body that is not JSON raises
+    MalformedAnswer (not retried).
     """
-    last_error = ""
-    for attempt in range(retries + 1):
-        if attempt:
-            time.sleep(backoff_s * 2 ** (attempt - 1))
-        try:
-            response = session.post(url, timeout=(timeout_s, timeout_s), **request_kwargs)
-        except (requests.ConnectionError, requests.Timeout) as e:
-            last_error = f"{type(e).__name__}: {e}"
-            logger.warning("%s: attempt %d/%d to %s failed: %s", reward_name, attempt + 1, retries + 1, url, last_error)
-            continue
-        if response.status_code in RETRY_STATUSES:
-            last_error = f"HTTP {response.status_code}: {response.text[:200]}"
-            logger.warning("%s: attempt %d/%d to %s failed: %s", reward_name, attempt + 1, retries + 1, url, last_error)
-            continue
-        if response.status_code >= 400:
-            raise RewardError(
-                f"{reward_name}: {url} answered HTTP {response.status_code}: {response.text[:500]}", reward_name
-            )
-        try:
-            return response.json()
-        except ValueError:
-            raise MalformedAnswer(f"{url} answered a non-JSON body: {response.text[:200]!r}") from None
-    raise RewardError(
-        f"{reward_name}: {url} failed after {retries + 1} attempts; last error: {last_error}", reward_name
-    )
+    request = requests.Request("POST", url, headers=headers, **request_kwargs).prepare()  # encodes the body only
+    body = request.body.encode() if isinstance(request.body, str) else request.body
+    try:
+        answer = call_with_retries(
+            "POST",
+            url,
+            body=body,
+            headers=request.headers,
+            timeout_s=timeout_s,
+            max_bytes=int(max_answer_mib * MIB),
+            retries=retries,
+            backoff_s=backoff_s,
+            retry_statuses=RETRY_STATUSES,
+            owner=reward_name,
+        )
+    except HttpCallError as e:
+        raise RewardError(f"{reward_name}: {e}", reward_name) from None
+    if answer.status >= 400:
+        raise RewardError(
+            f"{reward_name}: {redact_text(url)} answered HTTP {answer.status}: {answer.text[:500]}", reward_name
+        )
+    try:
+        return answer.json()
+    except ValueError:
+        raise MalformedAnswer(f"{redact_text(url)} answered a non-JSON body: {answer.text[:200]!r}") from None
 
 
 def map_concurrently(function: Callable[[int], T], count: int, concurrency: int) -> list[T]:
@@ -139,14 +144,14 @@ def score_each_concurrently(
 
 def check_request_options(options, owner: str, url_field: str) -> None:
     """The request options every HTTP reward shares: the URL's scheme, image format, concurrency,
-    timeout, frame stride, batch size (> 0), retries and backoff (>= 0). ValueError naming the option."""
+    timeout, answer size, frame stride, batch size (> 0), retries and backoff (>= 0). ValueError naming the option."""
     from diffrl.engines.reward.base import check_choice, check_positive
 
     url = getattr(options, url_field)
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"{owner}: option '{url_field}' must start with http:// or https://, got {url!r}")
     check_choice(options.image_format, "image_format", owner, ("png", "jpeg"))
-    for name in ("concurrency", "timeout_s", "frame_stride", "batch_size"):
+    for name in ("concurrency", "timeout_s", "max_answer_mib", "frame_stride", "batch_size"):
         check_positive(getattr(options, name), name, owner)
     check_positive(options.retries, "retries", owner, allow_zero=True)
     check_positive(options.backoff_s, "backoff_s", owner, allow_zero=True)

@@ -18,7 +18,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import requests
 
 from diffrl.engines.reward.base import (
     RewardOutput,
@@ -46,6 +45,7 @@ class HttpScorerOptions:
     api_key_env: str | None = None
     concurrency: int = 8
     timeout_s: float = 60.0
+    max_answer_mib: float = 4.0
     retries: int = 3
     backoff_s: float = 1.0
     image_format: str = "png"
@@ -57,29 +57,28 @@ class HttpScorerOptions:
 
 
 class HttpScorerReward:
-    """Owns an HTTP session to the user's scorer."""
+    """Holds the request headers for the user's scorer."""
 
     name = "http_scorer"
 
     def __init__(self, options: HttpScorerOptions):
         self.options = options
         self.batch_size = options.batch_size
-        self.session = requests.Session()
         api_key = api_key_from_env(options.api_key_env, "http_scorer")
-        if api_key is not None:
-            self.session.headers["Authorization"] = f"Bearer {api_key}"
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key is not None else {}
 
     def score_frame(self, frame: np.ndarray, prompt: str, meta: dict) -> float:
         """One POST; the finite number under score_key, else MalformedAnswer."""
         o = self.options
         mime = "image/png" if o.image_format == "png" else "image/jpeg"
         body = post_with_retries(
-            self.session,
             o.url,
+            headers=self.headers,
             reward_name=self.name,
             files={"image": (f"image.{o.image_format}", encode_image(frame, o.image_format), mime)},
             data={"prompt": prompt, "metadata": json.dumps(meta, default=str)},
             timeout_s=o.timeout_s,
+            max_answer_mib=o.max_answer_mib,
             retries=o.retries,
             backoff_s=o.backoff_s,
         )

@@ -20,7 +20,6 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
-import requests
 from PIL import Image
 
 from diffrl.engines.reward.base import (
@@ -75,6 +74,7 @@ class VlmJudgeOptions:
     temperature: float = 0.0
     concurrency: int = 8
     timeout_s: float = 60.0
+    max_answer_mib: float = 4.0
     retries: int = 3
     backoff_s: float = 1.0
     image_format: str = "png"
@@ -126,7 +126,7 @@ def input_image(meta: dict) -> np.ndarray:
 
 
 class VlmJudgeReward:
-    """Owns an HTTP session to the judge server."""
+    """Holds the request headers for the judge server."""
 
     name = "vlm_judge"
 
@@ -136,10 +136,8 @@ class VlmJudgeReward:
         self.url = options.base_url.rstrip("/") + "/chat/completions"
         default = EDIT_RATING_PROMPT if options.input_image else DEFAULT_PROMPTS[options.parser]
         self.template = options.prompt_template or default
-        self.session = requests.Session()
         api_key = api_key_from_env(options.api_key_env, "vlm_judge")
-        if api_key is not None:
-            self.session.headers["Authorization"] = f"Bearer {api_key}"
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key is not None else {}
 
     def request_body(self, sample, prompt: str, meta: dict | None = None) -> dict:
         """The chat-completions request for one image (or the sampled frames of one video); with `input_image`,
@@ -164,11 +162,12 @@ class VlmJudgeReward:
             raise ValueError(f'vlm_judge (ocr parser): no ground_truth and no "quoted text" in the prompt {prompt!r}')
         try:
             body = post_with_retries(
-                self.session,
                 self.url,
+                headers=self.headers,
                 reward_name=self.name,
                 json=self.request_body(sample, prompt, meta),
                 timeout_s=o.timeout_s,
+                max_answer_mib=o.max_answer_mib,
                 retries=o.retries,
                 backoff_s=o.backoff_s,
             )
