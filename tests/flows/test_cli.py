@@ -37,3 +37,28 @@ def test_mistyped_key_suggests_the_dotted_key_with_its_section():
     assert proc.returncode == 2
     [line] = proc.stderr.strip().splitlines()
     assert "unknown config key 'train.lrr'; did you mean 'train.lr'?" in line, line
+
+
+def test_serve_judge_takes_the_model_names_configs_take():
+    """MODEL_DIR may be reference:<name> or tiny:<arch>. With an interpreter that has no vLLM the server then fails
+    to start (exit 1, its log's tail); a name that resolves to nothing is bad input (exit 2), reported before any
+    vLLM venv would be made."""
+    env = {**os.environ, "DIFFRL_VLLM_PYTHON": sys.executable}
+    proc = subprocess.run(
+        [sys.executable, "-m", "diffrl", "serve-judge", "reference:shapes-thinker", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=env,
+    )
+    assert proc.returncode == 1 and "No module named 'vllm'" in proc.stderr, proc.stderr[-2000:]
+    proc = subprocess.run(
+        [sys.executable, "-m", "diffrl", "serve-judge", "reference:nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "DIFFRL_VLLM_PYTHON": "/nonexistent/python"},
+    )
+    assert proc.returncode == 2 and "no shipped reference model 'nope'" in proc.stderr, proc.stderr
