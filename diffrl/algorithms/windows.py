@@ -43,12 +43,15 @@ _WINDOW_SALT = 0x5DEECE66D
 class WindowPolicy:
     """How windows are chosen. ``start_range`` is [lo, hi) for window starts; hi None = N - size + 1."""
 
-    kind: str
-    size: int = 2
-    start_range: tuple[int, int | None] = (0, None)
-    iters_per_group: int = 25
-    timestep_fraction: float = 0.6
-    seed: int = 0
+    kind: str  # which steps are stochastic and trained: the kinds above
+    size: int = 2  # steps in a window
+    start_range: tuple[int, int | None] = (
+        0,
+        None,
+    )  # [lo, hi) of window starts (random_start, mix_*); hi null: N - size + 1
+    iters_per_group: int = 25  # mix_progressive: RL steps before the window moves on by size
+    timestep_fraction: float = 0.6  # dance_fraction: the share of steps trained per sample
+    seed: int = 0  # mix_random: the start of step k is drawn from seed + k
 
     def __post_init__(self) -> None:
         if self.kind not in WINDOW_KINDS:

@@ -22,10 +22,12 @@ class ConfigError(ValueError):
     """A config key or value a user wrote is wrong; the message says where and what is allowed."""
 
 
-def _suggest(key: str, valid: list[str]) -> str:
+def _suggest(key: str, valid: list[str], section: str = "") -> str:
+    """The hint for `key` mistyped in `section` (dotted; "" at the top): "; did you mean 'train.lr'? valid keys of
+    train: ...", the suggestion being the whole dotted key, as the user writes it in an override."""
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{hint} valid keys: {', '.join(valid)}"
+    hint = f"; did you mean {f'{section}.{close[0]}' if section else close[0]!r}?" if close else ""
+    return f"{hint} valid keys{f' of {section}' if section else ''}: {', '.join(valid)}"
 
 
 def _retired(cls: type, path: str, key: str) -> str:
@@ -110,9 +112,8 @@ def build(cls: type[T], data: dict, *, where: str = "") -> T:
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
         if key not in fields:
-            raise ConfigError(
-                _retired(cls, path, str(key)) or f"unknown config key {path!r}{_suggest(str(key), list(fields))}"
-            )
+            unknown = f"unknown config key {path!r}{_suggest(str(key), list(fields), where)}"
+            raise ConfigError(_retired(cls, path, str(key)) or unknown)
         kwargs[key] = coerce(value, hints[key], path)
     try:
         return cls(**kwargs)
@@ -153,7 +154,8 @@ def apply_overrides(data: dict, overrides: list[str], cls: type) -> dict:
             where = ".".join(path[: depth + 1])
             names = [f.name for f in dataclasses.fields(tp)] if _is_dataclass_type(tp) else None
             if names is not None and part not in names:
-                raise ConfigError(_retired(tp, where, part) or f"unknown config key {where!r}{_suggest(part, names)}")
+                unknown = f"unknown config key {where!r}{_suggest(part, names, '.'.join(path[:depth]))}"
+                raise ConfigError(_retired(tp, where, part) or unknown)
             if depth == len(path) - 1:
                 node[part] = value
                 break

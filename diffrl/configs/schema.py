@@ -29,7 +29,7 @@ ROLLOUT_ENGINES = ("transformers", "vllm")
 
 @dataclass
 class ModelConfig:
-    path: str = "tiny:sd3"  # a diffusers folder, a Hub id (when online), or tiny:<arch> (built offline, cached)
+    path: str = "tiny:sd3"  # a model folder, reference:<name> (shipped), tiny:<arch> (built offline), or a Hub id
     dtype: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     tiny_seed: int = 0  # seed of the random weights of a tiny:<arch> model
@@ -67,27 +67,29 @@ class RolloutConfig:
     autoregressive model (an algorithm on tokens) reads group_size, prompts_per_step, chunk_size, batch_size and the
     token fields (max_new_tokens, temperature, top_p, stop); a diffusion model the others."""
 
-    num_inference_steps: int = 10
-    height: int = 512
-    width: int = 512
-    num_frames: int = 1
-    guidance_scale: float | None = None
-    negative_prompt: str = ""
-    max_sequence_length: int | None = None
+    num_inference_steps: int = 10  # denoising steps of a sample
+    height: int = 512  # image height in pixels
+    width: int = 512  # image width in pixels
+    num_frames: int = 1  # video frames (video models; 1 for images)
+    guidance_scale: float | None = None  # the model's guidance knob (CFG or distilled); null: the adapter's default
+    negative_prompt: str = ""  # used where the adapter needs a negative prompt at that guidance
+    max_sequence_length: int | None = None  # text tokens of the prompt at most; null: the model's default
     batch_size: int = 8  # samples per transformer forward
     group_size: int = 16  # samples per prompt
     prompts_per_step: int = 32  # prompts per RL step (x group_size images)
     chunk_size: int = 64  # samples per generate chunk (scored while the next chunk generates)
-    same_noise_per_group: bool = False
-    # issue 33, off by default: the deterministic steps after every window of a chunk has ended (ode_tail) or before
-    # the first one starts (ode_head; changes the window's input) on fewer evaluations: {solver: dpm2m, evaluations: 2}
+    same_noise_per_group: bool = False  # a prompt's group shares its initial noise (DanceGRPO)
+    # off by default: the deterministic steps after every window of a chunk has ended (ode_tail) or before the first
+    # one starts (ode_head; changes the window's input) on fewer evaluations: {solver: dpm2m, evaluations: 2}
     ode_tail: OdeShortcut = field(default_factory=OdeShortcut)
-    ode_head: OdeShortcut = field(default_factory=OdeShortcut)
-    # issue 33, off by default: forward batches of the rows sorted by window start, so that a batch's loop (and its
-    # ode_tail) ends at its own latest window end; each sample's math is unchanged (rounding aside)
+    ode_head: OdeShortcut = field(
+        default_factory=OdeShortcut
+    )  # the same, for the deterministic steps before the first window
+    # off by default: forward batches of the rows sorted by window start, so that a batch's loop (and its ode_tail)
+    # ends at its own latest window end; each sample's math is unchanged (rounding aside)
     sort_by_window: bool = False
-    # issue 33, off by default: the rollout's forwards on a merged-LoRA or FP8 copy of the weights, for every forward
-    # or only those without an in-window sample: {kind: lora | merged | fp8, steps: all | deterministic}
+    # off by default: the rollout's forwards on a merged-LoRA or FP8 copy of the weights, for every forward or only
+    # those without an in-window sample: {kind: lora | merged | fp8, steps: all | deterministic}
     weights: RolloutWeights = field(default_factory=RolloutWeights)
     # autoregressive policies: "transformers" samples in-process with the trainer's module; "vllm" with a vLLM server
     # started from diffrl's vLLM venv (rollout.vllm: its options and how weights reach it; docs/operations.md)
@@ -95,7 +97,7 @@ class RolloutConfig:
     vllm: VllmRolloutOptions = field(default_factory=VllmRolloutOptions)
     # autoregressive policies: how responses are sampled (validation decodes greedily)
     max_new_tokens: int = 32  # response tokens at most
-    temperature: float = 1.0  # > 0
+    temperature: float = 1.0  # sampling temperature (validation decodes greedily)
     top_p: float = 1.0  # nucleus sampling, in (0, 1]
     stop: tuple[str, ...] = ()  # strings that end a response (besides the model's end token)
 
@@ -163,11 +165,11 @@ class DataConfig:
     train: str = "generator:ocr"  # parquet / jsonl / txt path, or generator:ocr | compositional | shapes
     val: str | None = None  # same forms; None = a held-out slice of the train generator
     num_generated: int = 1000  # prompts a generator makes
-    num_val_prompts: int = 8
+    num_val_prompts: int = 8  # validation prompts: the first k of `val`
     # images per validation prompt (GenEval samples 4): more images average out the sampling noise of
     # val/accuracy; copy c of prompt i uses seed run.seed + 7 + i + c * num_val_prompts
     val_samples_per_prompt: int = 1
-    storage_options: dict = field(default_factory=dict)
+    storage_options: dict = field(default_factory=dict)  # fsspec options for reading train / val files
     # online: train on the run's own rollouts; offline (algorithm dpo only): train from the preference
     # parquet in `train` (prompt, chosen, rejected), VAE-encoded once (diffrl/engines/store/preference.py)
     sample_source: str = "online"
@@ -181,11 +183,11 @@ class DataConfig:
 
 @dataclass
 class RunConfig:
-    name: str = "quickstart"
-    experiment: str = "diffrl"
+    name: str = "quickstart"  # the run's folder under root, its MLflow run and its resume key
+    experiment: str = "diffrl"  # the MLflow experiment
     root: str = "runs"  # runs/<name>/ holds trajectories.lance, checkpoints/, ...
-    steps: int = 10
-    seed: int = 0
+    steps: int = 10  # RL steps (rollout, score, update) of the run
+    seed: int = 0  # seeds the prompt order, the rollout noise and the validation samples
     checkpoint_every: int = 5  # kept checkpoints (a resume point is written after every step)
     validate_every: int = 0  # 0 = only before the first and after the last step
     log_images: int = 4  # rollout images logged to MLflow per step
@@ -195,7 +197,7 @@ class RunConfig:
     compact_every: int = 10  # every k steps merge the run's Lance fragments (reads slow with their count); 0 = never
     # record where the time goes: runs/<name>/trace/<pid>.json, a timeline of every thread for ui.perfetto.dev
     trace: bool = False
-    storage_options: dict = field(default_factory=dict)
+    storage_options: dict = field(default_factory=dict)  # fsspec options for a remote root (object stores)
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:

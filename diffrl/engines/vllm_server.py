@@ -58,15 +58,15 @@ class VllmServerOptions:
     makes random ones (a config-only folder). extra_args: any other vLLM flags, verbatim, after diffrl's own.
     """
 
-    host: str = "127.0.0.1"
-    port: int = 0
-    served_model_name: str = ""
+    host: str = "127.0.0.1"  # the address the server binds
+    port: int = 0  # 0: a free loopback port
+    served_model_name: str = ""  # the name requests use; empty: the model folder's name
     dtype: str = "auto"
-    max_model_len: int = 2048
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048  # context length (prompt + response tokens)
+    max_num_seqs: int = 64  # sequences a server step batches at most
+    max_num_batched_tokens: int = 2048  # tokens a server step batches at most
     enforce_eager: bool = True
-    seed: int = 0
+    seed: int = 0  # the server's sampling seed
     kv_cache_gib: float = 1.0
     gpu_memory_utilization: float = 0.5
     enable_sleep_mode: bool = False
@@ -76,12 +76,12 @@ class VllmServerOptions:
     dev_mode: bool = False
     logprobs_mode: str = "processed_logprobs"
     load_format: str = "auto"
-    start_timeout_s: float = 600.0
-    request_timeout_s: float = 120.0
-    max_answer_mib: float = 256.0
-    stop_timeout_s: float = 30.0
+    start_timeout_s: float = 600.0  # seconds the server has to answer GET /health
+    request_timeout_s: float = 120.0  # seconds each HTTP call to the server may take, answer included
+    max_answer_mib: float = 256.0  # the largest answer read from the server; a larger one is refused unread
+    stop_timeout_s: float = 30.0  # seconds between SIGTERM and SIGKILL when stopping it
     extra_args: tuple[str, ...] = ()
-    env: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)  # more environment variables for the server process
 
     def __post_init__(self) -> None:
         if min(self.start_timeout_s, self.request_timeout_s, self.stop_timeout_s, self.max_answer_mib) <= 0:
@@ -117,10 +117,10 @@ class VllmRolloutOptions(VllmServerOptions):
     weights to host memory, KV cache freed) from the end of each rollout to the next weight load, so the trainer's
     update has the GPU it shares with the server (GPUs only; implies enable_sleep_mode and dev_mode)."""
 
-    weight_sync: str = "lora"
-    concurrency: int = 16
-    keep_versions: int = 2
-    sleep_for_update: bool = False
+    weight_sync: str = "lora"  # lora (the adapter of each version, loaded at run time) | full (merged weights reloaded)
+    concurrency: int = 16  # completion requests in flight
+    keep_versions: int = 2  # adapters / weight folders kept on disk and loaded in the server
+    sleep_for_update: bool = False  # the server sleeps from each rollout's end to the next weight load (GPUs)
 
     def __post_init__(self) -> None:
         super().__post_init__()

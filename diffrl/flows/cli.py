@@ -28,6 +28,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         action="store_true",
         help="also show the libraries' own output (Prefect task states, MLflow, diffusers/transformers loading bars)",
     )
+    parser.add_argument("--version", action="version", version=f"diffrl {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train.add_parser(sub)  # train and config set their own handlers
     handlers = {}
@@ -43,6 +44,20 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         module.add_parser(sub)
         handlers[name] = module.run
     return parser, handlers
+
+
+def version() -> str:
+    """The installed distribution's version; a source checkout on PYTHONPATH that is not installed reports the
+    package's own `diffrl.__version__` (kept equal to pyproject.toml's by tests/flows/test_cli.py)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("diffrl")
+    except PackageNotFoundError:
+        import diffrl
+
+        return diffrl.__version__
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -126,11 +126,6 @@ def server_class() -> type:
 
     class ParentBoundServer(SubprocessASGIServer):
         def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
-            # Prefect 3.8.8's command and environment, through this module's watcher
-            server_env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-            # no block types registered at boot (2.6 s of a first boot on the GPU machine): diffrl saves no blocks,
-            # its result storage is an unsaved one; `prefect server start` registers them when a user starts one
-            server_env["PREFECT_API_BLOCKS_REGISTER_ON_START"] = "false"
             return subprocess.Popen(
                 args=[
                     sys.executable,
@@ -152,12 +147,26 @@ def server_class() -> type:
                 ],
                 env={
                     **os.environ,
-                    **server_env,
+                    **server_environment(),
                     **get_current_settings().to_environment_variables(exclude_unset=True),
                 },
             )
 
     return ParentBoundServer
+
+
+def server_environment() -> dict[str, str]:
+    """The variables diffrl's temporary server process gets on top of this process's environment (Prefect's settings
+    the user set still come after them)."""
+    # Prefect 3.8.8's own for its temporary server
+    env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    # no block types registered at boot (2.6 s of a first boot on the GPU machine): diffrl saves no blocks,
+    # its result storage is an unsaved one; `prefect server start` registers them when a user starts one
+    env["PREFECT_API_BLOCKS_REGISTER_ON_START"] = "false"
+    # the server's telemetry service reports to Prefect every few minutes and logs "Failed to send telemetry" where
+    # there is no network (diffrl runs offline); a value the user exported wins
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    return env
 
 
 if __name__ == "__main__":

@@ -41,10 +41,12 @@ def test_yaml_and_overrides_build_typed_tree():
 
 
 def test_unknown_key_suggests_closest():
-    with pytest.raises(ConfigError, match=r"unknown config key 'train.lrr'.*did you mean 'lr'"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.lrr'.*did you mean 'train.lr'"):
         load(Outer, ["train.lrr=1"], text="{}")
     with pytest.raises(ConfigError, match=r"'stepz'.*did you mean 'steps'"):
         load(Outer, text="stepz: 1\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.lrr'; did you mean 'train.lr'\?"):
+        load(Outer, text="train:\n  lrr: 1\n")  # a YAML file's key: the same dotted suggestion
 
 
 def test_bad_values_name_the_field():

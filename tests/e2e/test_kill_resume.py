@@ -110,7 +110,7 @@ def test_a_crash_right_after_a_checkpoint_keeps_the_policy_versions(workdir):
 def test_bad_config_key_exits_2_with_one_line(workdir):
     bad = _diffrl(["train.lrr=1"], workdir)
     assert bad.returncode == 2
-    assert "did you mean 'lr'" in bad.stderr and "Traceback" not in bad.stderr
+    assert "did you mean 'train.lr'" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def _cli(command: str, args: list[str], cwd) -> subprocess.CompletedProcess:

@@ -220,7 +220,7 @@ def test_failing_reward_server_fails_the_step_with_a_clear_message(workdir):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["train.lrr=1"], r"unknown config key 'train.lrr'.*did you mean 'lr'"),
+        (["train.lrr=1"], r"unknown config key 'train.lrr'.*did you mean 'train.lr'"),
         (["data.train=/nonexistent/prompts.parquet"], r"/nonexistent/prompts.parquet"),
         (["model.path=/nonexistent/model"], r"/nonexistent/model"),
         (["model.path=tiny:nope"], r"unknown tiny architecture"),

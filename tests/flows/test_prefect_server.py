@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from diffrl.flows.prefect_server import RetryWhenBusy
+from diffrl.flows.prefect_server import RetryWhenBusy, server_environment
 
 
 def _busy_app(busy_times: int, calls: list[bytes]):
@@ -68,3 +68,12 @@ def test_a_request_still_busy_after_every_wait_gets_the_503_for_the_client_to_re
         _request(RetryWhenBusy(_busy_app(100, calls), waits=(0.001, 0.001)), b"{}", sent)
     assert len(calls) == 3  # the first try and one after each wait
     assert sent[0]["status"] == 503 and len(sent) == 2
+
+
+def test_the_temporary_server_sends_no_telemetry_unless_the_user_turns_it_on(monkeypatch):
+    """Prefect's server reports usage every few minutes and logs "Failed to send telemetry" offline: diffrl's
+    temporary server has it off, whichever process starts the server; a user's exported setting wins."""
+    monkeypatch.delenv("PREFECT_SERVER_ANALYTICS_ENABLED", raising=False)
+    assert server_environment()["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "true")
+    assert server_environment()["PREFECT_SERVER_ANALYTICS_ENABLED"] == "true"

@@ -166,3 +166,17 @@ def test_tiny_model_unknown_arch_is_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "stable-cascade" in err and "sd3" in err and "\n" not in err
     assert not (tmp_path / "x").exists()
+
+
+def test_sample_takes_the_model_names_configs_take(tmp_path, capsys):
+    """`reference:<name>` and `tiny:<arch>` are model.path values in configs; MODEL takes them too."""
+    out = tmp_path / "shapes.png"
+    argv = ["sample", "reference:shapes-small", "--prompt", "two red circles", "--steps", "2", "--out", str(out)]
+    assert sample.run(parse([*argv, "--height", "64", "--width", "64"])) == 0
+    assert capsys.readouterr().out.split() == [str(out)]
+    assert Image.open(out).size == (64, 64)
+    assert sample.run(parse(["sample", "reference:nope", "--prompt", "x", "--out", str(out)])) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("diffrl sample: error: MODEL 'reference:nope'") and "'shapes-small'" in err
+    assert sample.run(parse(["sample", "tiny:nope", "--prompt", "x", "--out", str(out)])) == 2
+    assert "'tiny:sd3'" in capsys.readouterr().err

@@ -46,10 +46,10 @@ logger = logging.getLogger(__name__)
 class RewardComponent:
     """One reward of the weighted sum; options go to the reward's own options dataclass."""
 
-    name: str
-    weight: float = 1.0
-    required: bool = True
-    options: dict = field(default_factory=dict)
+    name: str  # a registered reward (docs/rewards.md)
+    weight: float = 1.0  # its weight in the sum
+    required: bool = True  # a failure fails the step; false: the sample is left out of this reward's total
+    options: dict = field(default_factory=dict)  # the reward's own options (its options dataclass)
 
     def __post_init__(self):
         if not self.name:

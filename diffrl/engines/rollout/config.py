@@ -22,8 +22,8 @@ class OdeShortcut:
     only where the run has more steps than ``evaluations``; shorter runs keep their steps.
     """
 
-    solver: str = "none"
-    evaluations: int = 2
+    solver: str = "none"  # none (off: Euler steps one by one) | euler | dpm2m | ab2: the solver of the shortcut
+    evaluations: int = 2  # transformer evaluations the shortcut integrates those steps with
 
     def __post_init__(self) -> None:
         if self.solver != "none" and self.solver not in ODE_SOLVERS:
@@ -53,8 +53,8 @@ class RolloutWeights:
     changes.
     """
 
-    kind: str = "lora"
-    steps: str = "all"
+    kind: str = "lora"  # lora (the trained module) | merged (W + the adapters' delta, one matmul) | fp8
+    steps: str = "all"  # all (every forward) | deterministic (forwards with no sample inside its window)
 
     def __post_init__(self) -> None:
         if self.kind not in WEIGHT_KINDS:

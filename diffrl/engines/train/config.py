@@ -29,33 +29,33 @@ class TrainConfig:
     "mask" drops samples whose ratio exp(old - rollout) lies outside [1/rs_threshold, rs_threshold].
     """
 
-    lora: bool = True
-    lora_rank: int = 32
-    lora_alpha: int = 64
-    lora_init: str = "gaussian"
+    lora: bool = True  # train a LoRA adapter; false: full fine-tuning (with a frozen reference copy)
+    lora_rank: int = 32  # the adapter's rank r
+    lora_alpha: int = 64  # the adapter's scale is lora_alpha / lora_rank
+    lora_init: str = "gaussian"  # peft's init_lora_weights: gaussian | default
     lora_targets: tuple[str, ...] | None = None  # None -> adapter.default_lora_targets
-    lr: float = 3e-4
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 1e-4
-    eps: float = 1e-8
-    max_grad_norm: float = 1.0
-    lr_schedule: str = "constant"
-    warmup_steps: int = 0
+    lr: float = 3e-4  # AdamW learning rate
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas, each in [0, 1)
+    weight_decay: float = 1e-4  # AdamW weight decay
+    eps: float = 1e-8  # AdamW epsilon
+    max_grad_norm: float = 1.0  # gradients are clipped to this global norm
+    lr_schedule: str = "constant"  # constant | warmup_constant | warmup_cosine
+    warmup_steps: int = 0  # optimizer steps of linear warm-up (warmup_* schedules)
     total_steps: int = 0  # optimizer steps of the run; used by warmup_cosine only
-    mini_batch_prompts: int = 16
-    micro_batch_size: int = 8
-    ppo_epochs: int = 1
-    shuffle: bool = True
+    mini_batch_prompts: int = 16  # prompts (x group size samples) per optimizer step, over all ranks
+    micro_batch_size: int = 8  # samples per forward/backward on one rank
+    ppo_epochs: int = 1  # passes over each step's samples
+    shuffle: bool = True  # shuffle the samples before forming mini-batches
     param_dtype: str = "auto"  # auto = the model's loaded dtype (model.dtype) | fp32 | bf16
     lora_compute: str = "fp32"  # fp32 | base: LoRA matmuls in the base's dtype (bf16), fp32 master weights kept
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in the backward (less memory, more compute)
     offload_optimizer: bool = False  # FSDP2 CPUOffloadPolicy (world size > 1 only)
     offload_reference: bool = False  # full fine-tuning: keep the frozen reference copy on CPU
-    old_log_probs: str = "auto"
-    rollout_correction: str = "off"
-    is_cap: float = 2.0
-    rs_threshold: float = 2.0
-    seed: int = 0
+    old_log_probs: str = "auto"  # auto (reuse the rollout's when the numerics are the trainer's) | recompute
+    rollout_correction: str = "off"  # off | tis (loss x min(ratio, is_cap)) | mask (drop ratios outside [1/t, t])
+    is_cap: float = 2.0  # rollout_correction tis: the cap of the importance ratio
+    rs_threshold: float = 2.0  # rollout_correction mask: t, samples with ratio outside [1/t, t] are dropped
+    seed: int = 0  # seeds the trainer's random draws (e.g. the mini-batch shuffle)
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)

@@ -35,7 +35,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         epilog='example: diffrl sample ./tiny_sd3 --prompt "a red cube" --steps 4 --height 64 --width 64 '
         "--out cube.png",
     )
-    parser.add_argument("model", metavar="MODEL", help="diffusers pipeline folder (has model_index.json)")
+    parser.add_argument(
+        "model",
+        metavar="MODEL",
+        help="diffusers pipeline folder (has model_index.json), or a name configs take: reference:<name> (a shipped "
+        "model, e.g. reference:shapes-small) or tiny:<arch> (built offline, cached)",
+    )
     parser.add_argument("--prompt", required=True, help="the text prompt")
     parser.add_argument("--image", default=None, help="the input image (editing models: qwen_image_edit)")
     parser.add_argument(
@@ -158,14 +163,30 @@ def _config(args: argparse.Namespace, is_video: bool):
     )
 
 
+def model_folder(path: str) -> str:
+    """MODEL as a folder: `reference:<name>` and `tiny:<arch>` resolve as a config's model.path does; a folder must
+    exist. ValueError otherwise."""
+    if path.startswith(("reference:", "tiny:")):
+        from diffrl.flows.build import resolve_model_path  # the engines' imports: only for these names
+
+        try:
+            return resolve_model_path(path)
+        except ValueError as e:
+            raise ValueError(f"MODEL {str(e).removeprefix('model.path ')}") from None
+    if not os.path.isdir(path):
+        raise ValueError(
+            f"MODEL {path!r} is not a directory (expected a diffusers pipeline folder, reference:<name> or tiny:<arch>)"
+        )
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     """Loads the model, samples args.batch images/videos and writes them; returns the exit code."""
     try:
         from diffrl.engines.rollout import RolloutEngine
         from diffrl.models.base import adapter_class, detect_architecture
 
-        if not os.path.isdir(args.model):
-            raise ValueError(f"MODEL {args.model!r} is not a directory (expected a diffusers pipeline folder)")
+        args.model = model_folder(args.model)
         out_dir = os.path.dirname(os.path.abspath(args.out))
         if not os.path.isdir(out_dir):
             raise ValueError(f"--out: directory {out_dir!r} does not exist")

@@ -34,7 +34,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         ),
         epilog='example: diffrl serve-judge ./judge --port 8000 --with "diffrl train my.yaml"',
     )
-    parser.add_argument("model", nargs="?", metavar="MODEL_DIR", help="a local Hugging Face model folder")
+    parser.add_argument(
+        "model",
+        nargs="?",
+        metavar="MODEL_DIR",
+        help="a local Hugging Face model folder, or reference:<name> / tiny:<arch> (e.g. reference:shapes-thinker)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     parser.add_argument("--served-model-name", default="judge", help="the reward's `model` option (default judge)")
@@ -59,13 +64,22 @@ def run(args: argparse.Namespace) -> int:
     from diffrl.engines.vllm_env import vllm_python
     from diffrl.engines.vllm_server import VllmServer, VllmServerError, VllmServerOptions
 
+    if not args.prepare:  # bad input is reported before the vLLM venv is made (minutes, the first time)
+        if args.model and args.model.startswith(("reference:", "tiny:")):
+            from diffrl.flows.commands.sample import model_folder
+
+            try:
+                args.model = model_folder(args.model)
+            except ValueError as e:
+                print(f"diffrl serve-judge: error: {e}", file=sys.stderr)
+                return 2
+        if not args.model or not os.path.isfile(os.path.join(args.model, "config.json")):
+            print(f"diffrl serve-judge: error: {args.model!r} is not a model folder (no config.json)", file=sys.stderr)
+            return 2
     python = vllm_python()
     if args.prepare:
         print(python)
         return 0
-    if not args.model or not os.path.isfile(os.path.join(args.model, "config.json")):
-        print(f"diffrl serve-judge: error: {args.model!r} is not a model folder (no config.json)", file=sys.stderr)
-        return 2
     command = shlex.split(args.wrapped) if args.wrapped else []
     options = VllmServerOptions(
         host=args.host,

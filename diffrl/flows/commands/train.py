@@ -1,4 +1,4 @@
-"""`diffrl train [CONFIG] [overrides]`, `diffrl evaluate`, and `diffrl config show|list`."""
+"""`diffrl train [CONFIG] [overrides]`, `diffrl evaluate`, and `diffrl config show [--doc]|list`."""
 
 from __future__ import annotations
 
@@ -40,9 +40,17 @@ def add_parser(subparsers) -> None:
         "`diffrl config list` lists the shipped configs.",
     )
     csub = c.add_subparsers(dest="config_command", required=True)
-    show = csub.add_parser("show", help="print the fully resolved config as YAML")
+    show = csub.add_parser(
+        "show",
+        help="print the fully resolved config as YAML (--doc: every key with its type, default and meaning)",
+    )
     show.add_argument("config", nargs="?", default=None)
     show.add_argument("overrides", nargs="*")
+    show.add_argument(
+        "--doc",
+        action="store_true",
+        help="describe every key instead: type, default, allowed values and meaning (docs/configuration.md)",
+    )
     show.set_defaults(run=run_show)
     lst = csub.add_parser("list", help="list the shipped configs")
     lst.set_defaults(run=run_list)
@@ -59,6 +67,13 @@ def run_show(args: argparse.Namespace) -> int:
     from diffrl.configs.schema import load_experiment
 
     config, overrides = split_config_args(args)
+    if args.doc:
+        if config is not None or overrides:
+            raise ValueError("--doc describes the schema's keys and defaults: give no CONFIG or overrides with it")
+        from diffrl.configs.doc import key_docs, render_markdown
+
+        sys.stdout.write(render_markdown(key_docs()))
+        return 0
     cfg = load_experiment(config, overrides)
     sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     return 0
