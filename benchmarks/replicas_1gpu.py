@@ -1,21 +1,21 @@
-"""No loss at one replica (issue 38, item 3): `diffrl train` colocated against `cluster.mode=ray cluster.gpus=1`, in one
-call, same config, seeds and steps.
+"""No loss at one replica: `diffrl train` in one process against `cluster.mode=ray cluster.gpus=1` (one engine replica
+in a Ray actor), in one call, same config, seeds and steps.
 
-Three runs of the same command line, each in its own scratch folder, one after the other, on one Prefect server on
-loopback (started here, for all three: the local run does not pay for a temporary server the Ray runs don't) and, for
-the Ray runs, one Ray cluster started in this process (its GPUs, or one fake GPU on a CPU machine):
+The runs of the same command line, each in its own scratch folder, alternate A-B-A-B (`--repeat` rounds) on one
+Prefect server on loopback (started here, for all: the local run does not pay for a temporary server the Ray runs
+don't) and, for the Ray runs, one Ray cluster started in this process (its GPUs, or one fake GPU on a CPU machine):
 
     colocated      `diffrl train CONFIG`                                       (cluster.mode local: one process)
-    ray_colocated  `diffrl train CONFIG cluster.mode=ray`                      (today's Ray actor: rollout + trainer)
     gpus1          `diffrl train CONFIG cluster.mode=ray cluster.gpus=1`       (the replica path at N = 1)
 
 Seconds per step are each run's own `perf/time_per_step` (end of a step to the end of the next, validation left out)
-from MLflow, medians over the steps after --warmup. `gpus1_over_colocated` = gpus1 / colocated (the in-process run a
-user gets by default); `gpus1_over_ray_colocated` = gpus1 / ray_colocated.
+from MLflow, medians over the steps after --warmup, then the median over a mode's rounds (`spread`: the rounds' lowest
+and highest). `gpus1_over_colocated` = gpus1 / colocated; `gpus1_replicas` lists the actors each gpus1 run held (read
+from the Ray cluster before they are stopped): the run went through the replica actor.
 
     python benchmarks/replicas_1gpu.py --steps 30 --warmup 3     # GPU: benchmarks/results/replicas_1gpu_<device>.json
-    python benchmarks/replicas_1gpu.py --config diffrl/configs/shapes_quick.yaml --steps 3 --warmup 1 \\
-        model.device=cpu data.num_val_prompts=0 --out /tmp/replicas_1gpu_cpu.json      # CPU smoke run
+    python benchmarks/replicas_1gpu.py --config diffrl/configs/shapes_quick.yaml --steps 6 --warmup 2 \\
+        model.device=cpu data.num_val_prompts=0 --out benchmarks/results/replicas_1gpu_cpu.json     # CPU
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from train_e2e import run_flow  # noqa: E402
 
 MODES = {
     "colocated": [],
-    "ray_colocated": ["cluster.mode=ray"],
     "gpus1": ["cluster.mode=ray", "cluster.gpus=1"],
 }
 
@@ -81,10 +80,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--keep", default=None, help="keep the runs' folders here (default: a temp dir)")
     parser.add_argument("--out", default=None, help="the JSON result (default: results/replicas_1gpu_<device>.json)")
     parser.add_argument("--modes", default=",".join(MODES), help="which of the runs, in this order (comma-separated)")
+    parser.add_argument("--repeat", type=int, default=2, help="rounds of the modes, alternated (A-B-A-B)")
     args = parser.parse_args(argv)
     if args.steps <= args.warmup:
         raise SystemExit(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     modes = args.modes.split(",")
+    order = [(mode, r) for r in range(args.repeat) for mode in modes]
     from diffrl.configs.schema import load_experiment
     from diffrl.engines import cluster
 
@@ -100,23 +101,27 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("DIFFRL_CACHE", f"{workdir}/cache")
     runs: dict[str, dict] = {}
     header = dict(config=args.config, overrides=args.overrides, device=device, steps=args.steps, warmup=args.warmup)
-    header["images_per_step"] = cfg.rollout.samples_per_step
+    header.update(images_per_step=cfg.rollout.samples_per_step, order=[f"{m}#{r}" for m, r in order])
     header["command"] = " ".join(
         ["python", "benchmarks/replicas_1gpu.py", *(argv if argv is not None else sys.argv[1:])]
     )
     try:
         os.environ["RAY_ADDRESS"] = start_ray(workdir)
-        for mode in modes:  # each result is written as soon as it is there: a later failure keeps the earlier ones
-            folder, name = f"{workdir}/{mode}", f"replicas-1gpu-{mode}"
+        for mode, round_ in order:  # each result is written as soon as it is there: a failure keeps the earlier ones
+            label = f"{mode}#{round_}"
+            folder, name = f"{workdir}/{mode}-{round_}", f"replicas-1gpu-{mode}-{round_}"
             os.makedirs(folder, exist_ok=True)
             extra = [*MODES[mode], f"run.root={folder}/runs", f"run.name={name}"]
             try:
-                runs[mode] = run_flow(config, [*overrides, *extra], folder, args.timeout)
+                runs[label] = run_flow(config, [*overrides, *extra], folder, args.timeout)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
-                runs[mode] = {"error": str(e)[-3000:]}
+                runs[label] = {"error": str(e)[-3000:]}
+            if MODES[mode]:  # what held the run: the replica actor (not the in-process path)
+                keys = ("name", "holds", "builds", "policy_version")
+                runs[label]["actors"] = [{k: a.get(k) for k in keys} for a in cluster.list_actors(name)]
             cluster.stop_actors(name)  # the next run gets the GPU to itself
             common.write_json(out, summary(header, runs, args.warmup, args.steps))
-            print(f"{mode}: {'failed' if 'error' in runs[mode] else 'done'}", file=sys.stderr, flush=True)
+            print(f"{label}: {'failed' if 'error' in runs[label] else 'done'}", file=sys.stderr, flush=True)
     finally:
         import ray
 
@@ -129,29 +134,32 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def summary(header: dict, runs: dict[str, dict], warmup: int, steps: int) -> dict:
-    """The result file: medians over the steps after `warmup` of each finished run, the two ratios, each step."""
+    """The result file: per run (`mode#round`) the medians over the steps after `warmup`; per mode the median and the
+    spread of its rounds; the ratio; each step's seconds and reward."""
     timed = range(warmup + 1, steps + 1)  # MLflow steps are 1-based
-    done = {mode: run["per_step"] for mode, run in runs.items() if "error" not in run}
+    done = {label: run["per_step"] for label, run in runs.items() if "error" not in run}
 
-    def median(mode: str, key: str) -> float | None:
-        values = [done[mode][key][s] for s in timed if s in done[mode][key]]
+    def median(label: str, key: str) -> float | None:
+        values = [done[label][key][s] for s in timed if s in done[label][key]]
         return statistics.median(values) if values else None
 
-    seconds = {mode: median(mode, "perf/time_per_step") for mode in done}
-
-    def ratio(a: str, b: str) -> float | None:
-        return seconds[a] / seconds[b] if seconds.get(a) and seconds.get(b) else None
-
+    per_run = {label: median(label, "perf/time_per_step") for label in done}
+    modes = sorted({label.split("#")[0] for label in done})
+    rounds = {m: [v for label, v in per_run.items() if label.split("#")[0] == m and v is not None] for m in modes}
+    seconds = {m: statistics.median(v) for m, v in rounds.items() if v}
+    ratio = seconds["gpus1"] / seconds["colocated"] if seconds.get("gpus1") and seconds.get("colocated") else None
     return {
         "benchmark": "replicas_1gpu",
         **header,
         "seconds_per_step": seconds,
-        "gpus1_over_colocated": ratio("gpus1", "colocated"),
-        "gpus1_over_ray_colocated": ratio("gpus1", "ray_colocated"),
-        "stage_medians_s": {mode: {k: median(mode, k) for k in per_step} for mode, per_step in done.items()},
+        "spread": {m: [min(v), max(v)] for m, v in rounds.items() if v},
+        "seconds_per_step_each_round": per_run,
+        "gpus1_over_colocated": ratio,
+        "gpus1_replicas": {label: run.get("actors") for label, run in runs.items() if label.startswith("gpus1")},
+        "stage_medians_s": {label: {k: median(label, k) for k in per_step} for label, per_step in done.items()},
         "seconds_each": {m: [p["perf/time_per_step"].get(s) for s in range(1, steps + 1)] for m, p in done.items()},
         "reward_each": {m: [p["critic/rewards/mean"].get(s) for s in range(1, steps + 1)] for m, p in done.items()},
-        "errors": {mode: run["error"] for mode, run in runs.items() if "error" in run},
+        "errors": {label: run["error"] for label, run in runs.items() if "error" in run},
     }
 
 

@@ -56,6 +56,15 @@ FORWARDED_ENV = (
 )
 
 
+class ReplicaLost(RuntimeError):
+    """An engine replica's process died mid-call (its node went away, it was killed, the host ran out of memory): the
+    replicas' process group is broken, so the run stops; `replica`, `node` and `what` (stage and step) say where."""
+
+    def __init__(self, message: str, *, replica: str, node: str, what: str):
+        super().__init__(message)
+        self.replica, self.node, self.what = replica, node, what
+
+
 @dataclass
 class Engines:
     """The warm state of one run (or of one actor's role): each stage function reads the fields it uses.
@@ -236,6 +245,7 @@ class RayEngines:
     ):
         self.run_name, self.config, self.actors, self.run_uid = run_name, config, actors, run_uid
         self.store, self.val_prompts = store, val_prompts or []
+        self.nodes: dict[str, str] = {}  # actor -> the address of its node (from its attach), for error messages
 
     @classmethod
     def find(cls, run_name: str) -> "RayEngines":
@@ -262,7 +272,7 @@ class RayEngines:
         """Key the run's task caches by `uid` here and in every replica."""
         self.run_uid = uid
         for name, actor in self.actors.items():
-            self.wait(actor.attach.remote(self.config, uid), f"{name}.attach")
+            self.nodes[name] = _node(self.wait(actor.attach.remote(self.config, uid), f"{name}.attach"))
 
     def members(self) -> list[Any]:
         """Every engine replica, rank order."""
@@ -286,13 +296,13 @@ class RayEngines:
         """`fn(engines, *args)` inside engine replica `index` (modulo their number): its share of a stage, or one
         rank's part of a collective stage (which then needs a call on every rank at once)."""
         actors = self.members()
-        return self.wait(actors[index % len(actors)].run.remote(fn, *args), f"{role}[{index}] ({_name(fn)})")
+        return self.wait(actors[index % len(actors)].run.remote(fn, *args), _what(fn, args))
 
     def run(self, role: str, fn: Callable, *args: Any) -> Any:
         """`fn(engines, *args)` on the replicas of `role` (every rank for "trainer": rank 0's result is returned); an
         error (or a timeout) of any of them fails the caller."""
         refs = [actor.run.remote(fn, *args) for actor in self.ranks(role)]
-        return self.wait(refs, f"{role} ({_name(fn)})")[0]
+        return self.wait(refs, _what(fn, args))[0]
 
     def wait(self, ref: Any, what: str) -> Any:
         """ray.get of one ref or a list of them, within cluster.actor_timeout_s."""
@@ -310,7 +320,20 @@ class RayEngines:
                 f"`diffrl cluster status` shows the actors)"
             ) from e
         except ray.exceptions.RayActorError as e:
-            raise RuntimeError(f"run {self.run_name!r}: the actor for {what} died: {e}") from e
+            raise self._lost(e, what) from e
+
+    def _lost(self, error: Any, what: str) -> ReplicaLost:
+        """The one-line error of a replica that died during `what`: which replica, on which node."""
+        dead = next((n for n, a in self.actors.items() if a._actor_id.hex() == error.actor_id), "a replica")
+        node = self.nodes.get(dead, "an unknown node")
+        return ReplicaLost(
+            f"run {self.run_name!r}: engine replica {actor_name(self.run_name, dead)} on node {node} died while the "
+            f"run waited for its {what}; its other replicas are stopped (their process group is broken). Once the node "
+            "is back, rerun the same command: it resumes from the last checkpoint, every committed row kept",
+            replica=dead,
+            node=node,
+            what=what,
+        )
 
     def describe(self) -> list[dict]:
         import ray
@@ -320,6 +343,20 @@ class RayEngines:
             if ray.is_initialized()
             else []
         )
+
+
+def _node(info: dict) -> str:
+    """A replica's node as messages name it: its address and Ray node id ("10.0.0.2 (Ray node 1e606f3d)")."""
+    return f"{info['node_ip']} (Ray node {info['node'][:8]})"
+
+
+def _what(fn: Callable, args: tuple) -> str:
+    """A stage call for messages: "generate of step 3" (a stage's first argument is its step index)."""
+    from diffrl.engines.numbering import step_number
+
+    if args and isinstance(args[0], int) and not isinstance(args[0], bool) and args[0] >= 0:
+        return f"{_name(fn)} of step {step_number(args[0])}"
+    return _name(fn)
 
 
 def _name(fn: Callable) -> str:
@@ -368,7 +405,7 @@ def start_actors(config: Any, build: Callable, run_uid: str = "") -> RayEngines:
         handle.wait([r.join.remote(address, port) for r in ranks], "engine replicas (process group and build)")
     # a warm actor from an earlier flow run answers `attach`; a new one answers once its build is done
     for name, actor in actors.items():
-        handle.wait(actor.attach.remote(config, run_uid), f"{name} (build/attach)")
+        handle.nodes[name] = _node(handle.wait(actor.attach.remote(config, run_uid), f"{name} (build/attach)"))
     return handle
 
 

@@ -138,6 +138,7 @@ class EngineHost:
             "world": self.world,
             "pid": os.getpid(),
             "node": ray.get_runtime_context().get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
             "gpus": [str(g) for g in ray.get_gpu_ids()],
             "threads": torch.get_num_threads(),
             "device": str(getattr(e.adapter, "device", "cpu")),

@@ -118,6 +118,10 @@ def quiet_libraries(*, verbose: bool) -> None:
         os.environ["DIFFRL_VERBOSE"] = "1"
         return
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' "Loading weights" bars read it
+    # Prefect's background senders say "Still processing items: N items remaining..." when a loaded machine has events
+    # or logs queued at exit (on a logger named after the service class): after diffrl's own last line
+    for service in ("EventsWorker", "APILogWorker"):
+        logging.getLogger(service).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute in the model")
 
 

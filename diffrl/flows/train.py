@@ -35,7 +35,7 @@ from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_c
 from diffrl.engines.train.checkpoint import CorruptCheckpoint
 from diffrl.flows import early
 from diffrl.flows.build import build_engines
-from diffrl.flows.errors import DamagedRun
+from diffrl.flows.errors import DamagedRun, RunFailure
 from diffrl.flows.progress import console
 from diffrl.flows.provenance import deployment_name, log_final_weights, prompt_inputs, source_tags
 from diffrl.flows.rl_step import rl_step
@@ -254,6 +254,10 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
         damaged = damaged_store(e, cfg)
         if damaged is not None:  # a rerun would fail the same way: say what is broken instead
             raise damaged from e
+        lost = _cause(e, cluster.ReplicaLost)
+        if lost is not None:  # the replicas' process group is broken: fresh actors for the rerun
+            cluster.stop_actors(cfg.run.name)
+            raise RunFailure(str(lost)) from e
         _say(resume_advice(cfg))
         raise
     finally:
@@ -288,6 +292,16 @@ def resume_advice(cfg: ExperimentConfig) -> str:
 
 def _policy_version(engines: cluster.Engines) -> int:
     return engines.policy_version
+
+
+def _cause(error: BaseException, kind: type) -> BaseException | None:
+    """`error`, or the first error of type `kind` that caused it."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def damaged_store(error: BaseException, cfg: ExperimentConfig) -> DamagedRun | None:

@@ -171,6 +171,28 @@ def check_step_results(engines: Any, step: int, results_dir: str) -> None:
     stages += [("offline_pairs", 0)]
     stages += [(stage, replica) for stage in REPLICATED for replica in range(cfg.cluster.replicas)]
     check_results(results_dir, [stage_key(cfg.run.name, uid, step, stage, chunk) for stage, chunk in stages])
+    forget_partly_replicated(engines, step, results_dir)
+
+
+def forget_partly_replicated(engines: Any, step: int, results_dir: str) -> list[str]:
+    """Drop the persisted results of a stage every replica runs at once (advantages, update, weight sync) that only
+    some replicas finished (a replica died before its result was written): Cached on some replicas and run on the
+    others, the replicas would part ways (a weight sync bumping one policy version only, then an update with other
+    passes on each: a collective that never completes). The stage then runs again on all of them. Returns the keys
+    dropped."""
+    cfg = engines.config
+    if cfg.cluster.replicas == 1:
+        return []
+    dropped = []
+    for stage in REPLICATED:
+        keys = [stage_key(cfg.run.name, engines.run_uid, step, stage, r) for r in range(cfg.cluster.replicas)]
+        paths = [os.path.join(results_dir, key) for key in keys]
+        present = [p for p in paths if os.path.exists(p)]
+        if 0 < len(present) < len(paths):
+            for path in present:
+                os.remove(path)
+                dropped.append(os.path.basename(path))
+    return dropped
 
 
 def last_persisted_step(engines: Any, results_dir: str) -> int | None:

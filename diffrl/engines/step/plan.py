@@ -105,7 +105,9 @@ def validation_due(cfg: Any, steps_done: int) -> bool:
 
 def inject_fault(stage: str, step: int, chunk: int = 0) -> bool:
     """Fault injection for resume/retry tests and drills: DIFFRL_INJECT_FAULT="stage@k[.chunk][:action]", k a step
-    number as the console shows it (`update_actor@1`: the first step's update; `step` here is the code's index).
+    number as the console shows it (`update_actor@1`: the first step's update; `step` here is the code's index). For the
+    stages every engine replica runs (advantages, update_actor, sync_weights) the number after the dot is the replica
+    (`update_actor@2.1`: replica 1's update of step 2).
 
     `raise` (default) fails the stage with RuntimeError, as an out-of-memory would; `exit` kills the
     process on the spot (os._exit(137), like SIGKILL) to test crash recovery; `stall` kills it the same way after

@@ -52,6 +52,7 @@ def gathered_step(engines: Any, step: int) -> Trajectories | None:
     everyone = torch.tensor([float(all(h is not None for h in held))], device=device)
     dist.all_reduce(everyone, op=dist.ReduceOp.MIN)  # one path for all ranks: the gathers below are collectives
     if everyone.item() < 1:
+        _every_replicas_writes_landed(engines, step)  # the caller reads the whole step from the store
         return None
     return _all_gather(Trajectories.cat([traj for traj, _ in held]), size, device)
 
@@ -104,8 +105,7 @@ def step_rewards_of_every_replica(engines: Any, step: int) -> tuple[list[tuple[s
     dist.all_reduce(everyone, op=dist.ReduceOp.MIN)  # one path for all ranks: the gather below is a collective
     first = chunks[0] * cfg.rollout.chunk_size
     if everyone.item() < 1:
-        store_call(engines, step, f"writes of step {step}", lambda: None)  # this replica's writes landed
-        dist.barrier()  # and every other replica's
+        _every_replicas_writes_landed(engines, step)
         whole = store_call(engines, step, f"read step {step}", engines.store.read_step, step, with_latents=False)
         stored = store_call(engines, step, f"read rewards of step {step}", engines.store.read_rewards, step)
         rows = list(range(first, first + len(chunks) * cfg.rollout.chunk_size))
@@ -125,6 +125,12 @@ def step_rewards_of_every_replica(engines: Any, step: int) -> tuple[list[tuple[s
         [g for p in parts for g in p[3]],
     )
     return mine, list(range(first, first + len(mine))), whole
+
+
+def _every_replicas_writes_landed(engines: Any, step: int) -> None:
+    """Wait until this replica's queued writes of `step` landed, then for every other replica's (a collective)."""
+    store_call(engines, step, f"writes of step {step}", lambda: None)
+    dist.barrier()
 
 
 def _keys(parts: list[Trajectories]) -> list[tuple[str, int]]:

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Protocol
 
 from diffrl.engines import trace
+from diffrl.engines.cluster import ReplicaLost
 from diffrl.engines.step import generate as sample_stages
 from diffrl.engines.step import update as learn_stages
 from diffrl.engines.step.plan import chunk_owner, replica_chunks
@@ -229,12 +230,16 @@ def gather(futures: list, fail_fast: bool = True) -> list:
 
 
 def settle(engines: Any) -> None:
-    """After a failed stage: commit the writes queued before the failure on every replica, so a retry reuses them. A
-    failure of the writer (or of a replica) is logged, not raised over the stage's own error."""
-    try:
-        engines.run("trainer", settle_here)
-    except Exception as e:  # noqa: BLE001 - the stage's error is the one to raise
-        log.error("diffrl: committing the writes made before the failure failed too: %s", e)
+    """After a failed stage: commit the writes queued before the failure on every replica, one after the other, so a
+    retry reuses them. A failure of the writer is logged, not raised over the stage's own error; a replica that died
+    took its queued writes with it."""
+    for replica in range(engines.config.cluster.replicas):
+        try:
+            engines.run_one("trainer", replica, settle_here)
+        except ReplicaLost:
+            continue
+        except Exception as e:  # noqa: BLE001 - the stage's error is the one to raise
+            log.error("diffrl: committing the writes made before the failure failed too: %s", e)
 
 
 def settle_here(engines: Any) -> None:

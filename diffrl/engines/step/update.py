@@ -46,7 +46,7 @@ def advantages(engines: Any, step: int, chunk: int = 0) -> Advantaged:
     """Group-normalised advantages of the step's valid samples (an excluded sample gets NaN, stored as such: it is
     not trained on); critic/* and reward/<component> metrics over the kept samples. Engine replicas exchange their
     rewards and each normalises over the whole step (the same numbers on every replica); each stores its own rows'."""
-    inject_fault("advantages", step)
+    inject_fault("advantages", step, world()[0])  # `advantages@k.r`: replica r's
     algo = engines.config.algorithm
     exchanged = step_rewards_of_every_replica(engines, step)
     if exchanged is None:
@@ -142,7 +142,7 @@ def update(engines: Any, step: int, chunk: int = 0) -> Updated:
         with open(os.path.join(done, "update_metrics.json")) as f:
             saved = json.load(f)
         return Updated(step, rows=int(saved.pop("update/rows", 0)), metrics=saved)
-    inject_fault("update_actor", step)
+    inject_fault("update_actor", step, world()[0])
     started = time.perf_counter()
     engines.memory.release_writes()  # the step's rows, rewards and advantages land while the GPU trains
     traj, exchange = training_samples(engines, step)  # engine replicas: every one's chunks, all-gathered
@@ -265,7 +265,7 @@ def load_checkpoint(engines: Any, path: str) -> int:
 def sync(engines: Any, step: int, chunk: int = 0, prefetch_next: bool = True) -> Synced:
     """Make the rollout sample with the updated weights (colocated: only the policy version moves), then start
     the next step's rollout on the rollout worker (diffrl/engines/step/generate.prefetch)."""
-    inject_fault("sync_weights", step)
+    inject_fault("sync_weights", step, world()[0])
     metrics = {k: float(v) for k, v in engines.trainer.sync_weights(engines.rollout).items()}
     started = prefetch(engines, step + 1) if prefetch_next else 0
     return Synced(step, prefetched=started, metrics=metrics)

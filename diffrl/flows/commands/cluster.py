@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
                 continue
             gpus = ",".join(a["gpus"]) or "-"
             print(
-                f"{a['name']:<32} pid {a['pid']:<7} gpus {gpus:<6} threads {a['threads']:<3} device {a['device']:<7} "
+                f"{a['name']:<32} node {a['node'][:8]} pid {a['pid']:<7} gpus {gpus:<6} threads {a['threads']:<3} "
+                f"device {a['device']:<7} "
                 f"holds {'+'.join(a['holds']):<30} policy_version {a['policy_version']} "
                 f"up {time.time() - a['created']:.0f} s {a['model']}"
             )
