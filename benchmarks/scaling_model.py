@@ -1,20 +1,23 @@
-"""Engine replicas on paper (issue 38, item 6): images/s of three recipes at 1, 2, 4 and 8 GPUs (`cluster.gpus`),
-predicted from measured one-GPU stage times and the bytes each replica exchanges per step. Nothing here runs a model;
-the real-size LoRA sizes are counted with peft on the published configs (meta device, no weights).
+"""Engine replicas on paper: images/s of three recipes at 1, 2, 8 and 64 GPUs (`cluster.gpus`), predicted from
+measured one-GPU stage times and the bytes each replica exchanges per step, so that multi-GPU runs confirm or refute a
+stated number. Nothing here runs a model; the real-size LoRA sizes are counted with peft on the published configs
+(meta device, no weights).
 
 Strong scaling: the recipe's own global batch B (its prompts x group size), split over N replicas (b = B / N each).
-One step of one replica, in Ray mode (what `cluster.gpus` runs), in seconds:
+Each replica runs the local pipeline (diffrl/engines/step/run.py): rewards scored while it samples, rows written
+behind the stages, the next step run ahead of the flow's tasks. One step of one replica, in seconds:
 
     generate      b x g                              g: one GPU's rollout seconds per image (measured)
-    write         b x (L + P) / write_bw             each replica writes its rows inline (latents L, image P bytes)
-    reward        min(chunk, b) x r                  scoring overlaps the next chunk's generation, on one reward
-                                                     actor per replica (cluster.reward_actors = N), all but the last
+    reward        min(chunk, b) x r                  the last chunk's scoring; the others overlap the rollout
     exchange      (N-1)/N x B x L / link             the update's all-gather of the step's latents
     update        b x u + n_opt x 2(N-1)/N x G / link    u: one GPU's update seconds per image; G the fp32 LoRA
                                                      gradients all-reduced at each of the step's n_opt optimizer steps
                                                      (not overlapped with the backward: conservative)
-    orchestration (rounds + 4) x task_s              the Prefect tasks on the critical path (a generate round per
-                                                     chunk of a replica, score, advantages, update, sync)
+    write         max(0, b x (L + P) / write_bw - update)    the background writer (latents L, image P bytes) works
+                                                     while the GPU trains; only what outlasts the update shows
+    orchestration max(0, (rounds + 5) x task_s - the rest)   the flow's Prefect tasks (a generate round per chunk of a
+                                                     replica, score, advantages, update, sync, bookkeeping) run beside
+                                                     the replicas' run-ahead; only what outlasts their step shows
 
 Weight sync: 0 bytes (LoRA replicas sample with the trainer's module). images/s = B / (sum of the above).
 Weak scaling (each replica keeps the recipe's whole batch, the global batch grows N-fold) is predicted beside it.
@@ -101,12 +104,12 @@ def step_seconds(rec: dict, n: int, link: float, task_s: float, write_bw: float,
     gradients = 4 * rec["lora_params"]  # fp32 gradient all-reduce
     parts = {
         "generate": b * rec["g"],
-        "write": b * (rec["L"] + rec["P"]) / write_bw,
         "reward": chunk * rec["r"],
         "exchange": (n - 1) / n * total * rec["L"] / link,
         "update": b * rec["u"] + rec["n_opt"] * 2 * (n - 1) / n * gradients / link,
-        "orchestration": (rounds + 4) * task_s,
     }
+    parts["write"] = max(0.0, b * (rec["L"] + rec["P"]) / write_bw - parts["update"])
+    parts["orchestration"] = max(0.0, (rounds + 5) * task_s - sum(parts.values()))
     parts["seconds"] = sum(parts.values())
     parts["images_per_s"] = total / parts["seconds"]
     parts["bytes"] = {  # what one replica sends or receives per step
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--links", default="300,20", help="GB/s between replicas, one column each")
     parser.add_argument("--task-s", type=float, default=0.087, help="seconds per Prefect task on the critical path")
-    parser.add_argument("--write-gbps", type=float, default=0.6, help="GB/s of one replica's inline row writes")
+    parser.add_argument("--write-gbps", type=float, default=0.6, help="GB/s of one replica's background row writes")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     out = {"assumptions": vars(args), "recipes": {}}
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows = {}
         for gbps in [float(x) for x in args.links.split(",")]:
             for weak in (False, True):
-                for n in (1, 2, 4, 8):
+                for n in (1, 2, 8, 64):
                     parts = step_seconds(rec, n, gbps * 1e9, args.task_s, args.write_gbps * 1e9, weak)
                     rows[f"{gbps:g}GB/s {'weak' if weak else 'strong'} x{n}"] = parts
         out["recipes"][name] = {"inputs": rec, "predicted": rows}
