@@ -57,6 +57,7 @@ STAGE_KEYS = (
     "timing_s/checkpoint",
     "timing_s/writer_wait",
     "timing_s/sync_weights",
+    "timing_s/unaccounted",
     "critic/rewards/mean",
     "rollout_corr/logprob_abs_diff_mean",
     "rollout_corr/logprob_abs_diff_max",
