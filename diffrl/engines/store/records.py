@@ -61,9 +61,10 @@ def digest_column(name: str) -> str:
 
 
 def row_digests(values_BN: np.ndarray) -> pa.Array:
-    """One digest per row of a (B, N) float32 array: BLAKE2b-128 of the row's bytes, as hex."""
+    """One digest per row of a (B, N) float32 array: SHA-256 of the row's bytes, as hex (SHA-256 rather than BLAKE2b:
+    about twice as fast where the CPU has SHA instructions; hashlib releases the GIL while it hashes a row)."""
     rows = np.ascontiguousarray(values_BN, dtype=np.float32).reshape(len(values_BN), -1)
-    return pa.array([hashlib.blake2b(row.data, digest_size=16).hexdigest() for row in rows], pa.string())
+    return pa.array([hashlib.sha256(row.data).hexdigest() for row in rows], pa.string())
 
 
 def trajectory_schema(latent_shape: tuple[int, ...]) -> pa.Schema:
