@@ -200,8 +200,11 @@ class RunConfig:
     storage_options: dict = field(default_factory=dict)  # fsspec options for a remote root (object stores)
 
     def __post_init__(self) -> None:
-        if not self.name or "/" in self.name:
-            raise ValueError(f"run.name must be a non-empty name without '/', got {self.name!r}")
+        if self.name in ("", ".", "..") or any(c in self.name for c in "/\\\0"):
+            # the run's folder is root/name: "." or ".." would put the run into root itself or above it
+            raise ValueError(
+                f"run.name must be a plain folder name (not '.' or '..', no '/' or '\\'), got {self.name!r}"
+            )
         if self.steps < 1:
             raise ValueError(f"run.steps must be >= 1, got {self.steps}")
         if self.compact_every < 0:

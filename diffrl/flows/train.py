@@ -32,6 +32,7 @@ from diffrl.engines.step.plan import validation_due, validation_rollout
 from diffrl.engines.step.retention import checkpoint_bytes, describe_disk, latent_numel, retain
 from diffrl.engines.step.run import StepClock, add_perf, drain, set_first_step, settle, sync_engines
 from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint, point_latest
+from diffrl.engines.store.integrity import DamagedStore, check_stored
 from diffrl.engines.train.checkpoint import CorruptCheckpoint
 from diffrl.flows import early
 from diffrl.flows.build import build_engines
@@ -220,6 +221,10 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
         # a step that ran ahead while the checkpoint before it was being written)
         touched = max(start, -1 if newest is None else newest, last_persisted_step(engines, _results_dir(cfg)) or 0)
         engines.run("trainer", set_first_step, touched)  # steps after it cannot have rows from an earlier process
+        if engines.store is not None:  # before anything is trained on them, the tables hold what was committed
+            check_stored(
+                engines.store, None if last is None else checkpoint_dir(cfg.run_dir, last), range(start, touched + 1)
+            )
         # MLflow step = global step (RL steps done): step k's metrics at k + 1, validation before training at 0
         if relog:
             pin_step_key(step_flow, last)
@@ -305,10 +310,16 @@ def _cause(error: BaseException, kind: type) -> BaseException | None:
 
 
 def damaged_store(error: BaseException, cfg: ExperimentConfig) -> DamagedRun | None:
-    """DamagedRun when `error` (or what caused it) is Lance not finding a file of one of the run's tables: a
-    deleted or lost data file, which no rerun brings back (it used to exit 2, "bad input", advising a rerun)."""
+    """DamagedRun when `error` (or what caused it) is Lance not finding a file of one of the run's tables (a deleted or
+    lost data file, which no rerun brings back: it used to exit 2, "bad input", advising a rerun) or a DamagedStore
+    (a table missing, rows lost or altered: diffrl/engines/store/integrity.py)."""
     seen = error
     while seen is not None:
+        if isinstance(seen, DamagedStore):
+            return DamagedRun(
+                f"run {cfg.run.name!r}: {seen}. Rerunning cannot repair it: restore {cfg.run_dir} from a backup, or "
+                "train under a new run.name"
+            )
         text = str(seen)
         if "Not found" in text and ".lance" in text:
             detail = text.strip().splitlines()[0][:500]

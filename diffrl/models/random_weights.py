@@ -51,13 +51,32 @@ def random_pipeline(
         if library is None or class_name is None:  # an optional component the pipeline has none of
             components[name] = None
             continue
-        cls = getattr(importlib.import_module(library), class_name)
+        cls = _component_class(folder, name, library, class_name)
         sub = os.path.join(folder, name)
         if isinstance(cls, type) and issubclass(cls, nn.Module):
             components[name] = _random_module(cls, library, sub, device=device, dtype=dtype, seed=seed * 100 + i)
         else:
             components[name] = cls.from_pretrained(sub)
     return pipeline_cls(**components)
+
+
+# The libraries whose classes a pipeline folder may name, as diffusers loads them (its LOADABLE_CLASSES, less
+# onnxruntime). Any other name would make us import that module: plain diffusers refuses such a folder.
+LIBRARIES = ("diffusers", "transformers")
+
+
+def _component_class(folder: str, name: str, library, class_name) -> type:
+    """The class model_index.json in `folder` names for component `name`: an attribute of diffusers or transformers,
+    never a module imported because the folder names it (ValueError naming the component otherwise)."""
+    where = f"{os.path.join(folder, 'model_index.json')}: component {name!r}"
+    if library not in LIBRARIES:
+        raise ValueError(
+            f"{where} names library {library!r}; a `random:` folder's components come from {' or '.join(LIBRARIES)}"
+        )
+    cls = getattr(importlib.import_module(library), str(class_name), None) if isinstance(class_name, str) else None
+    if not isinstance(cls, type):
+        raise ValueError(f"{where} names {class_name!r}, which is no class of {library}")
+    return cls
 
 
 def _random_module(cls: type, library: str, sub: str, *, device, dtype: torch.dtype, seed: int) -> nn.Module:

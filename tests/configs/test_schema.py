@@ -163,6 +163,11 @@ def test_scientific_notation_without_a_dot_is_a_number_everywhere():
             r"algorithm.window 'random_start' does not fit rollout.num_inference_steps=3",
         ),
         (["data.val_samples_per_prompt=0"], r"data.val_samples_per_prompt must be >= 1, got 0"),
+        # root/name: "." wrote the run into the working directory itself, ".." above it
+        (["run.name=."], r"run.name must be a plain folder name \(not '.' or '..', no '/' or '\\'\), got '\.'"),
+        (["run.name=.."], r"run.name must be a plain folder name .*got '\.\.'"),
+        (["run.name=a/b"], r"run.name must be a plain folder name .*got 'a/b'"),
+        (["run.name=a\\b"], r"run.name must be a plain folder name .*got 'a\\\\b'"),
     ],
 )
 def test_bad_values_are_config_errors(overrides, message):

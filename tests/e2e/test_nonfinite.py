@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file, save_file
 
 from diffrl.configs.loader import ConfigError
-from diffrl.engines.train.checkpoint import CHECKSUMS, NonFiniteWeights
+from diffrl.engines.train.checkpoint import NonFiniteWeights, write_checksums
 from diffrl.flows.train import train
 
 
@@ -55,18 +55,17 @@ def test_a_nan_loss_skips_its_optimizer_step_and_is_logged_as_nan(workdir, monke
 
 
 def test_weights_that_turn_non_finite_stop_the_run_before_their_checkpoint(workdir):
-    """A checkpoint written before checksums existed (no checksums.json: loaded unverified, with a warning) that
-    holds NaN in one LoRA tensor: the run used to train on and end "done", exit 0, with NaN weights. Now step 2's
-    update stops it with an error naming the step and a tensor, before step 2's checkpoint, and MLflow says FAILED."""
+    """A checkpoint that holds NaN in one LoRA tensor and checksums that match it (what a learning rate that overflows
+    the weights leaves): the run used to train on and end "done", exit 0, with NaN weights. Now step 2's update stops
+    it with an error naming the step and a tensor, before step 2's checkpoint, and MLflow says FAILED."""
     train(config=None, overrides=TINY + ["run.steps=1"])
     folder = "runs/quickstart/checkpoints/step_1"
     weights = load_file(f"{folder}/trainable.safetensors")
     name = sorted(weights)[0]
     weights[name] = torch.full_like(weights[name], math.nan)
     save_file(weights, f"{folder}/trainable.safetensors")
-    os.remove(f"{folder}/{CHECKSUMS}")
-    with pytest.warns(UserWarning, match="no checksums.json"):
-        with pytest.raises(NonFiniteWeights, match=r"step 2: after the update [1-9]\d* of the policy's \d+ trainable"):
-            train(config=None, overrides=TINY + ["run.steps=2"])
+    write_checksums(folder)
+    with pytest.raises(NonFiniteWeights, match=r"step 2: after the update [1-9]\d* of the policy's \d+ trainable"):
+        train(config=None, overrides=TINY + ["run.steps=2"])
     assert not os.path.exists("runs/quickstart/checkpoints/step_2")
     assert _run(workdir)[1].info.status == "FAILED"

@@ -33,6 +33,7 @@ from diffrl.engines.step.plan import inject_fault
 from diffrl.engines.step.records import Advantaged, Synced, Updated
 from diffrl.engines.step.replicas import step_rewards_of_every_replica, training_samples
 from diffrl.engines.step.tokens import shape_rewards, token_metrics
+from diffrl.engines.store.integrity import write_record
 from diffrl.engines.train import checkpoint
 from diffrl.engines.train.preference import preference_pairs
 from diffrl.engines.train.setup import barrier, world
@@ -158,7 +159,7 @@ def update(engines: Any, step: int, chunk: int = 0) -> Updated:
     metrics.update(memory_metrics())
     if durable:
         committed = time.perf_counter()
-        commit_checkpoint(engines, step, {**metrics, "update/rows": float(len(rows))})
+        commit_checkpoint(engines, step, {**metrics, "update/rows": float(len(rows))}, samples=len(traj))
         metrics["timing_s/checkpoint"] = time.perf_counter() - committed
     engines.memory.release_before(step - 1)
     waited = time.perf_counter()
@@ -198,10 +199,10 @@ def latest_checkpoint(run_dir: str) -> int | None:
         return step_index(json.load(f)["step"])
 
 
-def commit_checkpoint(engines: Any, step: int, metrics: dict) -> None:
-    """Save the trainer and commit the step. A single-process LoRA trainer is snapshotted now and written by the
-    background writer (after the step's rows); otherwise every rank saves here (the state is gathered) and
-    rank 0 commits."""
+def commit_checkpoint(engines: Any, step: int, metrics: dict, samples: int = 0) -> None:
+    """Save the trainer and commit the step, recording its `samples` samples (stored_rows.json). A single-process LoRA
+    trainer is snapshotted now and written by the background writer (after the step's rows); otherwise every rank
+    saves here (the state is gathered) once its writes of the step landed, and rank 0 commits."""
     cfg, trainer, memory = engines.config, engines.trainer, engines.memory
     if memory.asynchronous and trainer.cfg.lora and trainer.world_size == 1:
         # The state now, copied to the host without waiting for the GPU; the files on the writer, after the step's
@@ -216,21 +217,24 @@ def commit_checkpoint(engines: Any, step: int, metrics: dict) -> None:
             cfg.run.checkpoint_every,
             metrics,
             lambda path: checkpoint.write(state, path),
+            samples,
         )
         return
     rank = world()[0]
     tmp = checkpoint_dir(cfg.run_dir, step) + ".tmp"
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-    barrier()  # no rank writes into tmp before rank 0 has cleared it
+    memory.writer.wait(step)  # the checkpoint commits after this replica's rows, rewards and advantages of the step
+    barrier()  # no rank writes into tmp before rank 0 has cleared it (nor before every replica's writes landed)
     trainer.save_checkpoint(tmp, step=step_number(step))
     if rank == 0:
-        _write_and_commit(cfg.run_dir, step, cfg.run.checkpoint_every, metrics, None)
+        _write_and_commit(cfg.run_dir, step, cfg.run.checkpoint_every, metrics, None, samples)
 
 
-def _write_and_commit(run_dir: str, step: int, every: int, metrics: dict, write) -> str:
-    """Write (when `write` is given) into step_<k>.tmp, then make it step_<k> and point latest.json at it: the
-    checkpoint appears whole or not at all. Only every `every`-th checkpoint is kept, plus the latest two (a damaged
+def _write_and_commit(run_dir: str, step: int, every: int, metrics: dict, write, samples: int) -> str:
+    """Write (when `write` is given) into step_<k>.tmp with the record of the stored rows up to the step
+    (diffrl/engines/store/integrity.py), then make it step_<k> and point latest.json at it: the checkpoint appears
+    whole or not at all. Only every `every`-th checkpoint is kept, plus the latest two (a damaged
     latest one falls back to the one before: diffrl/flows/train.load_good_checkpoint)."""
     final = checkpoint_dir(run_dir, step)
     tmp = final + ".tmp"
@@ -239,6 +243,8 @@ def _write_and_commit(run_dir: str, step: int, every: int, metrics: dict, write)
         write(tmp)
     with open(os.path.join(tmp, "update_metrics.json"), "w") as f:
         json.dump(metrics, f)
+    previous = checkpoint_dir(run_dir, step - 1)
+    write_record(tmp, previous if step > 0 and latest_checkpoint(run_dir) == step - 1 else None, step, samples)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     point_latest(run_dir, step)

@@ -186,7 +186,7 @@ class TrajectoryStore:
                 f"{chunk} is already stored in chunk {c}. Nothing was written."
             )
         write_id = new_write_id()
-        self._table.append(self._rows(traj, run=run, step=step, chunk=chunk, write_id=write_id))
+        self._table.append(self._fit(self._rows(traj, run=run, step=step, chunk=chunk, write_id=write_id)))
         # Check after commit: if a racing writer committed this chunk first, readers ignore our
         # rows already; delete them so they do not take space.
         committed = self._step_keys(step)
@@ -195,6 +195,15 @@ class TrajectoryStore:
             self._table.delete(f"write_id = {sql_str(write_id)}")
             return False
         return True
+
+    def _fit(self, rows: pa.Table) -> pa.Table:
+        """`rows` without the digest columns when the table was created before rows carried them (Lance appends
+        rows of the table's own schema only); such a table's rows are not checked against digests."""
+        dataset = self._table.dataset()
+        if dataset is None:
+            return rows
+        missing = [c for c in rows.column_names if c.endswith("_digest") and c not in dataset.schema.names]
+        return rows.drop_columns(missing) if missing else rows
 
     def _rows(self, traj: Trajectories, *, run: str, step: int, chunk: int, write_id: str) -> pa.Table:
         """One chunk's samples as the table's Arrow rows (a token store's rows: diffrl/engines/store/tokens.py)."""
@@ -295,6 +304,10 @@ class TrajectoryStore:
     def version(self) -> int:
         """Latest version of the trajectory table (0 before the first write)."""
         return self._table.version()
+
+    def tables(self) -> tuple[LanceTable, LanceTable, LanceTable]:
+        """The handles of the trajectory, reward and advantage tables (diffrl/engines/store/integrity.py reads them)."""
+        return self._table, self._rewards.table, self._advantages.table
 
     # ----------------------------------------------------------------------------- rewards
     def _keys(self, step: int, keys: SampleKeys) -> pa.Table:

@@ -15,8 +15,8 @@ Layout of one checkpoint folder:
     checksums.json                          size and sha256 of every file above, written last, checked by `load`
 LoRA state is gathered to full tensors (it is small); full weights stay sharded through DCP.
 
-A file that differs from its checksum (flipped bytes, a truncated copy) or is missing makes `load` raise
-CorruptCheckpoint naming it, before any state changes: a run then resumes from an earlier checkpoint
+A file that differs from its checksum (flipped bytes, a truncated copy) or is missing, checksums.json included, makes
+`load` raise CorruptCheckpoint naming it, before any state changes: a run then resumes from an earlier checkpoint
 (diffrl/flows/train.py) instead of training on damaged weights. DIFFRL_INJECT_FAULT="checkpoint@<step>.<i>[:exit]"
 fails (or kills the process) just before a LoRA checkpoint writes its i-th file (diffrl/engines/step/plan.py).
 """
@@ -142,13 +142,15 @@ def write_checksums(path: str) -> None:
 
 def verify(path: str) -> None:
     """CorruptCheckpoint naming the first file of checkpoint `path` that is missing or differs from checksums.json.
-    A checkpoint without the list (written before diffrl kept one) is loaded unverified, with a warning."""
+    A checkpoint without the list is unfinished or damaged (every checkpoint of this run format has one, written
+    last): it is never loaded unverified."""
     path = path.rstrip("/")
     fs, _ = fsspec.core.url_to_fs(path)
     listing = f"{path}/{CHECKSUMS}"
     if not fs.exists(listing):
-        warnings.warn(f"checkpoint {path} has no {CHECKSUMS} (written before diffrl kept checksums): not verified")
-        return
+        raise CorruptCheckpoint(
+            f"checkpoint file {listing} is missing: its files cannot be checked (a write cut short, or removed)"
+        )
     try:
         sums = json.loads(_read(listing))
     except ValueError as e:
