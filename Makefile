@@ -11,7 +11,7 @@ TORCH  ?= torch==2.13.0
 # --durations prints the slowest tests, to keep the suite under CI's 25 minutes.
 TEST_WORKERS ?= 2
 
-.PHONY: venv install quickstart lint test test-fast clean
+.PHONY: venv install quickstart lint browser test test-fast clean
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,14 @@ lint: install
 	$(VENV)/bin/ruff format --check diffrl tests benchmarks
 	$(VENV)/bin/lint-imports --no-cache
 
-test: lint
+# the browser test (tests/e2e/test_mlflow_ui_browser.py) drives Debian's chromium; Playwright's own browser download
+# needs the internet. Installed when missing and root; otherwise that test is skipped with its reason.
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium; \
+	  else echo "chromium is missing and this is not root: apt-get install chromium (the browser test is skipped)"; fi
+
+test: lint browser
 	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --durations=40
 
 test-fast: install

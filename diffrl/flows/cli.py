@@ -15,7 +15,17 @@ import warnings
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict]:
-    from diffrl.flows.commands import cluster, export, random_model, sample, score, serve_judge, tiny_model, train
+    from diffrl.flows.commands import (
+        cluster,
+        export,
+        random_model,
+        sample,
+        score,
+        serve_judge,
+        tiny_model,
+        train,
+        ui,
+    )
 
     parser = argparse.ArgumentParser(
         prog="diffrl",
@@ -40,6 +50,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict]:
         ("cluster", cluster),
         ("export", export),
         ("serve-judge", serve_judge),
+        ("ui", ui),
     ):
         module.add_parser(sub)
         handlers[name] = module.run

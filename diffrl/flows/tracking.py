@@ -7,13 +7,17 @@ import json
 import logging
 import math
 import os
+import shutil
 import subprocess
+import tempfile
+import uuid
 from importlib import metadata
 
 import mlflow
 import numpy as np
 import yaml
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_IMAGES
 from PIL import Image, ImageDraw
 
 from diffrl.engines.redact import redact, redact_text
@@ -178,12 +182,23 @@ class Tracker:
         self.client.log_batch(self.run_id, metrics=entries)
 
     def log_images(self, images_BHW3: np.ndarray, captions: list[str], key: str, step: int) -> None:
-        """A captioned grid of `images_BHW3` under `key` at `step` (MLflow's stepped images: the UI's image panel
-        has a step slider). The grid is drawn on the writer thread, off the training loop (~16 ms for 16 images)."""
+        """A captioned grid of `images_BHW3` under `key` at `step` (MLflow's stepped images: the UI's image card
+        has a step slider, and shows the grid at its own size). The grid is drawn on the writer thread, off the
+        training loop (~16 ms for 16 images)."""
         self._writes.submit(step, f"MLflow image {key} step {step}", self._log_images, images_BHW3, captions, key, step)
 
     def _log_images(self, images_BHW3: np.ndarray, captions: list[str], key: str, step: int) -> None:
-        self.client.log_image(self.run_id, image_grid(images_BHW3, captions), key=key, step=step)
+        # The files MlflowClient.log_image(key=, step=) writes, except the "+compressed" one that the run page's
+        # image card shows: log_image makes it 256 px wide (a 1024-px grid's captions cannot be read), here it is the
+        # grid itself, so the card and its enlarged view show every sample at its logged size.
+        grid = Image.fromarray(image_grid(images_BHW3, captions))
+        stem = f"{key.replace('/', '~')}+step+{step}+timestamp+{_now_ms()}+{uuid.uuid4()}"
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, f"{stem}.png")
+            grid.save(path)
+            shutil.copyfile(path, os.path.join(folder, f"{stem}+compressed.png"))
+            self.client.log_artifacts(self.run_id, folder, "images")
+        self.client.set_tag(self.run_id, MLFLOW_LOGGED_IMAGES, "True")
 
     def log_responses(
         self, prompts: list[str], responses: list[str], rewards: list[float], key: str, step: int
@@ -228,7 +243,7 @@ class Tracker:
 
     @property
     def ui_hint(self) -> str:
-        return f"mlflow ui --backend-store-uri {redact_text(self.uri)}  (run id {self.run_id})"
+        return f"diffrl ui --backend-store-uri {redact_text(self.uri)}  (run id {self.run_id})"
 
 
 def image_grid(

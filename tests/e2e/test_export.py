@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 
+import numpy as np
 import torch
 from diffusers import StableDiffusion3Pipeline
 from e2e_settings import TINY
+from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -15,6 +19,14 @@ from diffrl.flows.cli import main
 from diffrl.flows.train import train
 
 RUN = TINY + ["run.steps=1", "run.checkpoint_every=1"]
+# the quickstart's own model (shipped, stored in float16) at its size, trained one step as RUN is
+SHIPPED_RUN = RUN + [
+    "model.path=reference:shapes-small",
+    "data.train=generator:shapes",
+    "rollout.height=64",
+    "rollout.width=64",
+]
+DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "training.md")
 
 
 def _transformer_out(pipe, seed: int = 0) -> torch.Tensor:
@@ -92,3 +104,47 @@ def test_a_damaged_checkpoint_is_named_and_not_exported(workdir, capsys):
     err = capsys.readouterr().err
     assert "pytorch_lora_weights.safetensors does not match its checksum" in err
     assert not (out / "pytorch_lora_weights.safetensors").exists()
+
+
+def _docs_snippet() -> str:
+    """The Python block of docs/training.md's section on `diffrl export`, as a user copies it."""
+    text = open(DOCS).read()
+    section = text[text.index("### Exporting a checkpoint for plain diffusers") :]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def _sample_args(snippet: str) -> list[str]:
+    """The snippet's `pipe(...)` call and seed as `diffrl sample` flags (so the comparison follows the docs)."""
+    calls = [n for n in ast.walk(ast.parse(snippet)) if isinstance(n, ast.Call)]
+    call = next(c for c in calls if isinstance(c.func, ast.Name) and c.func.id == "pipe")
+    seed = next(c for c in calls if isinstance(c.func, ast.Attribute) and c.func.attr == "manual_seed")
+    kw = {k.arg: k.value.value for k in call.keywords if isinstance(k.value, ast.Constant)}
+    return [
+        "--prompt", call.args[0].value, "--steps", str(kw["num_inference_steps"]),
+        "--guidance-scale", str(kw["guidance_scale"]), "--height", str(kw["height"]), "--width", str(kw["width"]),
+        "--seed", str(seed.args[0].value),
+    ]  # fmt: skip
+
+
+def test_the_documented_diffusers_snippet_draws_what_diffrl_sample_draws(workdir, capsys):
+    """docs/training.md's snippet, run as written on the export of the shipped model, loads every component in one
+    dtype and draws the image `diffrl sample` draws from the same checkpoint (merged by `diffrl export --merge`)."""
+    train(config=None, overrides=SHIPPED_RUN)
+    assert main(["export", *SHIPPED_RUN, "--out", "exported/", "--merge"]) == 0
+    base = json.load(open("exported/diffrl_export.json"))["base_model"]
+    assert os.path.isfile(os.path.join(base, "model_index.json"))  # a folder diffusers loads, not reference:<name>
+
+    snippet = _docs_snippet()
+    scope: dict = {}
+    exec(compile(snippet, DOCS, "exec"), scope)  # noqa: S102 - the docs' own code, as a user runs it
+    pipe = scope["pipe"]
+    dtypes = {n: m.dtype for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+    assert set(dtypes.values()) == {torch.float32}, dtypes
+    documented = np.asarray(scope["image"].convert("RGB")).astype(int)
+
+    assert main(["sample", "exported/pipeline", *_sample_args(snippet), "--out", "diffrl.png"]) == 0
+    sampled = np.asarray(Image.open("diffrl.png").convert("RGB")).astype(int)
+    # The LoRA applied on the fly (snippet) and merged into the weights (export --merge) differ only by float
+    # rounding, as do diffrl's sampler and the pipeline (tests/flows/test_sample_command.py): at most one level of 255.
+    assert documented.shape == sampled.shape == (64, 64, 3)
+    assert np.abs(documented - sampled).max() <= 1

@@ -35,6 +35,9 @@ def test_shipped_model_is_safetensors_within_budget_and_loads_as_its_summary_say
     assert pipe.transformer.config.num_layers == config["layers"]
     assert pipe.transformer.config.patch_size == config.get("patch_size", 4)
     assert sum(p.numel() for p in pipe.transformer.parameters()) == summary["parameters"]["transformer"]
+    # stored in fp16, loaded in one dtype without torch_dtype (a mix fails in the VAE's first convolution)
+    dtypes = {n: m.dtype for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+    assert set(dtypes.values()) == {torch.float32}, dtypes
 
 
 @pytest.mark.slow
@@ -42,7 +45,6 @@ def test_cpu_sized_model_draws_scenes_geneval_lite_accepts():
     """The pretraining evaluation (the pipeline, ODE 10 steps, CFG 4.5, prompt i with seed i) on the first
     24 held-out prompts: the summary's 45.6 % is over 204 prompts on an H200, so on this CPU only a floor
     is checked — a model that did not learn the task scores 0."""
-    # stored in fp16, run in fp32 as diffrl loads it (model.dtype: fp32): fp16 convolutions do not run on a CPU
     pipe = StableDiffusion3Pipeline.from_pretrained(
         resolve_model_path("reference:shapes-small"), local_files_only=True, torch_dtype=torch.float32
     )
