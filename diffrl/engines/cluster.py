@@ -21,6 +21,7 @@ the first (validation, logged examples) unless `run_one` picks one.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -366,6 +367,54 @@ def _name(fn: Callable) -> str:
     return getattr(fn, "__name__", repr(fn))
 
 
+def comparable(config: Any) -> Any:
+    """The config minus what may change between flow runs of one run name (length, logging, timeouts)."""
+    run = dataclasses.replace(
+        config.run, steps=1, validate_every=0, log_images=0, checkpoint_every=1, keep_latents_steps=0
+    )
+    cluster = dataclasses.replace(config.cluster, actor_timeout_s=1.0, actor_threads="auto")
+    return dataclasses.replace(config, run=run, cluster=cluster)
+
+
+def config_changes(old: Any, new: Any) -> str:
+    """What differs between two configs of warm actors, by section ("cluster.gpus 2 -> 1", "model, train")."""
+    a, b = comparable(old), comparable(new)
+    changed = [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]
+    if old.cluster.gpus != new.cluster.gpus:
+        changed = [f"cluster.gpus {old.cluster.gpus} -> {new.cluster.gpus}"] + [c for c in changed if c != "cluster"]
+    return ", ".join(changed) or "nothing"
+
+
+def _check_warm(config: Any) -> None:
+    """ValueError (one line, before any actor starts) when the run already has warm replicas built from another
+    config: another number of GPUs, model or training setup."""
+    import ray
+
+    warm = sorted(a for a in _run_actor_names(config.run.name) if a.rsplit("/", 1)[1].startswith("engine"))
+    if not warm:
+        return
+    try:
+        info = ray.get(ray.get_actor(warm[0], namespace=NAMESPACE).describe.remote(), timeout=60)
+    except (ValueError, ray.exceptions.RayError):
+        return  # gone or not answering: start_actors reports it in its own words
+    if "config" in info and comparable(info["config"]) != comparable(config):
+        name = config.run.name
+        raise ValueError(
+            f"run {name!r} has warm engine replicas built from another config ({config_changes(info['config'], config)}"
+            f"): `diffrl cluster stop {name}`, then rerun: it resumes from its last checkpoint with fresh replicas"
+        )
+
+
+def _run_actor_names(run_name: str) -> list[str]:
+    import ray
+
+    return [
+        e["name"]
+        for e in ray.util.list_named_actors(all_namespaces=True)
+        if e["namespace"] == NAMESPACE and e["name"].rsplit("/", 1)[0] == run_name
+    ]
+
+
 def start_actors(config: Any, build: Callable, run_uid: str = "") -> RayEngines:
     """Create-or-get the run's named detached engine replicas on the connected cluster (model built once per actor)."""
     import ray
@@ -374,6 +423,7 @@ def start_actors(config: Any, build: Callable, run_uid: str = "") -> RayEngines:
     run_name, timeout = config.run.name, config.cluster.actor_timeout_s
     from diffrl.engines.host import EngineHost
 
+    _check_warm(config)
     names = actor_names(config)
     gpus = _resources(config, names)
     pg = _placement_group(run_name, gpus, timeout)

@@ -5,12 +5,11 @@ functions on them.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from typing import Any, Callable
 
-from diffrl.engines.cluster import Engines, actor_threads
+from diffrl.engines.cluster import Engines, actor_threads, comparable, config_changes
 
 _BUILDS = 0  # engine builds in this process (an actor process: 1 while it stays warm)
 
@@ -96,11 +95,10 @@ class EngineHost:
 
     def attach(self, config: Any, run_uid: str) -> dict:
         """A later flow run of the same run name: same model and training setup, fresh run settings."""
-        ours = _comparable(self.engines.config)
-        if ours != _comparable(config):
+        if comparable(self.engines.config) != comparable(config):
             raise ValueError(
                 f"the warm actors of run {config.run.name!r} were built from another config "
-                f"(model/train/rollout/reward/data differ); remove them with "
+                f"({config_changes(self.engines.config, config)} differ); remove them with "
                 f"`diffrl cluster stop {config.run.name}` or use another run.name"
             )
         if self._attached:  # a later flow run: the step's memory starts afresh (what it held ended with that run)
@@ -150,12 +148,3 @@ class EngineHost:
             "config": e.config,
             "run_uid": e.run_uid,
         }
-
-
-def _comparable(config: Any) -> Any:
-    """The config minus what may change between flow runs of one run name (length, logging, timeouts)."""
-    run = dataclasses.replace(
-        config.run, steps=1, validate_every=0, log_images=0, checkpoint_every=1, keep_latents_steps=0
-    )
-    cluster = dataclasses.replace(config.cluster, actor_timeout_s=1.0, actor_threads="auto")
-    return dataclasses.replace(config, run=run, cluster=cluster)

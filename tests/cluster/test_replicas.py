@@ -87,7 +87,8 @@ def _task_names(url: str, like: str) -> list[str]:
 @pytest.mark.slow
 def test_two_replicas_train_as_one(ray_cluster, prefect_server, workdir):
     """2 replicas (one fake GPU each, FSDP2 over gloo) against 1, both through the train flow, 2 steps of 2 chunks:
-    replica r generates chunk r; the metrics of each step and the final LoRA weights agree."""
+    replica r generates chunk r; the metrics of each step and the final LoRA weights agree. Then each run resumes on
+    the other number of GPUs."""
     from test_ray_mode import _gone, _metrics
 
     from diffrl.engines import cluster
@@ -142,9 +143,22 @@ def test_two_replicas_train_as_one(ray_cluster, prefect_server, workdir):
     assert replicas["update_actor"][0] == pytest.approx(sum(rank0) / 2)  # the median of two steps
     assert all(t > 0 for t in replicas["generate"] + replicas["update_actor"])
     assert replicas["peak_memory_allocated_gb"] == [None, None]  # CPU devices: no CUDA peak
+    # another number of GPUs for a run: refused in one line while its warm replicas hold the old count; once they are
+    # stopped, each run resumes on the other count (2 -> 1 and 1 -> 2) and their third steps agree
+    three = TINY + RAY + ["run.steps=3", "run.checkpoint_every=1"]
+    with pytest.raises(ValueError, match=r"warm engine replicas built from another config \(cluster.gpus 2 -> 1\)"):
+        train(config=None, overrides=three + ["run.name=two"])
     assert cluster.stop_actors("two") == ["two/engine", "two/engine-1", "two/gpus"]
     cluster.stop_actors("one")
     _gone("two")
+    train(config=None, overrides=three + ["run.name=two"])
+    train(config=None, overrides=three + ["cluster.gpus=2", "run.name=one"])
+    one, two = _metrics(workdir, "one"), _metrics(workdir, "two")
+    assert one["perf/gpus"] == [1.0, 1.0, 2.0] and two["perf/gpus"] == [2.0, 2.0, 1.0]
+    for key in SAME:
+        assert two[key][2] == pytest.approx(one[key][2], rel=1e-5, abs=1e-6), key
+    cluster.stop_actors("one")
+    cluster.stop_actors("two")
 
 
 @pytest.mark.slow
