@@ -197,7 +197,8 @@ class RunConfig:
     compact_every: int = 10  # every k steps merge the run's Lance fragments (reads slow with their count); 0 = never
     # record where the time goes: runs/<name>/trace/<pid>.json, a timeline of every thread for ui.perfetto.dev
     trace: bool = False
-    storage_options: dict = field(default_factory=dict)  # fsspec options for a remote root (object stores)
+    # options of a remote root for Lance and fsspec; s3: Lance's keys (aws_endpoint, ...), translated for s3fs
+    storage_options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.name in ("", ".", "..") or any(c in self.name for c in "/\\\0"):
@@ -346,6 +347,12 @@ class ExperimentConfig:
     @property
     def run_dir(self) -> str:
         return os.path.join(self.run.root, self.run.name)
+
+    @property
+    def local_dir(self) -> str:
+        """The run's folder on the driver's own disk, for what only its process reads (the run lock, Prefect's stage
+        results, the trace): run_dir, or runs/<name> under the working directory when run.root is an fsspec URI."""
+        return os.path.join("runs", self.run.name) if "://" in self.run.root else self.run_dir
 
 
 def check_model_kind(cfg: ExperimentConfig) -> None:

@@ -11,6 +11,7 @@ from diffrl.engines import cluster
 from diffrl.engines.reward.multi import MultiReward
 from diffrl.engines.rollout.engine import RolloutEngine
 from diffrl.engines.step.memory import StepMemory
+from diffrl.engines.store import fs
 from diffrl.engines.store.embeddings import EmbeddingCache
 from diffrl.engines.store.prompts import PromptDataset, PromptSampler, compositional_prompts, ocr_prompts
 from diffrl.engines.store.scene_edit import shapes_edit_prompts
@@ -137,6 +138,7 @@ def build_engines(
     reward = MultiReward(cfg.reward)
     run_dir = cfg.run_dir
     storage = cfg.run.storage_options or None
+    fs.use_options(cfg.run.root, storage)  # the run's checkpoints and records, opened here (a Ray replica too)
     store_class = TokenStore if tokens else TrajectoryStore  # token rows or latent rows, the same tables otherwise
     store = store_class(os.path.join(run_dir, "trajectories.lance"), storage_options=storage) if durable else None
     adapter = rollout = trainer = preferences = None

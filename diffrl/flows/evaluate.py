@@ -13,6 +13,7 @@ from prefect import flow
 from diffrl.configs.schema import load_experiment
 from diffrl.engines.step.run import sync_engines
 from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint
+from diffrl.engines.store import fs
 from diffrl.flows.build import build_engines
 from diffrl.flows.run_format import check_run_format
 from diffrl.flows.tracking import Tracker
@@ -31,7 +32,7 @@ def resolve_checkpoint(cfg, checkpoint: str | None) -> str:
                 "or pass --checkpoint <path to a checkpoints/step_<k> folder>"
             )
         checkpoint = checkpoint_dir(cfg.run_dir, last)
-    if not os.path.isdir(checkpoint):
+    if not fs.isdir(checkpoint):
         raise ValueError(f"checkpoint {checkpoint!r} is not a folder (expected runs/<name>/checkpoints/step_<k>)")
     return checkpoint
 
@@ -40,16 +41,18 @@ def resolve_checkpoint(cfg, checkpoint: str | None) -> str:
 def evaluate(config: str | None = None, overrides: list[str] | None = None, checkpoint: str | None = None) -> dict:
     """Evaluate `checkpoint` (default: the run's latest) of experiment `config`; returns the val/* metrics."""
     cfg = load_experiment(config, overrides or [])
+    fs.use_options(cfg.run.root, cfg.run.storage_options)
     checkpoint = resolve_checkpoint(cfg, checkpoint)
     engines = build_engines(cfg)
-    step = engines.run("trainer", load_checkpoint, os.path.abspath(checkpoint))  # its step number: RL steps done
+    checkpoint = checkpoint if fs.is_uri(checkpoint) else os.path.abspath(checkpoint)
+    step = engines.run("trainer", load_checkpoint, checkpoint)  # its step number: RL steps done
     sync_engines(engines, -1, prefetch_next=False)
     tracker = Tracker(
         experiment=cfg.run.experiment,
         run_name=f"{cfg.run.name}-eval",
         state_path=os.path.join(cfg.run_dir, "eval.json"),
     )
-    tracker.set_tags({"diffrl.run_name": f"{cfg.run.name}-eval", "diffrl.checkpoint": os.path.abspath(checkpoint)})
+    tracker.set_tags({"diffrl.run_name": f"{cfg.run.name}-eval", "diffrl.checkpoint": checkpoint})
     metrics = validate(engines, tracker, step)  # at the MLflow step the training run validated this checkpoint
     tracker.log_values(metrics, step)
     tracker.finish()

@@ -11,9 +11,7 @@ would resume from the wrong checkpoint and mislabel its rows (docs/training.md, 
 
 from __future__ import annotations
 
-import json
-import os
-
+from diffrl.engines.store import fs
 from diffrl.flows.errors import RunFailure
 
 RUN_FORMAT = 2
@@ -26,7 +24,7 @@ class OldRunFormat(RunFailure):
 def _committed(run_dir: str) -> bool:
     """Whether the run has anything an older numbering could have written: a checkpoint or stored rows."""
     return any(
-        os.path.exists(os.path.join(run_dir, *parts))
+        fs.exists(fs.join(run_dir, *parts))
         for parts in (("checkpoints", "latest.json"), ("trajectories.lance",), ("rewards.lance",))
     )
 
@@ -34,11 +32,10 @@ def _committed(run_dir: str) -> bool:
 def check_run_format(run_dir: str, run_name: str) -> None:
     """OldRunFormat when `run_dir` holds a run written before format 2 (a run.json without it and something
     committed); nothing for a new run, a format-2 run, or an older run.json with nothing committed yet."""
-    path = os.path.join(run_dir, "run.json")
-    if not os.path.exists(path):
+    path = fs.join(run_dir, "run.json")
+    if not fs.exists(path):
         return
-    with open(path) as f:
-        found = json.load(f).get("format")
+    found = fs.read_json(path).get("format")
     if found == RUN_FORMAT or (found is None and not _committed(run_dir)):
         return
     raise OldRunFormat(

@@ -4,7 +4,8 @@ Two processes training one run name used to both run: one died on an MLflow data
 duplicate MLflow points and two different val/reward values for one step. The lock is an fcntl.flock on the file:
 the kernel releases it when its process ends, however it ends (kill -9 included), so a lock left by a dead process
 is simply taken by the next one. The file records the holder (pid, host, start time) for the refusal message.
-A run folder on a remote filesystem (an fsspec URI) is not locked.
+A run whose run.root is an fsspec URI (s3://) is locked in its folder on the driver's disk (ExperimentConfig.local_dir:
+runs/<name> under the working directory): two drivers on two machines are not refused.
 """
 
 from __future__ import annotations

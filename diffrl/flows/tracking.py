@@ -22,6 +22,7 @@ from PIL import Image, ImageDraw
 
 from diffrl.engines.redact import redact, redact_text
 from diffrl.engines.step.background import Background
+from diffrl.engines.store import fs
 from diffrl.flows.mlflow_template import seed_sqlite_store
 
 log = logging.getLogger("diffrl")
@@ -49,8 +50,7 @@ def mark_failed(state_path: str) -> None:
     """Mark the MLflow run named in a run's run.json (if it has one yet) FAILED: a failure before the Tracker was
     built, or around it. A failure to reach MLflow is logged, not raised over the run's own error."""
     try:
-        with open(state_path) as f:
-            run_id = json.load(f).get("mlflow_run_id")
+        run_id = fs.read_json(state_path).get("mlflow_run_id")
     except (OSError, ValueError):
         return
     if not run_id:
@@ -121,16 +121,10 @@ class Tracker:
         self._logged_steps = {int(m.step) for m in self.client.get_metric_history(self.run_id, "perf/time_per_step")}
 
     def _read_state(self) -> dict:
-        if os.path.exists(self.state_path):
-            with open(self.state_path) as f:
-                return json.load(f)
-        return {}
+        return fs.read_json(self.state_path) if fs.exists(self.state_path) else {}
 
     def _write_state(self, state: dict) -> None:
-        tmp = self.state_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(state, f, indent=2)
-        os.replace(tmp, self.state_path)
+        fs.write_json(self.state_path, state, indent=2)  # run.json may be on an object store (run.root a URI)
 
     def log_config(self, config: dict) -> None:
         """The run's config as params (flattened) and as the artifact config.yaml, secrets replaced by ***

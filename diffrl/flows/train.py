@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +31,7 @@ from diffrl.engines.step.plan import validation_due, validation_rollout
 from diffrl.engines.step.retention import checkpoint_bytes, describe_disk, latent_numel, retain
 from diffrl.engines.step.run import StepClock, add_perf, drain, set_first_step, settle, sync_engines
 from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint, point_latest
+from diffrl.engines.store import fs
 from diffrl.engines.store.integrity import DamagedStore, check_stored
 from diffrl.engines.train.checkpoint import CorruptCheckpoint
 from diffrl.flows import early
@@ -56,18 +56,13 @@ def _say(message: str) -> None:
 def _run_state(cfg: ExperimentConfig) -> dict:
     """runs/<name>/run.json: the run's identity (uid keys its task caches), its on-disk format (stamped once
     check_run_format let it through) and the MLflow run id."""
-    os.makedirs(os.path.join(cfg.run_dir, "checkpoints"), exist_ok=True)
-    path = os.path.join(cfg.run_dir, "run.json")
-    state = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            state = json.load(f)
+    fs.makedirs(fs.join(cfg.run_dir, "checkpoints"))  # a no-op on an object store
+    path = fs.join(cfg.run_dir, "run.json")
+    state = fs.read_json(path) if fs.exists(path) else {}
     if "uid" not in state or state.get("format") != RUN_FORMAT:
         state.setdefault("uid", uuid.uuid4().hex[:12])
         state["format"] = RUN_FORMAT
-        with open(path + ".tmp", "w") as f:
-            json.dump(state, f, indent=2)
-        os.replace(path + ".tmp", path)
+        fs.write_json(path, state, indent=2)
     return state
 
 
@@ -158,14 +153,16 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
     """Train the experiment `config` (a shipped name or a YAML path; default: the quickstart)."""
     startup = Startup()
     cfg = load_experiment(config, overrides or [])
-    with run_lock(cfg.run_dir, cfg.run.name):  # one writer per run: a second process is refused here, by pid and host
+    fs.use_options(cfg.run.root, cfg.run.storage_options)  # the run's files on an object store: one set of options
+    # one writer per run: a second process is refused here, by pid and host (a lock on the driver's disk)
+    with run_lock(cfg.local_dir, cfg.run.name):
         check_run_format(cfg.run_dir, cfg.run.name)  # an older diffrl's run: refused, its MLflow run left as it was
         try:
             return _train(cfg, startup, config)
         except BaseException:
             # whatever failed, before training too (a bad data path on a rerun of a killed run that MLflow still
             # shows RUNNING), the run's MLflow run says FAILED
-            mark_failed(os.path.join(cfg.run_dir, "run.json"))
+            mark_failed(fs.join(cfg.run_dir, "run.json"))
             raise
 
 
@@ -173,7 +170,7 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
     _say(
         f"run {cfg.run.name!r}: {cfg.run.steps} steps of {cfg.algorithm.name} on {cfg.model.path} "
         f"({cfg.rollout.samples_per_step} {'responses' if cfg.algorithm.needs.data == 'tokens' else 'images'}/step) "
-        f"in {cfg.run_dir}"
+        f"in {cfg.run_dir}" + (f" (lock, Prefect results: {cfg.local_dir})" if fs.is_uri(cfg.run_dir) else "")
     )
     with ThreadPoolExecutor(max_workers=1) as pool:  # MLflow's database opens (or is created) while the model loads
         store_ready = pool.submit(open_tracking_store)
@@ -182,13 +179,11 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
         startup.mark("engines")
         store_ready.result()
     if cfg.run.trace:  # a timeline of the run's threads (diffrl/engines/trace.py)
-        trace.enable(os.path.join(cfg.run_dir, "trace", f"{os.getpid()}.json"))
+        trace.enable(os.path.join(cfg.local_dir, "trace", f"{os.getpid()}.json"))
     engines.set_run_uid(_run_state(cfg)["uid"])  # ray mode: also the actors (the Ray workers running tasks ask them)
     if engines.store is not None and cfg.data.sample_source == "online" and cfg.algorithm.needs.data != "tokens":
         _say(describe_disk(cfg, engines.run("rollout", latent_numel), engines.run("trainer", checkpoint_bytes)))
-    tracker = Tracker(
-        experiment=cfg.run.experiment, run_name=cfg.run.name, state_path=os.path.join(cfg.run_dir, "run.json")
-    )
+    tracker = Tracker(experiment=cfg.run.experiment, run_name=cfg.run.name, state_path=fs.join(cfg.run_dir, "run.json"))
     startup.mark("mlflow")
     tracker.log_config(to_dict(cfg))
     tracker.set_tags(
@@ -277,8 +272,8 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
     tracker.finish()
     _say(f"done. MLflow: {tracker.ui_hint}")
     _say(
-        f"trajectories: {os.path.join(cfg.run_dir, 'trajectories.lance')}; "
-        f"checkpoints: {os.path.join(cfg.run_dir, 'checkpoints')}"
+        f"trajectories: {fs.join(cfg.run_dir, 'trajectories.lance')}; "
+        f"checkpoints: {fs.join(cfg.run_dir, 'checkpoints')}"
     )
     return {"run": cfg.run.name, "mlflow_run_id": tracker.run_id, "last_step": step_number(final), **val}
 
@@ -337,8 +332,8 @@ def load_good_checkpoint(engines: cluster.Engines, newest: int) -> int | None:
     before it is tried; latest.json then names the checkpoint loaded (the steps after it are trained again, on
     their committed rows). None, and no latest.json, when none is good: the run trains from its start."""
     run_dir = engines.config.run_dir
-    folder = os.path.join(run_dir, "checkpoints")
-    named = [re.fullmatch(r"step_(\d+)", name) for name in os.listdir(folder)]
+    folder = fs.join(run_dir, "checkpoints")
+    named = [re.fullmatch(r"step_(\d+)", name) for name in fs.listdir(folder)]
     kept = sorted((step_index(int(m.group(1))) for m in named if m), reverse=True)  # folders: step numbers
     for step in [newest] + [k for k in kept if k < newest]:
         path = checkpoint_dir(run_dir, step)
@@ -346,8 +341,8 @@ def load_good_checkpoint(engines: cluster.Engines, newest: int) -> int | None:
             engines.run("trainer", load_checkpoint, path)
         except CorruptCheckpoint as e:
             aside = path + ".corrupt"
-            shutil.rmtree(aside, ignore_errors=True)
-            os.replace(path, aside)
+            fs.remove_tree(aside)
+            fs.move(path, aside)
             _say(f"checkpoint {path} is damaged, not loaded: {e} (moved to {aside})")
             continue
         if step != newest:
@@ -355,14 +350,15 @@ def load_good_checkpoint(engines: cluster.Engines, newest: int) -> int | None:
             again = f"steps {step_number(step + 1)} to {step_number(newest)}"
             _say(f"resuming from the last good checkpoint, {path}: {again} are trained again")
         return step
-    os.remove(os.path.join(folder, "latest.json"))
+    fs.remove(fs.join(folder, "latest.json"))
     _say(f"no good checkpoint left in {folder}: the run trains again from its start, on its committed rows")
     return None
 
 
 def _results_dir(cfg: ExperimentConfig) -> str:
-    """Where the step subflows persist their stage results (their file names are the stages' cache keys)."""
-    return os.path.abspath(os.path.join(cfg.run_dir, "prefect"))
+    """Where the step subflows persist their stage results (their file names are the stages' cache keys): on the
+    driver's disk, which Prefect's JsonResultStorage reads."""
+    return os.path.abspath(os.path.join(cfg.local_dir, "prefect"))
 
 
 class Startup:

@@ -8,9 +8,6 @@ whose checkpoint exists is never trained again (its saved metrics come back).
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import time
 from typing import Any
 
@@ -33,6 +30,7 @@ from diffrl.engines.step.plan import inject_fault
 from diffrl.engines.step.records import Advantaged, Synced, Updated
 from diffrl.engines.step.replicas import step_rewards_of_every_replica, training_samples
 from diffrl.engines.step.tokens import shape_rewards, token_metrics
+from diffrl.engines.store import fs
 from diffrl.engines.store.integrity import write_record
 from diffrl.engines.train import checkpoint
 from diffrl.engines.train.preference import preference_pairs
@@ -139,9 +137,8 @@ def update(engines: Any, step: int, chunk: int = 0) -> Updated:
     run_dir = engines.config.run_dir
     done = checkpoint_dir(run_dir, step)
     durable = engines.store is not None  # engines-only runs keep no checkpoints either
-    if durable and latest_checkpoint(run_dir) == step and os.path.isdir(done):
-        with open(os.path.join(done, "update_metrics.json")) as f:
-            saved = json.load(f)
+    if durable and latest_checkpoint(run_dir) == step and fs.isdir(done):
+        saved = fs.read_json(fs.join(done, "update_metrics.json"))
         return Updated(step, rows=int(saved.pop("update/rows", 0)), metrics=saved)
     inject_fault("update_actor", step, world()[0])
     started = time.perf_counter()
@@ -186,17 +183,24 @@ def memory_metrics() -> dict[str, float]:
 def checkpoint_dir(run_dir: str, step: int) -> str:
     """The checkpoint folder of step index `step`: `checkpoints/step_<k>`, k its step number (the weights after k
     RL steps; diffrl/engines/numbering.py)."""
-    return os.path.join(run_dir, "checkpoints", f"step_{step_number(step)}")
+    return fs.join(run_dir, "checkpoints", f"step_{step_number(step)}")
 
 
 def latest_checkpoint(run_dir: str) -> int | None:
     """The step index of the last step whose checkpoint was committed (None before the first); latest.json holds
     its step number."""
-    pointer = os.path.join(run_dir, "checkpoints", "latest.json")
-    if not os.path.exists(pointer):
+    pointer = fs.join(run_dir, "checkpoints", "latest.json")
+    if not fs.exists(pointer):
         return None
-    with open(pointer) as f:
-        return step_index(json.load(f)["step"])
+    return step_index(fs.read_json(pointer)["step"])
+
+
+def staging_dir(run_dir: str, step: int) -> str:
+    """Where step `step`'s checkpoint is written before it commits: step_<k>.tmp, renamed to step_<k> on a local
+    disk; step_<k> itself on an object store, where a rename is a copy (there latest.json, written last, is the
+    commit, and a folder it does not name is never loaded)."""
+    final = checkpoint_dir(run_dir, step)
+    return final if fs.is_uri(run_dir) else final + ".tmp"
 
 
 def commit_checkpoint(engines: Any, step: int, metrics: dict, samples: int = 0) -> None:
@@ -221,9 +225,9 @@ def commit_checkpoint(engines: Any, step: int, metrics: dict, samples: int = 0) 
         )
         return
     rank = world()[0]
-    tmp = checkpoint_dir(cfg.run_dir, step) + ".tmp"
+    tmp = staging_dir(cfg.run_dir, step)
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        fs.remove_tree(tmp)
     memory.writer.wait(step)  # the checkpoint commits after this replica's rows, rewards and advantages of the step
     barrier()  # no rank writes into tmp before rank 0 has cleared it (nor before every replica's writes landed)
     trainer.save_checkpoint(tmp, step=step_number(step))
@@ -232,34 +236,33 @@ def commit_checkpoint(engines: Any, step: int, metrics: dict, samples: int = 0) 
 
 
 def _write_and_commit(run_dir: str, step: int, every: int, metrics: dict, write, samples: int) -> str:
-    """Write (when `write` is given) into step_<k>.tmp with the record of the stored rows up to the step
-    (diffrl/engines/store/integrity.py), then make it step_<k> and point latest.json at it: the checkpoint appears
-    whole or not at all. Only every `every`-th checkpoint is kept, plus the latest two (a damaged
-    latest one falls back to the one before: diffrl/flows/train.load_good_checkpoint)."""
-    final = checkpoint_dir(run_dir, step)
-    tmp = final + ".tmp"
+    """Write (when `write` is given) into the staging folder (`staging_dir`) with the record of the stored rows up to
+    the step (diffrl/engines/store/integrity.py), make it step_<k> (locally a rename), then point latest.json at it:
+    the step is committed when latest.json names it, and the folder it names is whole. Only every `every`-th
+    checkpoint is kept, plus the latest two (a damaged latest one falls back to the one before:
+    diffrl/flows/train.load_good_checkpoint)."""
+    final, staged = checkpoint_dir(run_dir, step), staging_dir(run_dir, step)
     if write is not None:
-        shutil.rmtree(tmp, ignore_errors=True)
-        write(tmp)
-    with open(os.path.join(tmp, "update_metrics.json"), "w") as f:
-        json.dump(metrics, f)
+        fs.remove_tree(staged)
+        write(staged)
+    fs.write_json(fs.join(staged, "update_metrics.json"), metrics)
     previous = checkpoint_dir(run_dir, step - 1)
-    write_record(tmp, previous if step > 0 and latest_checkpoint(run_dir) == step - 1 else None, step, samples)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    write_record(staged, previous if step > 0 and latest_checkpoint(run_dir) == step - 1 else None, step, samples)
+    if staged != final:
+        fs.remove_tree(final)
+        fs.move(staged, final)
     point_latest(run_dir, step)
     previous = checkpoint_dir(run_dir, step - 2)  # kept when its step number is a multiple of `every`
-    if step - 2 >= 0 and step_number(step - 2) % max(every, 1) and os.path.isdir(previous):
-        shutil.rmtree(previous)
+    if step - 2 >= 0 and step_number(step - 2) % max(every, 1) and fs.isdir(previous):
+        fs.remove_tree(previous)
     return final
 
 
 def point_latest(run_dir: str, step: int) -> None:
-    """Make checkpoints/latest.json name step `step`'s checkpoint (atomically): the step is committed."""
-    pointer = os.path.join(run_dir, "checkpoints", "latest.json")
-    with open(pointer + ".tmp", "w") as f:
-        json.dump({"step": step_number(step), "path": checkpoint_dir(run_dir, step)}, f)
-    os.replace(pointer + ".tmp", pointer)
+    """Make checkpoints/latest.json name step `step`'s checkpoint (in one piece: fs.write_json): the step is
+    committed."""
+    pointer = fs.join(run_dir, "checkpoints", "latest.json")
+    fs.write_json(pointer, {"step": step_number(step), "path": checkpoint_dir(run_dir, step)})
 
 
 def load_checkpoint(engines: Any, path: str) -> int:

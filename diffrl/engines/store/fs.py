@@ -1,12 +1,21 @@
 """fsspec helpers so local paths and object-store URIs (s3://, gs://, memory://) work the same.
 
-Checkpoints and artifacts go through these; Lance tables take the same URIs and `storage_options`
-directly. `storage_options` are passed to the fsspec filesystem unchanged (their keys are the
-backend's own: s3fs `key`/`secret`/`client_kwargs`, gcsfs `token`, ...).
+Checkpoints, run.json and artifacts go through these; Lance tables take the same URIs and
+`storage_options` directly. One set of options serves both: for s3:// the object_store keys Lance
+reads (`aws_endpoint`, `aws_access_key_id`, `aws_secret_access_key`, `aws_region`, `allow_http`,
+`aws_session_token`) are translated to s3fs's (`s3fs_options`); any other key goes to the fsspec
+filesystem unchanged (s3fs `client_kwargs`, gcsfs `token`, ...).
+
+The run's files are opened in many places (checkpoints, latest.json, run.json, stored_rows.json),
+so the run root's options are given once, by `use_options`: a URI under that root opened without
+options of its own gets them.
 """
 
 from __future__ import annotations
 
+import builtins
+import json
+import os
 import posixpath
 from typing import IO, Any
 
@@ -46,9 +55,63 @@ def basename(uri: str) -> str:
     return posixpath.basename(_split_scheme(str(uri))[1].rstrip("/"))
 
 
+# Lance's object_store keys and the s3fs arguments they become (a key in client_kwargs goes to botocore's client)
+_S3FS_KEYS = {"aws_access_key_id": "key", "aws_secret_access_key": "secret", "aws_session_token": "token"}
+_S3FS_CLIENT_KEYS = {"aws_endpoint": "endpoint_url", "aws_endpoint_url": "endpoint_url", "aws_region": "region_name"}
+_LANCE_ONLY = {"allow_http"}  # s3fs takes http from the endpoint's scheme
+_OPTIONS: dict[str, dict] = {}  # root URI -> its storage_options (use_options)
+
+
+def is_uri(path: str) -> bool:
+    """Whether `path` is an fsspec URI (s3://, memory://, ...) rather than a local path."""
+    return "://" in str(path)
+
+
+def use_options(root: str, storage_options: dict | None) -> None:
+    """Open every URI under `root` that is given no options of its own with `storage_options` (a run's root and
+    run.storage_options: the run's files are opened in many places); a local root needs none."""
+    if is_uri(root) and storage_options:
+        _OPTIONS[str(root).rstrip("/")] = dict(storage_options)
+
+
+def options_for(uri: str) -> dict:
+    """The storage_options `use_options` gave the longest root holding `uri` ({} for none)."""
+    uri = str(uri)
+    roots = [root for root in _OPTIONS if uri == root or uri.startswith(root + "/")]
+    return dict(_OPTIONS[max(roots, key=len)]) if roots else {}
+
+
+def s3fs_options(storage_options: dict) -> dict:
+    """s3fs's arguments for `storage_options` written with Lance's object_store keys (as Lance takes them, strings
+    included: "true"); s3fs's own keys pass unchanged.
+
+    >>> s3fs_options({"aws_endpoint": "http://127.0.0.1:9000", "aws_access_key_id": "a", "allow_http": "true"})
+    {'key': 'a', 'client_kwargs': {'endpoint_url': 'http://127.0.0.1:9000'}}
+    """
+    out: dict = {}
+    client = dict(storage_options.get("client_kwargs") or {})
+    for name, value in storage_options.items():
+        if name in _S3FS_KEYS:
+            out[_S3FS_KEYS[name]] = value
+        elif name in _S3FS_CLIENT_KEYS:
+            client[_S3FS_CLIENT_KEYS[name]] = value
+        elif name not in _LANCE_ONLY and name != "client_kwargs":
+            out[name] = value
+    if client:
+        out["client_kwargs"] = client
+    return out
+
+
+def fsspec_options(uri: str, storage_options: dict | None = None) -> dict:
+    """The fsspec filesystem arguments for `uri`: `storage_options` (or those `use_options` gave its root), in
+    s3fs's keys for s3://."""
+    options = options_for(uri) if storage_options is None else dict(storage_options)
+    return s3fs_options(options) if str(uri).startswith(("s3://", "s3a://")) else options
+
+
 def filesystem(uri: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem for `uri` and the path inside it."""
-    return url_to_fs(str(uri), **(storage_options or {}))
+    return url_to_fs(str(uri), **fsspec_options(uri, storage_options))
 
 
 def exists(uri: str, storage_options: dict | None = None) -> bool:
@@ -81,3 +144,46 @@ def remove(uri: str, storage_options: dict | None = None, recursive: bool = Fals
     """Delete a file (or a directory tree with recursive=True)."""
     fs, path = filesystem(uri, storage_options)
     fs.rm(path, recursive=recursive)
+
+
+def remove_tree(uri: str) -> None:
+    """Delete the folder `uri` and all it holds; nothing when it does not exist (shutil.rmtree(ignore_errors))."""
+    fs, path = filesystem(uri)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def isdir(uri: str) -> bool:
+    """Whether `uri` is a folder (on an object store: a prefix holding objects)."""
+    fs, path = filesystem(uri)
+    return fs.isdir(path)
+
+
+def move(src: str, dst: str) -> None:
+    """Move the file or folder `src` to `dst` (same filesystem): a rename locally, a copy and a delete on an object
+    store (not atomic there: nothing may rely on it for a commit)."""
+    if not is_uri(src):
+        os.replace(src, dst)
+        return
+    fs, path = filesystem(src)
+    fs.mv(path, filesystem(dst)[1], recursive=True)
+
+
+def write_json(uri: str, value: Any, *, indent: int | None = None) -> None:
+    """Write `value` as the JSON file `uri` in one piece: locally through a .tmp file and a rename; on an object
+    store one PUT, which readers see whole or not at all."""
+    data = json.dumps(value, indent=indent)
+    if is_uri(uri):
+        with open(uri, "w") as f:
+            f.write(data)
+        return
+    os.makedirs(os.path.dirname(uri) or ".", exist_ok=True)
+    with builtins.open(uri + ".tmp", "w") as f:
+        f.write(data)
+    os.replace(uri + ".tmp", uri)
+
+
+def read_json(uri: str) -> Any:
+    """The value of the JSON file `uri`."""
+    with open(uri, "r") as f:
+        return json.load(f)

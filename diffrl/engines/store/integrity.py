@@ -15,14 +15,13 @@ repairs it, and the run never trains on top of it.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from diffrl.engines.numbering import step_number
+from diffrl.engines.store import fs
 from diffrl.engines.store.records import DIGESTED, digest_column, first_altered
 from diffrl.engines.store.tables import first_writes
 
@@ -37,22 +36,20 @@ def write_record(folder: str, previous: str | None, step: int, samples: int) -> 
     """Write `folder`/stored_rows.json: the record of checkpoint folder `previous` (when it has one) and step index
     `step` with its `samples` samples."""
     rows = {}
-    if previous is not None and os.path.exists(os.path.join(previous, RECORD)):
+    if previous is not None and fs.exists(fs.join(previous, RECORD)):
         rows = read_record(previous)
     rows[step_number(step)] = int(samples)
     rows = {k: v for k, v in rows.items() if k <= step_number(step)}  # a step trained again replaces what followed
-    with open(os.path.join(folder, RECORD), "w") as f:
-        json.dump({"rows": {str(k): v for k, v in sorted(rows.items())}}, f)
+    fs.write_json(fs.join(folder, RECORD), {"rows": {str(k): v for k, v in sorted(rows.items())}})
 
 
 def read_record(checkpoint: str) -> dict[int, int]:
     """{step number: samples} that checkpoint folder `checkpoint` records ({} for one written without a record)."""
-    path = os.path.join(checkpoint, RECORD)
-    if not os.path.exists(path):
+    path = fs.join(checkpoint, RECORD)
+    if not fs.exists(path):
         return {}
     try:
-        with open(path) as f:
-            return {int(k): int(v) for k, v in json.load(f)["rows"].items()}
+        return {int(k): int(v) for k, v in fs.read_json(path)["rows"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise DamagedStore(f"{path} is not the record diffrl wrote ({e})") from None
 

@@ -33,7 +33,6 @@ import warnings
 import weakref
 from dataclasses import dataclass
 
-import fsspec
 import torch
 from safetensors.torch import load as st_load
 from torch.distributed.checkpoint.state_dict import (
@@ -46,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from diffrl.engines.numbering import step_index, step_number
 from diffrl.engines.step.plan import inject_fault
+from diffrl.engines.store import fs
 from diffrl.engines.train.setup import ADAPTER_NAME, barrier, denoiser_names, lora_config, trained_module, world
 from diffrl.engines.train.tensor_file import write_tensors
 
@@ -65,19 +65,19 @@ class CorruptCheckpoint(ValueError):
 
 
 def _write(path: str, data: bytes) -> None:
-    with fsspec.open(path, "wb") as f:
+    with fs.open(path, "wb") as f:
         f.write(data)
 
 
 def _write_tensors(path: str, tensors: dict[str, torch.Tensor]) -> dict:
     """A safetensors file written piece by piece (diffrl/engines/train/tensor_file.py: the GIL stays free for the
     threads beside a background write); its {"bytes", "sha256"}."""
-    with fsspec.open(path, "wb") as f:
+    with fs.open(path, "wb") as f:
         return write_tensors(f, tensors)
 
 
 def _read(path: str) -> bytes:
-    with fsspec.open(path, "rb") as f:
+    with fs.open(path, "rb") as f:
         return f.read()
 
 
@@ -87,7 +87,7 @@ def _digest(data: bytes) -> dict:
 
 def _file_digest(path: str) -> dict:
     """_digest of a file read in 16 MiB pieces (DCP shards can be large)."""
-    with fsspec.open(path, "rb") as f:
+    with fs.open(path, "rb") as f:
         return _stream(f)
 
 
@@ -121,7 +121,7 @@ class _Files:
     def put_file(self, name: str, local: str) -> None:
         """Copy the local file `local` in 16 MiB pieces (a LoRA file diffusers wrote)."""
         self._fault()
-        with open(local, "rb") as src, fsspec.open(f"{self.path}/{name}", "wb") as dst:
+        with open(local, "rb") as src, fs.open(f"{self.path}/{name}", "wb") as dst:
             self.sums[name] = _stream(src, dst)
 
     def _fault(self) -> None:
@@ -134,8 +134,8 @@ class _Files:
 
 def write_checksums(path: str) -> None:
     """checksums.json of every file under the checkpoint folder `path` (read back: DCP writes its own files)."""
-    fs, root = fsspec.core.url_to_fs(path.rstrip("/"))
-    names = sorted(os.path.relpath(f, root) for f in fs.find(root))
+    files, root = fs.filesystem(path.rstrip("/"))
+    names = sorted(os.path.relpath(f, root) for f in files.find(root))
     sums = {name: _file_digest(f"{path.rstrip('/')}/{name}") for name in names if name != CHECKSUMS}
     _write(f"{path.rstrip('/')}/{CHECKSUMS}", json.dumps(sums, indent=1, sort_keys=True).encode())
 
@@ -145,7 +145,6 @@ def verify(path: str) -> None:
     A checkpoint without the list is unfinished or damaged (every checkpoint of this run format has one, written
     last): it is never loaded unverified."""
     path = path.rstrip("/")
-    fs, _ = fsspec.core.url_to_fs(path)
     listing = f"{path}/{CHECKSUMS}"
     if not fs.exists(listing):
         raise CorruptCheckpoint(
@@ -516,7 +515,7 @@ def save(trainer, path: str, *, step: int) -> str:
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
         state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, trainer.optimizer)}
-        dcp.save(state, storage_writer=FsspecWriter(f"{path}/dcp"))
+        dcp.save(state, storage_writer=FsspecWriter(f"{path}/dcp", **fs.fsspec_options(path)))
     if rank == 0:
         _write(f"{path}/trainer_state.json", json.dumps(_trainer_state(trainer, step)).encode())
     _write_tensors(f"{path}/rng_rank{rank}.safetensors", _rng_state())
@@ -530,7 +529,6 @@ def checked_state(path: str) -> dict:
     """The trainer_state.json of checkpoint `path`, after its files were checked against checksums.json
     (ValueError for a folder that is no diffrl checkpoint, CorruptCheckpoint naming a damaged file)."""
     path = path.rstrip("/")
-    fs, _ = fsspec.core.url_to_fs(path)
     if not fs.exists(f"{path}/trainer_state.json"):
         raise ValueError(f"checkpoint path {path!r} has no trainer_state.json: not a diffrl trainer checkpoint")
     verify(path)
@@ -541,7 +539,6 @@ def load(trainer, path: str) -> int:
     """Restore weights, optimizer, LR schedule, counters and RNG from `path`; returns the saved step. Its files are
     checked against checksums.json first (CorruptCheckpoint naming a damaged one; nothing is changed then)."""
     path = path.rstrip("/")
-    fs, _ = fsspec.core.url_to_fs(path)
     state = checked_state(path)
     if state["lora"] != trainer.cfg.lora:
         raise ValueError(
@@ -562,7 +559,7 @@ def load(trainer, path: str) -> int:
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
         sd = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, trainer.optimizer)}
-        dcp.load(sd, storage_reader=FsspecReader(f"{path}/dcp"))
+        dcp.load(sd, storage_reader=FsspecReader(f"{path}/dcp", **fs.fsspec_options(path)))
         set_model_state_dict(model, sd["model"])
         set_optimizer_state_dict(model, trainer.optimizer, sd["optim"])
     trainer.scheduler.load_state_dict({**trainer.scheduler.state_dict(), **state["scheduler"]})

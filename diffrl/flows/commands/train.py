@@ -115,12 +115,14 @@ def run_train(args: argparse.Namespace) -> int:
     import time
 
     from diffrl.configs.schema import load_experiment
+    from diffrl.engines.store import fs
     from diffrl.flows.run_format import check_run_format
     from diffrl.flows.run_lock import run_lock
 
     config, overrides = split_config_args(args)
     cfg = load_experiment(config, overrides)  # fail on bad input before Prefect or any model starts
-    with run_lock(cfg.run_dir, cfg.run.name):  # a second writer of the run is refused now, not after Prefect starts
+    fs.use_options(cfg.run.root, cfg.run.storage_options)  # run.json on an object store is read below
+    with run_lock(cfg.local_dir, cfg.run.name):  # a second writer of the run is refused now, not after Prefect starts
         check_run_format(cfg.run_dir, cfg.run.name)  # so is a run an older diffrl numbered
         server = _start_prefect_server()  # boots in its own process while this one imports torch, diffusers, MLflow
         from diffrl.flows.train import train
