@@ -59,11 +59,7 @@ FORWARDED_ENV = (
 
 class ReplicaLost(RuntimeError):
     """An engine replica's process died mid-call (its node went away, it was killed, the host ran out of memory): the
-    replicas' process group is broken, so the run stops; `replica`, `node` and `what` (stage and step) say where."""
-
-    def __init__(self, message: str, *, replica: str, node: str, what: str):
-        super().__init__(message)
-        self.replica, self.node, self.what = replica, node, what
+    replicas' process group is broken, so the run stops; the message names the replica, its node and the stage."""
 
 
 @dataclass
@@ -330,10 +326,7 @@ class RayEngines:
         return ReplicaLost(
             f"run {self.run_name!r}: engine replica {actor_name(self.run_name, dead)} on node {node} died while the "
             f"run waited for its {what}; its other replicas are stopped (their process group is broken). Once the node "
-            "is back, rerun the same command: it resumes from the last checkpoint, every committed row kept",
-            replica=dead,
-            node=node,
-            what=what,
+            "is back, rerun the same command: it resumes from the last checkpoint, every committed row kept"
         )
 
     def describe(self) -> list[dict]:
@@ -390,7 +383,7 @@ def _check_warm(config: Any) -> None:
     config: another number of GPUs, model or training setup."""
     import ray
 
-    warm = sorted(a for a in _run_actor_names(config.run.name) if a.rsplit("/", 1)[1].startswith("engine"))
+    warm = sorted(_run_actor_names(config.run.name))
     if not warm:
         return
     try:
@@ -405,13 +398,14 @@ def _check_warm(config: Any) -> None:
         )
 
 
-def _run_actor_names(run_name: str) -> list[str]:
+def _run_actor_names(run_name: str | None = None) -> list[str]:
+    """The names of diffrl's named actors on the connected cluster: one run's, or every run's."""
     import ray
 
     return [
         e["name"]
         for e in ray.util.list_named_actors(all_namespaces=True)
-        if e["namespace"] == NAMESPACE and e["name"].rsplit("/", 1)[0] == run_name
+        if e["namespace"] == NAMESPACE and (run_name is None or e["name"].rsplit("/", 1)[0] == run_name)
     ]
 
 
@@ -464,10 +458,7 @@ def list_actors(run_name: str | None = None) -> list[dict]:
     import ray
 
     out = []
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        name = entry["name"]
-        if entry["namespace"] != NAMESPACE or (run_name and name.rsplit("/", 1)[0] != run_name):
-            continue
+    for name in _run_actor_names(run_name or None):
         handle = ray.get_actor(name, namespace=NAMESPACE)
         try:
             info = ray.get(handle.describe.remote(), timeout=30)
@@ -484,10 +475,7 @@ def stop_actors(run_name: str) -> list[str]:
     from ray.util.placement_group import get_placement_group, remove_placement_group
 
     removed = []
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        name = entry["name"]
-        if entry["namespace"] != NAMESPACE or name.rsplit("/", 1)[0] != run_name:
-            continue
+    for name in _run_actor_names(run_name):
         try:
             handle = ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:

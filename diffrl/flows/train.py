@@ -294,22 +294,24 @@ def _policy_version(engines: cluster.Engines) -> int:
     return engines.policy_version
 
 
-def _cause(error: BaseException, kind: type) -> BaseException | None:
-    """`error`, or the first error of type `kind` that caused it."""
+def _chain(error: BaseException):
+    """`error`, then what caused it, and so on."""
     seen = error
     while seen is not None:
-        if isinstance(seen, kind):
-            return seen
+        yield seen
         seen = seen.__cause__ or seen.__context__
-    return None
+
+
+def _cause(error: BaseException, kind: type) -> BaseException | None:
+    """`error`, or the first error of type `kind` that caused it."""
+    return next((seen for seen in _chain(error) if isinstance(seen, kind)), None)
 
 
 def damaged_store(error: BaseException, cfg: ExperimentConfig) -> DamagedRun | None:
     """DamagedRun when `error` (or what caused it) is Lance not finding a file of one of the run's tables (a deleted or
     lost data file, which no rerun brings back: it used to exit 2, "bad input", advising a rerun) or a DamagedStore
     (a table missing, rows lost or altered: diffrl/engines/store/integrity.py)."""
-    seen = error
-    while seen is not None:
+    for seen in _chain(error):
         if isinstance(seen, DamagedStore):
             return DamagedRun(
                 f"run {cfg.run.name!r}: {seen}. Rerunning cannot repair it: restore {cfg.run_dir} from a backup, or "
@@ -322,7 +324,6 @@ def damaged_store(error: BaseException, cfg: ExperimentConfig) -> DamagedRun | N
                 f"run {cfg.run.name!r}: a file of its stored data is missing ({detail}). Rerunning cannot bring it "
                 f"back: restore {cfg.run_dir} from a backup, or train under a new run.name"
             )
-        seen = seen.__cause__ or seen.__context__
     return None
 
 

@@ -186,12 +186,9 @@ def forget_partly_replicated(engines: Any, step: int, results_dir: str) -> list[
     dropped = []
     for stage in REPLICATED:
         keys = [stage_key(cfg.run.name, engines.run_uid, step, stage, r) for r in range(cfg.cluster.replicas)]
-        paths = [os.path.join(results_dir, key) for key in keys]
-        present = [p for p in paths if os.path.exists(p)]
-        if 0 < len(present) < len(paths):
-            for path in present:
-                os.remove(path)
-                dropped.append(os.path.basename(path))
+        present = sum(os.path.exists(os.path.join(results_dir, key)) for key in keys)
+        if 0 < present < len(keys):
+            dropped += _drop_results(results_dir, keys)
     return dropped
 
 
@@ -227,13 +224,19 @@ def forget_unfinished(engines: Any, step: int, results_dir: str) -> list[str]:
     if not advantages_ok:
         stale += [("advantages", replica) for replica in range(cfg.cluster.replicas)]
     if not checkpoint_ok:
-        stale += [(stage, replica) for stage in REPLICATED[1:] for replica in range(cfg.cluster.replicas)]
+        trained = ("update_actor", "sync_weights")
+        stale += [(stage, replica) for stage in trained for replica in range(cfg.cluster.replicas)]
+    return _drop_results(results_dir, [stage_key(cfg.run.name, uid, step, stage, chunk) for stage, chunk in stale])
+
+
+def _drop_results(results_dir: str, keys: list[str]) -> list[str]:
+    """Delete the persisted stage results `keys` that exist (those stages then run again); returns the ones deleted."""
     dropped = []
-    for stage, chunk in stale:
-        path = os.path.join(results_dir, stage_key(cfg.run.name, uid, step, stage, chunk))
+    for key in keys:
+        path = os.path.join(results_dir, key)
         if os.path.exists(path):
             os.remove(path)
-            dropped.append(os.path.basename(path))
+            dropped.append(key)
     return dropped
 
 

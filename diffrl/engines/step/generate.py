@@ -23,12 +23,11 @@ from diffrl.engines.step.plan import (
     chunk_plan,
     inject_fault,
     num_chunks,
-    replica_chunks,
+    own_chunks,
     sample_seed,
     validation_due,
 )
 from diffrl.engines.step.records import Generated, Scored
-from diffrl.engines.train.setup import world
 from diffrl.engines.trajectories import Trajectories
 from diffrl.models.base import SampleShape
 
@@ -145,7 +144,7 @@ def prefetch(engines: Any, step: int) -> int:
         or validation_due(cfg, step)
     ):
         return 0
-    chunks = replica_chunks(cfg, world()[0])  # this replica's share (every chunk with one process)
+    chunks = own_chunks(cfg)  # this replica's share (every chunk with one process)
     for chunk in chunks:
         memory.start_rollout(step, chunk, functools.partial(sample_chunk, engines, step, chunk))
     return len(chunks)

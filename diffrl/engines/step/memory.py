@@ -189,12 +189,7 @@ class StepMemory:
             parts = [self._rewards_done.get((step, c)) for c in chunks]
         if any(p is None for p in parts):
             return None
-        names = sorted({name for p in parts for name in p.components})
-        components = {
-            name: torch.cat([p.components.get(name, torch.full_like(p.scores, float("nan"))) for p in parts])
-            for name in names
-        }
-        return torch.cat([p.scores for p in parts]), components, torch.cat([p.valid for p in parts])
+        return cat_rewards([(p.scores, p.components, p.valid) for p in parts])
 
     # ---- advantages ------------------------------------------------------------------------------------
     def put_advantages(self, step: int, advantages: torch.Tensor) -> None:
@@ -260,6 +255,15 @@ class StepMemory:
             closers, self._closers = self._closers, []
             for closer in reversed(closers):
                 closer()
+
+
+def cat_rewards(parts: list[tuple]) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    """(scores, components, valid) of consecutive parts of a step, concatenated; a component a part lacks (an optional
+    one that was down there) is NaN on its samples."""
+    names = sorted({name for _, components, _ in parts for name in components})
+    nan = float("nan")
+    components = {name: torch.cat([c.get(name, torch.full_like(s, nan)) for s, c, _ in parts]) for name in names}
+    return torch.cat([p[0] for p in parts]), components, torch.cat([p[2] for p in parts])
 
 
 def _timed(fn: Callable[[], object], name: str, step: int, chunk: int) -> tuple[object, float]:

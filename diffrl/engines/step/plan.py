@@ -11,6 +11,7 @@ from typing import Any
 
 from diffrl.engines.numbering import step_number
 from diffrl.engines.rollout.config import OdeShortcut, RolloutWeights
+from diffrl.engines.train.setup import world
 
 STALL_S = 5.0  # how long a `stall` fault point hangs before it kills the process
 
@@ -31,6 +32,14 @@ def replica_chunks(cfg: Any, replica: int) -> range:
     prompt groups stay together where they fit in its share); every chunk with one replica."""
     per_replica = num_chunks(cfg) // cfg.cluster.replicas
     return range(replica * per_replica, (replica + 1) * per_replica)
+
+
+def own_chunks(cfg: Any) -> list[int]:
+    """The chunks of a step this process generates: its engine replica's share (every chunk with one process; the one
+    chunk of offline pairs)."""
+    if cfg.data.sample_source == "offline":
+        return [0]
+    return list(replica_chunks(cfg, world()[0]))
 
 
 def chunk_owner(cfg: Any, chunk: int) -> int:

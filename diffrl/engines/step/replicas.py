@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from diffrl.engines.step.generate import step_trajectories, store_call
-from diffrl.engines.step.plan import replica_chunks
+from diffrl.engines.step.memory import cat_rewards
+from diffrl.engines.step.plan import own_chunks
 from diffrl.engines.train.setup import world
 from diffrl.engines.trajectories import Trajectories
 
@@ -47,7 +48,7 @@ def gathered_step(engines: Any, step: int) -> Trajectories | None:
     rank, size = world()
     if size == 1:
         return None
-    held = [engines.memory.chunk(step, chunk) for chunk in replica_chunks(engines.config, rank)]
+    held = [engines.memory.chunk(step, chunk) for chunk in own_chunks(engines.config)]
     device = _device()
     everyone = torch.tensor([float(all(h is not None for h in held))], device=device)
     dist.all_reduce(everyone, op=dist.ReduceOp.MIN)  # one path for all ranks: the gathers below are collectives
@@ -82,13 +83,6 @@ def _device() -> str:
     return "cuda" if dist.get_backend() == "nccl" else "cpu"
 
 
-def own_chunks(cfg: Any) -> list[int]:
-    """The chunks of a step this process generates: its replica's share (every chunk with one process)."""
-    if cfg.data.sample_source == "offline":
-        return [0]
-    return list(replica_chunks(cfg, world()[0]))
-
-
 def step_rewards_of_every_replica(engines: Any, step: int) -> tuple[list[tuple[str, int]], list[int], tuple] | None:
     """Engine replicas: (this replica's samples' keys (group id, sample index), their rows in the whole step, the whole
     step's
@@ -114,16 +108,7 @@ def step_rewards_of_every_replica(engines: Any, step: int) -> tuple[list[tuple[s
     parts: list[Any] = [None] * size
     scores, components, valid = rewards
     dist.all_gather_object(parts, (scores, components, valid, [group for group, _ in mine]))
-    names = sorted({name for part in parts for name in part[1]})
-    whole_components = {
-        name: torch.cat([p[1].get(name, torch.full_like(p[0], float("nan"))) for p in parts]) for name in names
-    }
-    whole = (
-        torch.cat([p[0] for p in parts]),
-        whole_components,
-        torch.cat([p[2] for p in parts]),
-        [g for p in parts for g in p[3]],
-    )
+    whole = (*cat_rewards([p[:3] for p in parts]), [g for p in parts for g in p[3]])
     return mine, list(range(first, first + len(mine))), whole
 
 
