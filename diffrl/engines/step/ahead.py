@@ -1,10 +1,10 @@
-"""The engines run one step ahead of the flow that records it (one process, `cluster.mode: local`; issue 25).
+"""The engines run one step ahead of the flow that records it: in the run's process, or in each Ray engine replica,
+where the worker runs that replica's share of the step.
 
 A step's stages are short calls from the flow (Prefect tasks) into warm engines. Between two steps the flow does its
 bookkeeping: the step's subflow run ends and the next one starts (Prefect API calls), MLflow, rollout images,
-retention. On a fast GPU that took 0.2-0.3 s a step (shapes recipe on an H200: 1.74 s a step against 1.39 s for the
-same engines called directly), and the GPU waited for it: the next step's update could only start once the flow had
-walked through its generate, score and advantages tasks.
+retention. Without the worker the GPU waits for it: the next step's update could only start once the flow had walked
+through its generate, score and advantages tasks.
 
 Here every stage of a step runs once per process, by whoever asks first (`RunAhead.once`): the flow's task, or the
 run-ahead worker. When the flow has received step k's record and step k's weight sync has started step k+1's
