@@ -383,11 +383,11 @@ def _check_warm(config: Any) -> None:
     config: another number of GPUs, model or training setup."""
     import ray
 
-    warm = sorted(_run_actor_names(config.run.name))
-    if not warm:
+    first = actor_name(config.run.name, "engine")
+    if first not in _run_actor_names(config.run.name):
         return
     try:
-        info = ray.get(ray.get_actor(warm[0], namespace=NAMESPACE).describe.remote(), timeout=60)
+        info = ray.get(ray.get_actor(first, namespace=NAMESPACE).describe.remote(), timeout=60)
     except (ValueError, ray.exceptions.RayError):
         return  # gone or not answering: start_actors reports it in its own words
     if "config" in info and comparable(info["config"]) != comparable(config):
@@ -415,9 +415,11 @@ def start_actors(config: Any, build: Callable, run_uid: str = "") -> RayEngines:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     run_name, timeout = config.run.name, config.cluster.actor_timeout_s
+    from diffrl.engines.commit_lock import serialise_commits
     from diffrl.engines.host import EngineHost
 
     _check_warm(config)
+    serialise_commits(config)  # several writers of one run's tables on an object store: one commit at a time
     names = actor_names(config)
     gpus = _resources(config, names)
     pg = _placement_group(run_name, gpus, timeout)

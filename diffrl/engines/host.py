@@ -10,6 +10,7 @@ import time
 from typing import Any, Callable
 
 from diffrl.engines.cluster import Engines, actor_threads, comparable, config_changes
+from diffrl.engines.commit_lock import serialise_commits
 
 _BUILDS = 0  # engine builds in this process (an actor process: 1 while it stays warm)
 
@@ -53,6 +54,7 @@ class EngineHost:
     def _build(self) -> None:
         global _BUILDS
         build, config, run_uid = self._pending
+        serialise_commits(config)  # before the store opens: the replicas share the run's tables
         self.engines = build(config, "engine")
         self.engines.run_uid = run_uid
         self._attached = False

@@ -1,6 +1,7 @@
 """Engine replicas on a Ray cluster of two nodes, emulated on this machine: a head and a second node started with
 `ray start` (one CPU and one fake GPU each, token authentication, as docs/operations.md shows), joined by `diffrl
-train` run as a user runs it. Two replicas land one on each node and train as one process does; a replica whose
+train` run as a user runs it. Two replicas land one on each node and train as one process does, with the run folder
+on an S3-compatible object store both nodes reach (moto's server on loopback stands in for S3); a replica whose
 process dies mid-step stops the run with one line naming it, its node and the stage, and the same command resumes."""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import time
 
 import pytest
 from conftest import TINY
-from safetensors.torch import load_file
+from object_store import BUCKET, moto_server, run_overrides, s3, storage_options
+from safetensors.torch import load, load_file
 from servers import VENV_BIN, free_port
 
 from diffrl.engines.ray_exposure import answers
@@ -92,8 +94,11 @@ def _diffrl(env: dict, *args: str, extra_env: dict | None = None) -> subprocess.
 
 @pytest.mark.slow
 def test_two_replicas_on_two_nodes_train_as_one_process(two_nodes, workdir):
-    """One replica on each node (their process group over the loopback network, gloo): the metrics of each step and the
-    LoRA weights after it equal the in-process run's."""
+    """One replica on each node (their process group over the loopback network, gloo), the run folder in a bucket:
+    the metrics of each step and the LoRA weights after it equal the in-process run's, and each step's rows, written
+    by both replicas at once, are in the bucket's tables once each (the store ignores conditional PUTs: the commits
+    go through the run's commit lock)."""
+    import lance
     from test_ray_mode import _metrics
     from test_replicas import SAME, _checkpoints
 
@@ -101,20 +106,31 @@ def test_two_replicas_on_two_nodes_train_as_one_process(two_nodes, workdir):
 
     env, ids = two_nodes
     train(config=None, overrides=TINY + RUN + ["run.name=inprocess"])
-    trained = _diffrl(env, "train", *TINY, *RUN, *REPLICAS, "run.name=nodes")
-    assert trained.returncode == 0, trained.stderr[-3000:]
+    with moto_server() as endpoint:
+        trained = _diffrl(env, "train", *TINY, *RUN, *REPLICAS, *run_overrides(endpoint, "nodes"))
+        assert trained.returncode == 0, trained.stderr[-3000:]
+        bucket = s3(endpoint)
+        folder = f"{BUCKET}/runs/nodes"
+        theirs = [load(bucket.cat(f"{folder}/checkpoints/step_{k}/trainable.safetensors")) for k in (1, 2)]
+        for table in ("trajectories", "rewards", "advantages"):
+            uri = f"s3://{folder}/{table}.lance"
+            rows = lance.dataset(uri, storage_options=storage_options(endpoint)).to_table().to_pylist()
+            keys = [(r["step"], r["group_id"], r["sample_index"]) for r in rows]
+            assert len(keys) == len(set(keys)) == 16, (table, sorted(keys))  # 2 steps x 8 rows, each once
+        assert not (workdir / "runs/nodes/checkpoints").exists()  # nothing of the run folder on the local disk
     status = _diffrl(env, "cluster", "status", "nodes")
     placed = dict(re.findall(r"^nodes/(engine(?:-1)?)\s+node (\w+)", status.stdout, re.M))
     assert sorted(placed) == ["engine", "engine-1"], status.stdout
     assert {placed["engine"], placed["engine-1"]} == {i[:8] for i in ids}  # one replica on each node
+    lock = re.search(r"^nodes/commits\s+node \w+ pid \d+\s+commit lock: (\d+) commits", status.stdout, re.M)
+    assert lock and int(lock.group(1)) >= 3 * 2 * 2, status.stdout  # each replica's rows of 3 tables, 2 steps
 
     one, two = _metrics(workdir, "inprocess"), _metrics(workdir, "nodes")
     for key in SAME:
         assert len(two[key]) == 2 and two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
     assert two["perf/gpus"] == [2.0, 2.0] and two["exchange/bytes"][0] > 0
-    pairs = zip(_checkpoints(workdir / "runs/inprocess"), _checkpoints(workdir / "runs/nodes"), strict=True)
-    for ours, theirs in pairs:
-        a, b = load_file(ours / "trainable.safetensors"), load_file(theirs / "trainable.safetensors")
+    for ours, b in zip(_checkpoints(workdir / "runs/inprocess"), theirs, strict=True):
+        a = load_file(ours / "trainable.safetensors")
         for name in a:  # the tolerance of tests/cluster/test_replicas.py (Adam's step is ~lr whatever the gradient)
             assert b[name] == pytest.approx(a[name], abs=1e-5), name
     assert _diffrl(env, "cluster", "stop", "nodes").returncode == 0

@@ -5,77 +5,28 @@ trace lands on the local disk."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
-import s3fs
 from e2e_settings import TINY
+from object_store import BUCKET, SECRET, moto_server, run_overrides, s3, storage_options
 
 from diffrl.flows.train import train
-
-BUCKET = "diffrl-runs"
-SECRET = "moto-secret-key"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def s3_endpoint():
-    """moto's S3 server on 127.0.0.1 at a free port, with an empty bucket; its endpoint URL."""
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):  # it listens within a few seconds
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        _s3(endpoint).mkdir(BUCKET)
+    with moto_server() as endpoint:
         yield endpoint
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-
-
-def _s3(endpoint: str) -> s3fs.S3FileSystem:
-    return s3fs.S3FileSystem(
-        key="moto", secret=SECRET, client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True
-    )
-
-
-def _options(endpoint: str) -> list[str]:
-    """run.storage_options in Lance's object_store keys, as docs/operations.md shows them."""
-    options = {
-        "aws_endpoint": endpoint,
-        "aws_access_key_id": "moto",
-        "aws_secret_access_key": SECRET,
-        "aws_region": "us-east-1",
-        "allow_http": "true",
-    }
-    return [f"run.storage_options={json.dumps(options)}"]
 
 
 def test_train_and_resume_on_s3(workdir, s3_endpoint):
-    run = [*TINY, "run.root=s3://diffrl-runs/runs", "run.name=s3run", *_options(s3_endpoint)]
+    run = [*TINY, *run_overrides(s3_endpoint, "s3run")]
     first = train(config=None, overrides=[*run, "run.steps=2"])
     assert first["last_step"] == 2
     resumed = train(config=None, overrides=[*run, "run.steps=3"])
     assert resumed["last_step"] == 3
 
-    store = _s3(s3_endpoint)
+    store = s3(s3_endpoint)
     folder = f"{BUCKET}/runs/s3run"
     assert json.loads(store.cat(f"{folder}/checkpoints/latest.json"))["step"] == 3
     for step in (2, 3):  # the latest two checkpoints are kept, each whole
@@ -108,8 +59,7 @@ def _each_step_once(endpoint: str) -> None:
     """Every step's rows are in trajectories.lance once: the resume wrote step 3 and nothing of steps 1 and 2 again."""
     import lance
 
-    options = json.loads(_options(endpoint)[0].split("=", 1)[1])
-    rows = lance.dataset(f"s3://{BUCKET}/runs/s3run/trajectories.lance", storage_options=options)
+    rows = lance.dataset(f"s3://{BUCKET}/runs/s3run/trajectories.lance", storage_options=storage_options(endpoint))
     steps = rows.to_table(columns=["step", "group_id", "sample_index"]).to_pylist()
     keys = [(r["step"], r["group_id"], r["sample_index"]) for r in steps]
     assert len(keys) == len(set(keys)) == 24

@@ -7,6 +7,7 @@ object and calling `checkout_latest()` works for every scheme and is cheaper on 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -25,7 +26,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 from lance.commit import CommitConflictError  # noqa: E402
 
-from diffrl.engines.store import fs  # noqa: E402
+from diffrl.engines.store import commits, fs  # noqa: E402
 
 _APPEND_ATTEMPTS = 8
 
@@ -110,7 +111,12 @@ class LanceTable:
 
         Lance commits are optimistic; concurrent appends rebase on each other inside Lance, and
         a conflict that still surfaces (e.g. two processes creating the table) is retried here.
+        Under a commit lock (diffrl/engines/store/commits.py) the rows are written first and only the
+        commit holds the lock.
         """
+        lock = commits.lock_for(self.uri)
+        if lock is not None:
+            return self._append_under(lock, table)
         with self._lock:
             for attempt in range(_APPEND_ATTEMPTS):
                 target = self.dataset()
@@ -134,6 +140,31 @@ class LanceTable:
                 if attempt == _APPEND_ATTEMPTS - 1:
                     raise CommitConflictError(f"{self.uri}: append still conflicting after {_APPEND_ATTEMPTS} attempts")
                 time.sleep(0.05 * (attempt + 1))
+
+    def _append_under(self, lock: commits.CommitLock, table: pa.Table) -> None:
+        """Append with the commit serialised by `lock`. The first write creates the table holding the lock; after it,
+        the data files go up at once and only the manifest's commit holds the lock (no other writer commits
+        meanwhile, so Lance rebases this append onto whatever was committed since the files were written)."""
+        with self._lock:
+            if self.dataset() is None:
+                with lock.hold(self.uri):
+                    if self.dataset() is None:
+                        self._ds = lance.write_dataset(
+                            table, self.uri, mode="create", storage_options=self.storage_options or None
+                        )
+                        return
+            transaction = lance.fragment.write_fragments(
+                table, self._ds, return_transaction=True, storage_options=self.storage_options or None
+            )
+            with lock.hold(self.uri):
+                self._ds = lance.LanceDataset.commit(
+                    self.uri, transaction, storage_options=self.storage_options or None
+                )
+
+    def _serialised(self):
+        """The commit lock of this table (held around a delete, compaction or clean-up), or no lock."""
+        lock = commits.lock_for(self.uri)
+        return contextlib.nullcontext() if lock is None else lock.hold(self.uri)
 
     def _is_local(self) -> bool:
         return fs._split_scheme(self.uri)[0] in ("", "file://")
@@ -181,7 +212,7 @@ class LanceTable:
 
     def delete(self, predicate: str) -> None:
         """Delete rows (Lance retries conflicts itself)."""
-        with self._lock:
+        with self._lock, self._serialised():
             ds = self.dataset()
             if ds is not None:
                 ds.delete(predicate)
@@ -190,7 +221,7 @@ class LanceTable:
         self, *, target_rows_per_fragment: int | None = None, excluded_fragment_ids: list[int] | None = None
     ) -> None:
         """Merge small adjacent fragments (one per append) and drop deleted rows physically."""
-        with self._lock:
+        with self._lock, self._serialised():
             ds = self.dataset()
             if ds is None:
                 return
@@ -203,7 +234,7 @@ class LanceTable:
 
     def cleanup(self, older_than_seconds: float, *, delete_unverified: bool = False) -> int:
         """Remove versions older than `older_than_seconds` and their unreferenced files; bytes freed."""
-        with self._lock:
+        with self._lock, self._serialised():
             ds = self.dataset()
             if ds is None:
                 return 0

@@ -49,6 +49,13 @@ def run(args: argparse.Namespace) -> int:
             if "error" in a:
                 print(f"{a['name']:<32} UNRESPONSIVE {a['error']}")
                 continue
+            if "commit_lock" in a:  # the run's lock for commits to an object store (diffrl/engines/commit_lock.py)
+                lock = a["commit_lock"]
+                print(
+                    f"{a['name']:<32} node {a['node'][:8]} pid {a['pid']:<7} commit lock: {lock['grants']} commits, "
+                    f"held now {lock['held'] or 'none'}"
+                )
+                continue
             gpus = ",".join(a["gpus"]) or "-"
             print(
                 f"{a['name']:<32} node {a['node'][:8]} pid {a['pid']:<7} gpus {gpus:<6} threads {a['threads']:<3} "
