@@ -1,4 +1,4 @@
-"""The trainer: updates the policy with any diffusion algorithm by asking it (DESIGN §3).
+"""The trainer: updates the policy with any diffusion algorithm by asking it (`algorithm.needs`, docs/architecture.md).
 
 `algorithm.needs` says what to prepare -- replays of the stored denoising steps or the final samples re-noised by the
 forward process, old-policy log-probs or transition means, a reference forward, an EMA "old" adapter, pairs or every
@@ -175,7 +175,7 @@ class PolicyTrainer(TrainerBase):
     def update(
         self, traj: Trajectories, advantages: torch.Tensor, rollout: RolloutEngine | None = None
     ) -> dict[str, float]:
-        """One RL step's update with the algorithm's loss; returns DESIGN §4 metrics.
+        """One RL step's update with the algorithm's loss; returns its metrics (docs/training.md, "Metrics").
 
         `traj` and `advantages` (B,) are the whole step's, identical on every rank; each rank trains
         on its share of every mini-batch. `rollout` is the engine that sampled `traj`: when it runs

@@ -72,8 +72,8 @@ def test_two_process_fsdp2_matches_one_process(tiny_model, tmp_path, dtype):
 @pytest.mark.slow
 def test_a_two_process_lora_checkpoint_resumes_exactly(tiny_model, tmp_path):
     """Sharded (cluster.trainers) and replicated (engine replicas) LoRA trainers: a checkpoint loads back the same
-    weights and optimizer state on every rank, and the next update is the one the original trainer makes. (Every rank
-    used to load its own copy of the full state: the non-zero ranks' weights were left as initialised.)"""
+    weights and optimizer state on every rank, and the next update is the one the original trainer makes (a rank that
+    loaded only its own copy of the full state would keep its initial weights)."""
     worker = os.path.join(os.path.dirname(__file__), "fsdp_resume_worker.py")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     _run([*torchrun, worker, tiny_model("sd3"), str(tmp_path)])
