@@ -10,9 +10,9 @@ The convention (CONTRIBUTING.md, "Docs and comments"): the line before a shell b
     <!-- skip: needs your files -->    needs files only a user has (images, model folders, a dataset)
 
 A shell block is a fenced block tagged bash, sh, shell or console, or any other fenced or indented code block with a
-line that starts a diffrl, python, make, pip, prefect, ray or mlflow command. A runnable block runs with `bash -euo pipefail`
-in a scratch folder that links the repository's top-level entries (so `diffrl/configs/...` and `benchmarks/...` resolve)
-and `.venv` to the environment running this test.
+line that starts a diffrl, python, make, pip, prefect, ray or mlflow command. A runnable block runs with
+`bash -euo pipefail` in a scratch folder that links the repository's top-level entries (so `diffrl/configs/...` and
+`benchmarks/...` resolve) and `.venv` to the environment running this test.
 """
 
 from __future__ import annotations
@@ -140,7 +140,8 @@ def test_the_block_finder_sees_fenced_and_indented_commands(tmp_path, monkeypatc
     doc.parent.mkdir()
     doc.write_text(
         "<!-- run: cpu -->\n```bash\necho hi\n```\n\n```\n[diffrl] output, not a command\n```\n\n"
-        "Text:\n\n    python benchmarks/x.py --out y.json\n\n<!-- skip: gpu -->\n```\nOMP_NUM_THREADS=1 diffrl train\n```\n"
+        "Text:\n\n    python benchmarks/x.py --out y.json\n\n"
+        "<!-- skip: gpu -->\n```\nOMP_NUM_THREADS=1 diffrl train\n```\n"
     )
     monkeypatch.setattr(sys.modules[__name__], "REPO", str(tmp_path))
     blocks = shell_blocks("docs/x.md")

@@ -125,9 +125,7 @@ def violations(lines) -> list[str]:
 
 def test_docs_configs_and_comments_carry_no_history():
     found = violations(scanned())
-    assert not found, (
-        f"{len(found)} lines carry history (git keeps it; say what is, and why):\n" + "\n".join(found)
-    )
+    assert not found, f"{len(found)} lines carry history (git keeps it; say what is, and why):\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize(
