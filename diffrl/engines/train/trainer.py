@@ -377,10 +377,9 @@ class PolicyTrainer(TrainerBase):
 
 
 def _accumulate(sums, counts, metrics: dict) -> None:
-    """Add one pass's metrics without waiting for the GPU: tensors are summed where they are (in float64, as the
-    Python floats they were added as before) and read once, when the update's metrics are reduced. A float() per pass
-    held the host until that pass's backward had run, so the GPU then idled while the host prepared and launched the
-    next pass (profiled on an H200: Qwen-Image's update kept the GPU busy 72 % of its 6.3 s, SD3.5-M's 93 %)."""
+    """Add one pass's metrics without waiting for the GPU: tensors are summed where they are (in float64, as
+    Python floats would add them) and read once, when the update's metrics are reduced. A float() per pass would hold
+    the host until that pass's backward had run, and the GPU would idle while the host prepared the next pass."""
     for name, value in metrics.items():
         sums[name] = sums[name] + (value.detach().double() if torch.is_tensor(value) else float(value))
         counts[name] += 1

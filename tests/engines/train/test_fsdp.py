@@ -2,8 +2,8 @@
 within bf16 rounding, below).
 
 In fp32, and over a bf16 base model: LoRA weights stay fp32 and compute in fp32 on any world size
-(FSDP's mixed-precision policy must not cast them to bf16; it did, and the 2-process weights then
-differed by 19 % of the update, 40x what reordering the bf16 sums alone gives).
+(cast to bf16 by FSDP's mixed-precision policy, the 2-process weights differ by 19 % of the update, 40x what
+reordering the bf16 sums alone gives).
 """
 
 from __future__ import annotations
