@@ -1,7 +1,7 @@
-"""Does the direct-preference family learn? Whole `diffrl train` runs on the tiny CPU model (issue 10).
+"""Does the direct-preference family learn? Whole `diffrl train` runs on the tiny CPU model.
 
 Runs a shipped config (default: quick_dpo, quick_nft) in a fresh working directory and reads back every
-sample's reward from runs/<name>/rewards.lance. The check of issue 10: the mean reward of the last
+sample's reward from runs/<name>/rewards.lance. The check: the mean reward of the last
 quarter of the steps exceeds that of the first quarter by more than twice the standard error of the
 difference (sqrt(var_first / n_first + var_last / n_last), per-sample rewards). For offline DPO it
 reports actor/implicit_acc per step instead. Results go to benchmarks/results/dp_learning_cpu.json.

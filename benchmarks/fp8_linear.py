@@ -1,4 +1,4 @@
-"""Micro-benchmark of rollout.weights kind fp8 (issue 33): a bf16 nn.Linear forward vs the FP8 linear of
+"""Micro-benchmark of rollout.weights kind fp8: a bf16 nn.Linear forward vs the FP8 linear of
 diffrl/engines/rollout/fast_weights.py (weight quantized once, the input per call, per-row scales), eager and under
 torch.compile, at the transformer's linear shapes.
 

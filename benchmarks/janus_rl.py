@@ -1,11 +1,11 @@
 """GRPO on Janus-Pro's image tokens through the step core, engines only: images/s and image tokens/s of the CFG rollout
-and of the update, samples/GPU/s of the RL step, peak GPU memory. Not run yet on a GPU (written for a later session).
+and of the update, samples/GPU/s of the RL step, peak GPU memory. Not run on a GPU yet.
 
 The engines-only loop of benchmarks/omni_rl.py: `build_engines(cfg, durable=False)` and the step core's `run_step`
 (generate -> score -> advantages -> update_actor -> sync_weights), no store, no MLflow, on janus_shapes_grpo's recipe.
 The policy is built from a config-only folder written here (`model.path: random:<folder>`): Janus-Pro-1B or -7B's
 shapes with random weights made in memory on the device, so no checkpoint is needed. The sizes are those of the
-released transformers-format configs (deepseek-community/Janus-Pro-1B / -7B) as far as this session could know them
+released transformers-format configs (deepseek-community/Janus-Pro-1B / -7B) as far as they could be read
 without the hub: language model Llama 1B (hidden 2048, 24 layers, 16 heads, MLP 5632) or 7B (4096, 30, 32, 11008),
 vocabulary 102400, SigLIP-L vision tower at 384 px, VQ-VAE with a 16384-entry codebook, 576 image tokens per image;
 check them against a real config.json before quoting the figures. The tokenizer is diffrl's tiny BPE with Janus'

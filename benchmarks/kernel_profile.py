@@ -1,4 +1,4 @@
-"""Where a profiled RL step's GPU time goes (issue 33): device kernels by kind, per stage, and how busy the GPU was.
+"""Where a profiled RL step's GPU time goes: device kernels by kind, per stage, and how busy the GPU was.
 
 `torch.profiler` lists every kernel with its device time; its own tables mix CPU operators (whose "device time" is
 their kernels') with the kernels themselves, so shares do not add up. This module reads the kernels alone:

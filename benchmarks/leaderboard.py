@@ -1,4 +1,4 @@
-"""The algorithm leaderboard (issue 34): every diffusion algorithm of the catalog on the reference shapes model, the
+"""The algorithm leaderboard: every diffusion algorithm of the catalog on the reference shapes model, the
 geneval_lite reward and the same prompts, for an equal budget of training seconds per run, over several seeds.
 
 Each run drives the step core the `rl_step` flow runs (diffrl/engines/step/run.py run_step, engines only, as

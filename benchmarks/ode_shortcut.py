@@ -1,4 +1,4 @@
-"""The rollout's ODE shortcuts (rollout.ode_tail / ode_head, issue 33): seconds per image, transformer evaluations per
+"""The rollout's ODE shortcuts (rollout.ode_tail / ode_head): seconds per image, transformer evaluations per
 image and the reward of the final images, lever off against on, same prompts and seeds.
 
 Loads a config's model and reward (default: the quickstart's shapes-small recipe, diffrl/configs/shapes_quick.yaml),

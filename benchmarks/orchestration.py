@@ -13,8 +13,8 @@ sync bookkeeping and the rollout-image logging (MLflow's metric write itself is 
     python benchmarks/orchestration.py --steps 12 --out benchmarks/results/orchestration_cpu.json
 
 Over a long run it also reports the mean step time of each block of --block steps, which shows whether the
-per-step cost grows with the step number (it did, until the flow compacted the Lance tables every
-run.compact_every steps):
+per-step cost grows with the step number (it does without compaction: every Lance append adds a fragment that
+later reads open; the flow compacts every run.compact_every steps):
 
     python benchmarks/orchestration.py --steps 80 --block 10 --out benchmarks/results/orchestration_80_cpu.json
     python benchmarks/orchestration.py --steps 80 --block 10 run.compact_every=0   # without compaction

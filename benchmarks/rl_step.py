@@ -1,4 +1,4 @@
-"""GPU RL-step benchmark: images/GPU/s of a whole policy-gradient step at real model size (issue 11).
+"""GPU RL-step benchmark: images/GPU/s of a whole policy-gradient step at real model size.
 
 Builds the recipe's pipeline with random weights at real size on the device (benchmarks/common.py: real
 transformer and VAE; no text encoder -- random prompt embeddings of the real shapes are read through the
@@ -8,8 +8,7 @@ trajectory store): generate (rollout, VAE decode) -> score (jpeg_compressibility
 behind the rollout) -> advantages -> update_actor (replay + loss + backward + optimizer steps) -> sync_weights.
 
 images/GPU/s = images per step / (seconds per step x GPUs), a step's seconds being the time from the end of one
-step to the end of the next, as a run sees it (the reward included; text encoding excluded). Before
-2026-11-25 the figure summed the stage times without the reward (32-52 ms of 10-16 s steps).
+step to the end of the next, as a run sees it (the reward included; text encoding excluded).
 Before the steps, probes time
 single forwards/backwards (CFG batching, SDPA backends, micro-batch x activation checkpointing, VAE decode,
 FLOPs per forward); `auto` levers are set from them. After the main measurement, variants change one
@@ -104,7 +103,7 @@ RECIPES = {
         negative_tokens=6,
         rollout_batch=16,
         algorithm=get_algorithm("flow_grpo_fast", noise_level=1.2, window={"start_range": (0, 5)}, clip_ratio=1e-5),
-        ode_tail="ab2:2",  # as diffrl/configs/qwen_image_ocr_lora.yaml sets it (issue 33's guard passed)
+        ode_tail="ab2:2",  # as diffrl/configs/qwen_image_ocr_lora.yaml sets it (its guard passed)
         sort_by_window=True,  # the same (its own guard passed); saves only when a call holds several forward batches
         train_candidates=((1.0, 4), (1.0, 8), (0.5, 4), (0.0, 1), (0.0, 2), (0.0, 4)),
     ),
@@ -128,7 +127,7 @@ RECIPES = {
 }
 # diffrl/configs/sd35m_mix_grpo_ocr.yaml at the flow_grpo recipe's batch: MixGRPO (dance SDE, progressive 4-step window
 # starting at 0 for RL steps 1-25), the rest as sd35m_flow_grpo; the ODE-tail lever's best case (6 deterministic steps
-# after the window, issue 33).
+# after the window).
 RECIPES["sd35m_mix_grpo"] = dataclasses.replace(
     RECIPES["sd35m_flow_grpo"], algorithm=get_algorithm("mix_grpo"), train_candidates=((0.0, 12), (0.0, 24))
 )
@@ -141,16 +140,16 @@ VARIANTS = {  # name -> lever overrides of the main measurement (one "before" st
     "no_tf32": {"tf32": False},
     "lora_base": {"lora_compute": "base"},
     "lora_fp32": {"lora_compute": "fp32"},
-    # issue 33: the deterministic steps after each chunk's last SDE window on fewer evaluations (rollout.ode_tail)
+    # the deterministic steps after each chunk's last SDE window on fewer evaluations (rollout.ode_tail)
     "ode_tail_dpm2m_3": {"ode_tail": "dpm2m:3"},
     "ode_tail_ab2_2": {"ode_tail": "ab2:2"},
-    # issue 33: the deterministic steps before each forward batch's first SDE window on one Euler evaluation
+    # the deterministic steps before each forward batch's first SDE window on one Euler evaluation
     "ode_head_euler_1": {"ode_head": "euler:1"},
-    # issue 33: the rollout's forwards on a merged-LoRA / FP8 copy of the weights (rollout.weights)
+    # the rollout's forwards on a merged-LoRA / FP8 copy of the weights (rollout.weights)
     "weights_merged": {"weights": "merged"},
     "weights_fp8": {"weights": "fp8"},
     "weights_fp8_deterministic": {"weights": "fp8:deterministic"},
-    # issue 33: forward batches of rows sorted by window start (rollout.sort_by_window; saves with an ODE tail on)
+    # forward batches of rows sorted by window start (rollout.sort_by_window; saves with an ODE tail on)
     "sort_by_window": {"sort_by_window": True},
     "unsorted": {"sort_by_window": False},
     "compile": {"compile": True},  # last: compilation cannot be undone

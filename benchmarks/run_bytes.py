@@ -1,4 +1,4 @@
-"""Bytes a run keeps on disk per step and per sample, before and after retention (issue 25, "lean trajectories").
+"""Bytes a run keeps on disk per step and per sample, before and after retention.
 
 Writes synthetic steps of a recipe's layout through the trajectory store and the flow's own retention
 (diffrl/engines/step/retention.py: drop latents older than run.keep_latents_steps and compact every run.compact_every

@@ -1,4 +1,4 @@
-"""Scaling of `diffrl train` over engine replicas (issues 35 and 39): the same recipe with `cluster.gpus` = 1, 2, ... N
+"""Scaling of `diffrl train` over engine replicas: the same recipe with `cluster.gpus` = 1, 2, ... N
 on one machine, one run after another in one call, on one loopback Prefect server and one Ray cluster started here.
 
 Strong scaling: every run trains the recipe's own global batch (the overrides given), split over its replicas. For each
@@ -6,8 +6,8 @@ GPU count the result has the run's seconds per step (median of `perf/time_per_st
 images/s and images/GPU/s, its flow stage medians from MLflow, and per replica (from the stage results the run
 persists, diffrl/tasks/stages.py: one per replica and stage) the median seconds of its rollout, update and weight sync
 and its peak CUDA memory, which show a straggler or a replica short of memory. `speedup` = images/s at N over images/s
-at 1 GPU, `efficiency` = speedup / N; `scaling` is what the issues name so: the speedup at 2 GPUs on a two-GPU machine
-(issue 39, goal >= 1.9), the efficiency at the largest N otherwise (issue 35, goal >= 0.9 at 8).
+at 1 GPU, `efficiency` = speedup / N; `scaling` is the one figure to compare with a goal: the speedup at 2 GPUs on a
+two-GPU machine (goal >= 1.9), the efficiency at the largest N otherwise (goal >= 0.9 at 8).
 
     python benchmarks/scaling.py --config qwen_image_ocr_lora --gpus 1,2,4,8 --steps 6 --warmup 2 \\
         model.path=random:/tmp/qi "reward.components=[{name: jpeg_compressibility}]" data.num_val_prompts=0

@@ -1,4 +1,4 @@
-"""Where the host waits for the GPU (issue 33): the synchronising CUDA calls of RL steps, by stage and call site.
+"""Where the host waits for the GPU: the synchronising CUDA calls of RL steps, by stage and call site.
 
 A synchronising call (a device value read back: `.item()`, `float()`, `bool()` of a device tensor, `nonzero`; a copy
 between pageable host memory and the device) makes the host wait until every kernel queued before it has run. The GPU

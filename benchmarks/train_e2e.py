@@ -1,4 +1,4 @@
-"""`diffrl train` as users run it, against the engines-only loop on the same config, in one call (issue 25).
+"""`diffrl train` as users run it, against the engines-only loop on the same config, in one call.
 
 1. The product: `python -m flows.cli train CONFIG run.steps=N ...` in a subprocess (Prefect flow with one subflow
    per step, Lance tables, MLflow, checkpoints), in a scratch working directory. Its seconds per step are the

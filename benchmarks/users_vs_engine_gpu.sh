@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 33's "as users run it" check in one device call: `diffrl train` on a recipe's YAML (real size, random weights
+# The "as users run it" check in one device call: `diffrl train` on a recipe's YAML (real size, random weights
 # built in memory from a folder of configs) against benchmarks/rl_step.py on the same levers, then rl_step's
 # steady-state step under the profiler (device time by kernel kind and stage: benchmarks/kernel_profile.py) and two
 # steps with every synchronising CUDA call recorded (what makes the host wait: benchmarks/sync_points.py).

@@ -1,4 +1,4 @@
-"""GSPO with the vLLM rollout engine (issue 40, item 2), engines only: a vLLM server samples, diffrl's TokenTrainer
+"""GSPO with the vLLM rollout engine engines only: a vLLM server samples, diffrl's TokenTrainer
 updates a LoRA, the adapter of each new policy version is loaded into the server, the next step samples it.
 
     python benchmarks/vllm_ar.py --out benchmarks/results/vllm_ar_h200.json      # one GPU, see below
@@ -13,7 +13,7 @@ random bf16 weights on the GPU, LoRA r=32 on attention, gradient checkpointing; 
 `--gpu-memory-utilization` of it, and with `--sleep` (default on a GPU) it is put to sleep (level 1: weights to host
 memory, KV cache freed) for the update and woken for the adapter load. On the GPU machine (no network) the server's
 interpreter is `DIFFRL_VLLM_PYTHON=python3` with the offline vLLM bundle in `DIFFRL_VLLM_PYTHONPATH`
-(../shared/tools/vllm-bundle/README.md), diffrl's own dependencies on PYTHONPATH.
+(docs/operations.md, "Machines without network"), diffrl's own dependencies on PYTHONPATH.
 
 Per step: rollout seconds and generated tokens/s, update seconds, weight-sync seconds (adapter saved + loaded),
 samples/GPU/s over the whole step, the rollout/trainer log-prob gap (rollout_corr/logprob_abs_diff_{mean,max}), the

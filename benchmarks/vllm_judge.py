@@ -1,4 +1,4 @@
-"""The vLLM judge's throughput at real size (issue 40, item 1): images scored per second by the `vlm_judge` reward,
+"""The vLLM judge's throughput at real size: images scored per second by the `vlm_judge` reward,
 at the OCR recipe's step, against a Qwen3-VL-8B-Instruct-class judge that vLLM serves with dummy weights.
 
     python benchmarks/vllm_judge.py --out benchmarks/results/vllm_judge_h200.json        # one GPU, see below

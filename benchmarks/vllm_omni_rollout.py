@@ -1,4 +1,4 @@
-"""The vLLM-Omni GPU attempt (issue 40, item 3): does vLLM-Omni start and sample a real-size diffusion model on this
+"""The vLLM-Omni GPU attempt: does vLLM-Omni start and sample a real-size diffusion model on this
 machine, and how fast. Records a result or the exact failure; nothing here runs on a CPU (vllm-omni has no CPU
 platform).
 

@@ -17,10 +17,9 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # Tests that share one process-wide resource run on one pytest-xdist worker (`make test` runs two, `--dist
 # loadgroup`): the Ray cluster tests (one local cluster, its fake GPUs and named actors) and the vLLM tests (one
 # cached venv, CPU-heavy servers); every other test file is one unit too, so that its module fixtures are set up once.
-# xdist 3.8's own loadgroup marks a group by rewriting `item._nodeid`, which pytest 9.2 no longer reads (its node ids
-# are `item._id`): the marks grouped nothing, every group's tests were spread over both workers, and each module
-# fixture was set up on both (the vLLM training run twice, 145 s and 141 s of setup). So the scheduler groups here, by
-# folder and file, from the node ids it is given.
+# xdist 3.8's own loadgroup marks a group by rewriting `item._nodeid`, which pytest 9.2 does not read (its node ids are
+# `item._id`), so its marks group nothing and each module fixture would be set up on both workers. So the scheduler
+# groups here, by folder and file, from the node ids it is given.
 XDIST_GROUPS = {"cluster": "ray", "vllm": "vllm"}
 
 

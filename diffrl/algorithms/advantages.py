@@ -98,7 +98,7 @@ def group_advantages(
 
 
 def reward_stats(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor) -> dict[str, float]:
-    """critic/rewards/{mean,max,min,zero_std_ratio,std_mean,group_size} (DESIGN section 4).
+    """critic/rewards/{mean,max,min,zero_std_ratio,std_mean,group_size} (the names verl logs).
 
     zero_std_ratio: fraction of groups whose rewards are all equal (they give no signal);
     std_mean: mean over groups of the group's population std; group_size: mean group size.

@@ -3,7 +3,7 @@
 Every loss takes per-sample tensors of one timestep of one micro-batch -- log_prob,
 old_log_prob, advantages: (B,); prev_sample_mean, old_prev_sample_mean: (B, ...);
 std_dev_t, sqrt_dt: (B, 1, ...), (B,) or scalars -- and returns ``(loss, metrics)``; metric
-values are detached 0-dim tensors (no device sync) named as in DESIGN section 4. Math is fp32
+values are detached 0-dim tensors (no device sync) named as verl and flow_grpo name them. Math is fp32
 (fp64 if an input is fp64). ``weights`` are rollout-correction IS/RS weights, (B,), detached
 and multiplied into the per-sample loss before the mean.
 """

@@ -21,10 +21,9 @@ Three samplers (``sde_type``):
   sigma_prev).
 
 Deviations from the published code (also in docs/algorithms.md):
-* log_prob of "dance_sde" includes the Gaussian normaliser, as DanceGRPO's ``flux_step`` does since its
-  commit 9ac72b4 (2025-08-20; the current code equals this exactly). Before it, ``flux_step`` dropped it by
-  accident (the ``- log(std) - log(sqrt(2 pi))`` line was a separate statement); the normaliser is constant
-  in the parameters, so ratios and gradients are the same either way.
+* log_prob of "dance_sde" includes the Gaussian normaliser, as DanceGRPO's current ``flux_step`` does
+  (older versions dropped it by accident: the ``- log(std) - log(sqrt(2 pi))`` line was a separate statement);
+  the normaliser is constant in the parameters, so ratios and gradients are the same either way.
 * ``sqrt_dt`` is sqrt(-dt) for every sde_type (as flow_grpo's ``return_sqrt_dt``). The
   standard deviation of x' is std_dev_t * sqrt_dt only for "sde"; for "cps" and "dance_sde"
   it is std_dev_t itself (see :func:`transition_std`).

@@ -23,8 +23,8 @@ Deviations from the published code (also in docs/algorithms.md):
 * flow_grpo's fast sampler draws ``random.randint(lo, hi - size)`` from Python's global RNG;
   here ``start_range`` names the start range directly and the draw is keyed by the sample seed.
 * MixGRPO's progressive schedule can also move by a stride smaller than the window
-  (``prog_overlap``); here it slides by ``size``, as the issue specifies.
-* DanceGRPO trains int(fraction * N) steps; the issue asks for round(fraction * N).
+  (``prog_overlap``); here it slides by ``size``.
+* DanceGRPO trains int(fraction * N) steps; here round(fraction * N).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Is the Ray cluster this process joined open to the network without authentication? (issue 28, item 8)
+"""Is the Ray cluster this process joined open to the network without authentication?
 
 Whoever can reach a Ray cluster's ports can run code in it, unless it runs with token authentication
 (`RAY_AUTH_MODE=token`, Ray >= 2.52). Ray 2.60 binds its GCS and raylet ports on all interfaces, whatever

@@ -4,7 +4,7 @@ vLLM cannot share diffrl's environment (vllm pins fastapi<0.137, prefect 3.8.8 n
 from their own virtualenv as separate processes. `vllm_python()` returns that environment's interpreter:
 
 - `DIFFRL_VLLM_PYTHON` set: that interpreter, used as it is (a vLLM you installed yourself, or the GPU machine's
-  python3 with the offline bundle on its PYTHONPATH: ../shared/tools/vllm-bundle/README.md, docs/operations.md).
+  python3 with the offline bundle on its PYTHONPATH: docs/operations.md).
 - otherwise the cached venv `<root>/vllm-<version>-<key>`, created on first use. root: `DIFFRL_VLLM_VENV_ROOT`,
   else `~/.cache/diffrl/vllm` -- outside the checkout, so a fresh clone (CI) on the same machine reuses it, and not
   under DIFFRL_CACHE, which tests point at temporary folders. key: a hash of the pins and the Python version, so

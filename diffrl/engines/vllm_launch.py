@@ -52,8 +52,8 @@ def _others_in_group(group: int, server: subprocess.Popen) -> bool:
 def _stop_group(server: subprocess.Popen) -> None:
     group = os.getpgid(0)
     os.killpg(group, signal.SIGTERM)
-    # SIGKILL (this launcher too) as soon as the rest of the group is gone: a fixed sleep of STOP_S held a crashed
-    # run's restart for 10 s after its server had long exited
+    # SIGKILL (this launcher too) as soon as the rest of the group is gone: a fixed sleep of STOP_S would hold a
+    # crashed run's restart for 10 s after its server had exited
     deadline = time.monotonic() + STOP_S
     while time.monotonic() < deadline and _others_in_group(group, server):
         time.sleep(POLL_S)

@@ -1,5 +1,5 @@
 """What `diffrl train` prepares while Prefect's temporary server boots: the engines, and the validation before training
-of a run that has no checkpoint yet (issue 25, startup).
+of a run that has no checkpoint yet.
 
 The temporary server boots in its own process (7-14 s on the GPU machine); the flow cannot start before it is up.
 The command builds the run's engines (model load) and samples and scores the validation prompts in the meantime, and

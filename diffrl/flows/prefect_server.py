@@ -1,8 +1,8 @@
 """Prefect's temporary server, bound to the process that starts it.
 
 Without PREFECT_API_URL a flow runs on a temporary Prefect server that Prefect starts as a subprocess and stops at
-interpreter exit (atexit). A `diffrl train` killed with SIGKILL runs no atexit: its server went on listening (still
-after 15 minutes). Here the server process watches its parent: when the parent is gone (the server is re-parented),
+interpreter exit (atexit). A `diffrl train` killed with SIGKILL runs no atexit, so its server would go on listening.
+Here the server process watches its parent: when the parent is gone (the server is re-parented),
 it stops itself (SIGTERM to its own uvicorn, then a hard exit). A watcher in the child, not PR_SET_PDEATHSIG: that
 signal fires when the *thread* that started the child ends, and diffrl starts the server from a short-lived thread.
 
@@ -10,9 +10,9 @@ signal fires when the *thread* that started the child ends, and diffrl starts th
 
 The server's app is Prefect's own, behind `RetryWhenBusy`: on its SQLite database Prefect answers 503 when a
 write finds the database locked by another writer (its task-run recorder, writing the states of the previous step's
-tasks), and Prefect's client then waits 2 s (2**1, its fixed first back-off) before trying again. That was the
-start of most step subflows in a run on an H200 (2.0-2.6 s instead of 0.15 s, diffrl/engines/trace.py timelines).
-The server now retries such a request itself after a few milliseconds: the same request the client would resend.
+tasks), and Prefect's client then waits 2 s (2**1, its fixed first back-off) before trying again, which delays most
+step subflows of a fast recipe (2.0-2.6 s instead of 0.15 s on an H200). The server retries such a request itself
+after a few milliseconds: the same request the client would resend.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`diffrl train`'s console lines (issue 28, item 3).
+"""`diffrl train`'s console lines.
 
 On a terminal the steps are one live line, rewritten in place after each step:
 

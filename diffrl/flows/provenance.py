@@ -1,4 +1,4 @@
-"""What a run's MLflow record says about where it came from and what it made (issue 28, item 1).
+"""What a run's MLflow record says about where it came from and what it made.
 
 - MLflow's own source tags (`mlflow.source.name`, `mlflow.source.type`, `mlflow.user`, and `mlflow.source.git.commit`,
   `.branch`, `.repoURL` where the working directory is a git checkout): what the runs list's "Source" column and

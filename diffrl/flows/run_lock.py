@@ -1,7 +1,7 @@
 """One writer per run: `diffrl train` holds an exclusive lock on runs/<name>/run.lock for as long as it trains.
 
-Two processes training one run name used to both run: one died on an MLflow database race, or both finished with
-duplicate MLflow points and two different val/reward values for one step. The lock is an fcntl.flock on the file:
+Without it two processes training one run name would both run: one dies on an MLflow database race, or both finish
+with duplicate MLflow points and two different val/reward values for one step. The lock is an fcntl.flock on the file:
 the kernel releases it when its process ends, however it ends (kill -9 included), so a lock left by a dead process
 is simply taken by the next one. The file records the holder (pid, host, start time) for the refusal message.
 A run whose run.root is an fsspec URI (s3://) is locked in its folder on the driver's disk (ExperimentConfig.local_dir:

@@ -309,7 +309,7 @@ def _cause(error: BaseException, kind: type) -> BaseException | None:
 
 def damaged_store(error: BaseException, cfg: ExperimentConfig) -> DamagedRun | None:
     """DamagedRun when `error` (or what caused it) is Lance not finding a file of one of the run's tables (a deleted or
-    lost data file, which no rerun brings back: it used to exit 2, "bad input", advising a rerun) or a DamagedStore
+    lost data file, which no rerun brings back, so it is no "bad input" to retry) or a DamagedStore
     (a table missing, rows lost or altered: diffrl/engines/store/integrity.py)."""
     for seen in _chain(error):
         if isinstance(seen, DamagedStore):

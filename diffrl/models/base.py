@@ -142,9 +142,9 @@ def pad_and_cat(encodings: list[Encoding]) -> Encoding:
 def text_bucket(tokens: int) -> int:
     """The text length compiled denoiser blocks see for a batch whose longest prompt has `tokens` tokens: the next
     multiple of 32 up to 128 tokens, of 128 above. Compiled blocks specialise on the text length: without buckets a
-    new length recompiled them (at real size a second full compile in a run's second step: Qwen-Image's steps 1 and 2
-    took 63-82 s against 14-18 s after, on one H200), and from the second length on torch.compile made the length a
-    dynamic dimension. Buckets keep the shapes few and static (see `ModelAdapter.compile_blocks`)."""
+    new length recompiles them (at real size a second full compile in a run's second step: 63-82 s against 14-18 s
+    for Qwen-Image on one H200), and from the second length on torch.compile makes the length a dynamic dimension.
+    Buckets keep the shapes few and static (see `ModelAdapter.compile_blocks`)."""
     if tokens < 1:
         raise ValueError(f"a prompt encoding has at least one token; got {tokens}")
     step = 32 if tokens <= 128 else 128

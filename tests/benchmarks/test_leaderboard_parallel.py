@@ -1,4 +1,4 @@
-"""The leaderboard's runs several at once (benchmarks/leaderboard_parallel.py, issue 34): the CPU miniature with
+"""The leaderboard's runs several at once (benchmarks/leaderboard_parallel.py): the CPU miniature with
 `--parallel 2` (two child processes), a failing child, the probe at miniature size, and the report's handling of
 runs made at different concurrency."""
 

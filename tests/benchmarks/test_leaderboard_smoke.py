@@ -1,4 +1,4 @@
-"""The algorithm leaderboard's harness (benchmarks/leaderboard.py, issue 34): its CPU miniature -- two rows, one seed,
+"""The algorithm leaderboard's harness (benchmarks/leaderboard.py): its CPU miniature -- two rows, one seed,
 seconds of training each on the CPU shapes model -- run and reported as the GPU leaderboard is, and the report's
 statistics against their closed forms on hand-written records."""
 

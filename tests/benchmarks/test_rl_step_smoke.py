@@ -131,8 +131,7 @@ def test_rl_step_sort_by_window_lever():
 
 def test_variant_counts_its_own_evaluations_when_it_changes_the_sampler():
     """A variant that sorts the rows (or changes an ODE shortcut) samples with fewer evaluations than main: its FLOPs
-    count its own measured evaluations. The sort_by_window result of 2026-12-02 counted main's 8.0 instead of its 6.25
-    (MFU 0.52 recorded for 0.44)."""
+    count its own measured evaluations (counting main's 8.0 for its 6.25 would record an MFU of 0.52 for 0.44)."""
     main = rl_step.Levers(rollout_batch=16, micro_batch=4, checkpointing=0.0, ode_tail="ab2:2")
     main_phase = {"rollout_evaluations_per_image": 8.0}
     sorted_phase = {"rollout_evaluations_per_image": 6.25}

@@ -1,5 +1,6 @@
-"""benchmarks/scaling.py's result: speedup, efficiency and `scaling` as issues 35 and 39 define them, from the runs'
-per-step times (its reading of a real replicated run's stage records is checked in tests/cluster/test_replicas.py)."""
+"""benchmarks/scaling.py's result: speedup, efficiency and `scaling` (the speedup at 2 GPUs, the efficiency at
+8), from the runs' per-step times (its reading of a real replicated run's stage records is checked in
+tests/cluster/test_replicas.py)."""
 
 from __future__ import annotations
 

@@ -118,7 +118,7 @@ def test_shapes_rl_eval_only_also_evaluates_other_sampling_settings(tmp_path):
 
 def test_shapes_rl_evaluates_at_fewer_steps_than_the_sde_window(tmp_path):
     """shapes_quick's SDE window covers all 4 steps; an ODE evaluation at 2 steps needs no window and must not
-    fail on it (it did: "WindowPolicy.size 4 > num_steps 2"). 2 steps sample worse than 4 on this model."""
+    fail on it ("WindowPolicy.size 4 > num_steps 2"). 2 steps sample worse than 4 on this model."""
     result = shapes_rl.main(
         [
             "--config",

@@ -1,4 +1,4 @@
-"""diffrl warns when it joins a Ray cluster that answers beyond loopback without authentication (issue 28, item 8):
+"""diffrl warns when it joins a Ray cluster that answers beyond loopback without authentication:
 a real `ray start --head`, joined by diffrl's own connect in a fresh process, without and with token
 authentication (the set-up docs/operations.md section 5 shows)."""
 

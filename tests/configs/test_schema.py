@@ -67,8 +67,7 @@ def test_algorithm_bundle_with_overrides():
 def test_algorithm_override_replaces_the_section_and_a_field_override_edits_it():
     """The quickstart sets DiffusionNFT fields (a 4-step window, an old-policy EMA, noise 0.5). `algorithm=NAME`
     starts from NAME's bundle and keeps none of them; `algorithm.name=NAME` renames and keeps them, so NAME must
-    have them (flow_grpo has no reference penalty: an error, not a setting nobody reads). It used to be silently
-    ignored."""
+    have them (flow_grpo has no reference penalty: an error, not a setting nobody reads)."""
     quick = load_experiment(None).algorithm
     assert (quick.name, quick.window.size, quick.old_policy_decay_max) == ("diffusion_nft", 4, 0.8)
     fresh = load_experiment(None, ["algorithm=flow_grpo"]).algorithm

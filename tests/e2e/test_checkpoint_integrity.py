@@ -1,4 +1,4 @@
-"""No silently corrupted weights (issue 27, item 2): a checkpoint carries the checksums of its files, `load` checks
+"""No silently corrupted weights: a checkpoint carries the checksums of its files, `load` checks
 them, and a damaged newest checkpoint is reported by path while the run resumes from the one before it."""
 
 from __future__ import annotations

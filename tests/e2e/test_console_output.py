@@ -1,4 +1,4 @@
-"""What `diffrl train` prints by default: its own progress lines only (issue 28, item 4); -v brings the libraries'
+"""What `diffrl train` prints by default: its own progress lines only; -v brings the libraries'
 output back."""
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from diffrl.flows.cli import quiet_libraries
 
 def test_default_console_has_only_diffrl_lines(workdir):
     """The whole run through the real CLI in a fresh process: no Prefect, MLflow, diffusers/transformers bars or
-    peft warnings, on stdout or stderr (the quickstart printed about 15 such lines before). Its step numbers are the
-    same on every surface (issue 28, item 2): _check_step_numbers."""
+    peft warnings, on stdout or stderr. Its step numbers are the same on every surface: _check_step_numbers."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_LOGGING", "MLFLOW_LOGGING", "DIFFRL_V"))}
     env.pop("TRANSFORMERS_VERBOSITY", None)
     env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)

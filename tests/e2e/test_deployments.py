@@ -87,7 +87,7 @@ def test_train_deployment_fails_in_update_actor_and_a_retry_reruns_only_what_fol
             capture_output=True,
             text=True,
         )
-        # the advice is the Prefect retry of this flow run, not the local "rerun the same command" (issue 28, item 4)
+        # the advice is the Prefect retry of this flow run, not the local "rerun the same command"
         console = failed.stdout + failed.stderr
         assert "retry this flow run to resume (run 'nightly'" in console, console[-3000:]
         assert f"prefect flow-run retry {flow_run_id}" in console and "rerun the same command" not in console

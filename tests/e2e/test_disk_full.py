@@ -1,4 +1,4 @@
-"""A full disk (issue 27, docs/operations.md "What happens when"): the run stops with "No space left on device";
+"""A full disk (docs/operations.md "What happens when"): the run stops with "No space left on device";
 once there is space again, the same command resumes it and every chunk of every step is stored once."""
 
 from __future__ import annotations

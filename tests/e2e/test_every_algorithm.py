@@ -1,6 +1,6 @@
 """Every catalog algorithm trains through `diffrl train` on the tiny model as its bundle ships: `algorithm=NAME` on the
-default config (TINY_SIZES), one step. The catalog and the flow used to disagree (dpo and awm shipped a `final`
-window that building the run rejected)."""
+default config (TINY_SIZES), one step, so that the catalog and the flow cannot disagree (a bundle whose window
+building the run rejects fails here)."""
 
 from __future__ import annotations
 

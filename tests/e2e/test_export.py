@@ -93,7 +93,7 @@ def test_export_of_full_fine_tuning_writes_the_trained_pipeline(workdir):
 
 
 def test_a_damaged_checkpoint_is_named_and_not_exported(workdir, capsys):
-    """The export checks the checkpoint against its checksums.json, as resuming does (issue 27, item 2)."""
+    """The export checks the checkpoint against its checksums.json, as resuming does."""
     train(config=None, overrides=RUN)
     lora = "runs/quickstart/checkpoints/step_1/lora/pytorch_lora_weights.safetensors"
     with open(lora, "r+b") as f:  # same size, other bytes

@@ -1,4 +1,4 @@
-"""Non-finite training never goes unnoticed (issue 27, item 3): a non-finite setting is refused on load, a NaN loss
+"""Non-finite training never goes unnoticed: a non-finite setting is refused on load, a NaN loss
 skips its optimizer step and shows in MLflow as NaN, and weights that turn non-finite stop the run before they are
 checkpointed."""
 
@@ -34,7 +34,7 @@ def _run(workdir):
     ],
 )
 def test_a_non_finite_setting_is_refused_by_name_before_any_work(workdir, override, field):
-    """train.lr=inf used to be accepted and turned every LoRA weight into NaN after one step, exit 0."""
+    """train.lr=inf, if accepted, would turn every LoRA weight into NaN after one step and exit 0."""
     with pytest.raises(ConfigError, match=rf"{field} must be a finite number, got (-?inf|nan)"):
         train(config=None, overrides=TINY + [override])
     assert not os.path.exists("runs/quickstart")
@@ -42,7 +42,7 @@ def test_a_non_finite_setting_is_refused_by_name_before_any_work(workdir, overri
 
 def test_a_nan_loss_skips_its_optimizer_step_and_is_logged_as_nan(workdir, monkeypatch):
     """The fault point `loss@2:nan` makes step 2's loss NaN: its optimizer step is skipped (actor/skipped_steps 1),
-    actor/pg_loss reaches MLflow as NaN (NaN metrics used to be dropped), the weights stay finite, the run ends."""
+    actor/pg_loss reaches MLflow as NaN (not dropped), the weights stay finite, the run ends."""
     monkeypatch.setenv("DIFFRL_INJECT_FAULT", "loss@2:nan")
     assert train(config=None, overrides=TINY + ["run.steps=2"])["last_step"] == 2
     client, run = _run(workdir)
@@ -56,8 +56,8 @@ def test_a_nan_loss_skips_its_optimizer_step_and_is_logged_as_nan(workdir, monke
 
 def test_weights_that_turn_non_finite_stop_the_run_before_their_checkpoint(workdir):
     """A checkpoint that holds NaN in one LoRA tensor and checksums that match it (what a learning rate that overflows
-    the weights leaves): the run used to train on and end "done", exit 0, with NaN weights. Now step 2's update stops
-    it with an error naming the step and a tensor, before step 2's checkpoint, and MLflow says FAILED."""
+    the weights leaves) must not train on to "done", exit 0, with NaN weights: step 2's update stops it with an error
+    naming the step and a tensor, before step 2's checkpoint, and MLflow says FAILED."""
     train(config=None, overrides=TINY + ["run.steps=1"])
     folder = "runs/quickstart/checkpoints/step_1"
     weights = load_file(f"{folder}/trainable.safetensors")

@@ -1,4 +1,4 @@
-"""`diffrl train` with the rollout's ODE tail shortcut on (rollout.ode_tail, issue 33): two FlowGRPO-Fast steps on the
+"""`diffrl train` with the rollout's ODE tail shortcut on (rollout.ode_tail): two FlowGRPO-Fast steps on the
 tiny model, windows of 2 steps starting in [0, 4) of 8, the tail after each chunk's last window on 2 evaluations."""
 
 from __future__ import annotations

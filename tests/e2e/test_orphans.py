@@ -1,5 +1,5 @@
-"""No orphans (issue 27, item 6): `diffrl train` killed with SIGKILL takes its temporary Prefect server with it
-(it used to go on listening, still after 15 minutes)."""
+"""No orphans: `diffrl train` killed with SIGKILL takes its temporary Prefect server with it (a server left behind
+would go on listening)."""
 
 from __future__ import annotations
 

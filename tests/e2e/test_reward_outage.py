@@ -1,4 +1,4 @@
-"""A run that can always finish once its reward answers (issue 27, item 4): a step whose samples are all excluded
+"""A run that can always finish once its reward answers: a step whose samples are all excluded
 says which reward excluded how many and why, keeps nothing of that scoring, and scores again on the rerun; an
 optional reward that is down is left out while another component remains."""
 
@@ -66,9 +66,9 @@ def _run(url: str, *more: str) -> list[str]:
 
 
 def test_a_step_with_nothing_scored_names_the_reward_and_scores_again_once_it_answers(workdir, scorer):
-    """The judge answers garbage: the step used to fail with "rewards must not be empty" and keep the excluded
-    scores (stored, they outlived a rerun that trained on new ones). Now the error names the reward, the count and
-    the reason, nothing of the failed scoring is kept, and the rerun asks the judge again."""
+    """The judge answers garbage: the error names the reward, the count and the reason, nothing of the failed
+    scoring is kept (stored, it would outlive a rerun that trains on new scores), and the rerun asks the judge
+    again."""
     scorer.answer = b'{"score": "garbage"}'
     with pytest.raises(
         RewardError,
@@ -118,8 +118,8 @@ def test_a_judge_down_for_part_of_a_step_is_left_out_of_all_of_it(workdir, score
 
 
 def test_excluded_samples_are_stored_as_nan_advantages_not_0(workdir, scorer):
-    """Every other answer is garbage: those samples are excluded. advantages.lance used to hold 0.0 for them, the
-    same as a sample exactly at its group's mean; they are NaN now (not trained on), the others finite."""
+    """Every other answer is garbage: those samples are excluded. advantages.lance holds NaN for them (not trained
+    on; 0.0 would read as a sample exactly at its group's mean), the others finite."""
     scorer.answer = lambda n: b'{"score": "garbage"}' if n % 2 else b'{"score": %d}' % n
     assert train(config=None, overrides=_run(scorer.url))["last_step"] == 1
     store = TrajectoryStore("runs/quickstart/trajectories.lance")

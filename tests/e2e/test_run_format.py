@@ -1,4 +1,4 @@
-"""A run folder written by a diffrl that numbered steps from 0 is refused by name, before any work (issue 28, item 2):
+"""A run folder written by a diffrl that numbered steps from 0 is refused by name, before any work:
 resuming it with steps numbered from 1 would load the wrong checkpoint and label its rows wrongly."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One writer per run (issue 27, item 5): a second `diffrl train` of a run that a live process trains is refused
+"""One writer per run: a second `diffrl train` of a run that a live process trains is refused
 with the holder's pid and host; the lock of a process that died is taken over."""
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def test_three_steps_write_rows_metrics_and_checkpoints(workdir):
             + ["score-step2-chunk0", "score-step2-chunk1", "sync_weights-step2", "update_actor-step2"],
             "quickstart-step-3": ["advantages-step3", "generate-step3-chunk0", "generate-step3-chunk1"]
             + ["score-step3-chunk0", "score-step3-chunk1", "sync_weights-step3", "update_actor-step3"],
-        }  # the step numbers of the console and MLflow (issue 28, item 2)
+        }  # the step numbers of the console and MLflow
     _check_mlflow_record(mlflow_client, workdir)
 
 
@@ -111,7 +111,7 @@ def _step_run_names(client, train_run_id: str) -> dict[str, list[str]]:
 
 
 def _check_mlflow_record(client: MlflowClient, workdir) -> None:
-    """What MLflow's own pages show of the run (issue 28, item 1): its source, the prompt sets as dataset inputs,
+    """What MLflow's own pages show of the run: its source, the prompt sets as dataset inputs,
     the final LoRA as a logged model that registers into the model registry, with its base model recorded."""
     import json
 

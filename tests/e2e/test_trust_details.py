@@ -1,4 +1,4 @@
-"""The smaller trust items of issue 27 (item 7): settings that cannot learn are refused, errors name what they are
+"""Smaller trust checks: settings that cannot learn are refused, errors name what they are
 about and exit with the code that fits, and MLflow never shows a failed run as RUNNING."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _cli(args: list[str], cwd) -> subprocess.CompletedProcess:
     ],
 )
 def test_group_size_1_is_refused_with_the_algorithms_reason(workdir, algorithm, why):
-    """It used to train with every advantage 0 and no warning."""
+    """A group of one has every advantage 0: it would train on nothing, silently."""
     overrides = TINY + [f"algorithm={algorithm}", "rollout.group_size=1", "train.mini_batch_prompts=1"]
     with pytest.raises(ConfigError, match=rf"rollout.group_size=1: algorithm '\w+' {why}"):
         train(config=None, overrides=overrides)
@@ -51,8 +51,8 @@ def test_a_prompt_file_that_is_not_utf8_is_named(workdir):
 
 
 def test_an_engine_build_error_is_one_line(workdir):
-    """A bad model path fails while the engines are built, inside the flow: Prefect used to print its 24-line
-    traceback before diffrl's own one-line error."""
+    """A bad model path fails while the engines are built, inside the flow: diffrl's own one-line error, without
+    Prefect's 24-line traceback before it."""
     bad = _cli(TINY + ["model.path=/nonexistent/model"], workdir)
     assert bad.returncode == 2, bad.stderr[-2000:]
     assert "Traceback" not in bad.stderr and "Encountered exception" not in bad.stderr, bad.stderr
@@ -77,7 +77,7 @@ def test_a_lost_lance_data_file_exits_1_and_says_a_rerun_cannot_help(workdir):
 
 def test_a_failure_before_training_leaves_mlflow_failed_not_running(workdir):
     """A run killed mid-step leaves its MLflow run RUNNING; a rerun that then fails before training (a data path
-    that no longer exists) used to leave it so. Every failed attempt ends FAILED."""
+    that no longer exists) must not leave it so: every failed attempt ends FAILED."""
     train(config=None, overrides=TINY + ["run.steps=1"])
     client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     [run] = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])

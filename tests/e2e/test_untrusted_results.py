@@ -1,6 +1,6 @@
-"""Nothing in a run folder is code (issue 27, item 1): Prefect reads a persisted result with the serializer the
-file itself names, so a stage result rewritten to say "pickle" used to run its payload on resume. Only JSON is
-written there now, and a result file that is anything else is refused by name before its payload is touched."""
+"""Nothing in a run folder is code: Prefect reads a persisted result with the serializer the file itself names, so
+a stage result rewritten to say "pickle" would run its payload on resume. Only JSON is written there, and a result
+file that is anything else is refused by name before its payload is touched."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ from diffrl.flows.tracking import Tracker
 
 
 def test_non_finite_metrics_are_logged_as_such(tmp_path, monkeypatch):
-    """A NaN loss or an infinite gradient norm is what a user must see in MLflow (issue 27, item 3): they used to
-    be dropped, so the charts showed nothing wrong."""
+    """A NaN loss or an infinite gradient norm is what a user must see in MLflow: dropped, they would
+    leave charts that show nothing wrong."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     tracker = Tracker(experiment="nan", run_name="nan", state_path=str(tmp_path / "run.json"))
     tracker.log_metrics({"actor/pg_loss": math.nan, "actor/grad_norm": math.inf, "critic/rewards/mean": 0.5}, 1)
@@ -28,9 +28,9 @@ def test_non_finite_metrics_are_logged_as_such(tmp_path, monkeypatch):
 
 
 def test_the_experiment_is_a_model_training_one_and_images_are_stepped_and_captioned(tmp_path, monkeypatch):
-    """MLflow 3 showed the experiment on its GenAI pages and the images as one 256x64 strip per step file (issue 28,
-    item 1): the experiment now carries the model-training kind, and images are logged under a key with a step (the
-    UI's step slider), each sample enlarged to 256 px with its reward and prompt under it."""
+    """MLflow 3 opens an experiment on its GenAI pages unless it carries the model-training kind, and shows images
+    stepped only when they are logged under a key with a step (the UI's step slider): both are set, and each sample
+    is enlarged to 256 px with its reward and prompt under it."""
     import numpy as np
 
     from diffrl.flows.tracking import EXPERIMENT_KIND_TAG, MODEL_TRAINING, caption, image_grid

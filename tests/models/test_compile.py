@@ -63,8 +63,8 @@ def test_model_compile_is_a_config_switch():
 
 
 def test_compiled_qwen_image_pads_text_to_static_buckets(tiny_model):
-    """Prompts of different lengths used to give the compiled blocks a new text length each (a second full compile
-    in a real run's second step, then a dynamic length). Once compiled, Qwen-Image pads the text to `text_bucket`
+    """Prompts of different lengths would give the compiled blocks a new text length each (a second full compile in a
+    real run's second step, then a dynamic length). Once compiled, Qwen-Image pads the text to `text_bucket`
     lengths: two lengths in one bucket compile one graph, and the velocity equals the eager, unpadded one."""
     import torch._dynamo
 

@@ -22,8 +22,8 @@ def _folder(tmp_path, component: list) -> str:
 def test_a_folder_naming_a_module_outside_diffusers_and_transformers_is_refused_without_importing_it(
     tmp_path, monkeypatch
 ):
-    """Any installed (or nearby) module named there used to be imported, running its code; plain diffusers refuses
-    such a folder."""
+    """A folder naming a module is refused: importing it would run its code; plain diffusers refuses such a folder
+    too."""
     code = tmp_path / "code"
     code.mkdir()
     marker = tmp_path / "imported"

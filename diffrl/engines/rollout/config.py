@@ -42,7 +42,7 @@ WEIGHT_STEPS = ("all", "deterministic")
 
 @dataclass(frozen=True)
 class RolloutWeights:
-    """Which weights the rollout's transformer forwards run with (issue 33; engines/rollout/fast_weights.py).
+    """Which weights the rollout's transformer forwards run with (engines/rollout/fast_weights.py).
 
     ``kind`` "lora" (the default) runs the trained module as the trainer does; "merged" runs each LoRA-wrapped
     linear as one matmul on a rollout-only copy of W + the active adapters' delta; "fp8" also runs every eligible
@@ -98,7 +98,7 @@ class SamplingConfig:
     same_noise_per_group: bool = False  # DanceGRPO: a group shares its initial noise
     ode_tail: OdeShortcut = field(default_factory=OdeShortcut)
     ode_head: OdeShortcut = field(default_factory=OdeShortcut)
-    sort_by_window: bool = False  # forward batches of rows sorted by window start (issue 33)
+    sort_by_window: bool = False  # forward batches of rows sorted by window start
     weights: RolloutWeights = field(default_factory=RolloutWeights)
 
     def __post_init__(self) -> None:

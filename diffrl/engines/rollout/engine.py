@@ -459,10 +459,10 @@ def _advance(bar, steps: int, images: float, started: float) -> None:
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on `device` without waiting for the device's queue. A plain `.to("cuda")` of a pageable tensor
-    synchronises the stream: the host waits for every kernel queued before the copy. In a training pass that was the
-    forward (the replay's inputs and the loss's advantages and old log-probs were copied between forward and
-    backward), so the host could not launch ahead and the GPU idled (profiled on an H200: Qwen-Image's update busy
-    72 %). A page-locked copy is queued instead; PyTorch's caching host allocator keeps its buffer until it has run."""
+    synchronises the stream: the host waits for every kernel queued before the copy. In a training pass that is the
+    forward (the loss's advantages and old log-probs are copied between forward and backward), so the host cannot
+    launch ahead and the GPU idles. A page-locked copy is queued instead; PyTorch's caching host allocator keeps its
+    buffer until it has run."""
     if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)

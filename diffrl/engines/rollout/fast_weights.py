@@ -1,4 +1,4 @@
-"""Rollout-only fast weights (issue 33): the rollout's linears on a merged-LoRA or FP8 copy of their weights.
+"""Rollout-only fast weights: the rollout's linears on a merged-LoRA or FP8 copy of their weights.
 
 Legend: M rows of a linear's input (tokens, leading dims flattened), K in features, N out features.
 

@@ -1,4 +1,4 @@
-"""The rollout's ODE shortcuts (issue 33): the deterministic steps a whole chunk shares, on fewer evaluations.
+"""The rollout's ODE shortcuts: the deterministic steps a whole chunk shares, on fewer evaluations.
 
 Legend: b samples of one chunk, N denoising steps, S the per-sample latent shape; latents (b, *S) fp32.
 

@@ -1,4 +1,4 @@
-"""The step in flight, handed from stage to stage inside one process (DESIGN section 1, "lean trajectories").
+"""The step in flight, handed from stage to stage inside one process (docs/concepts.md, "The step in flight").
 
 When the rollout, the reward and the trainer live in one process (`cluster.mode: local`), a chunk's
 trajectories go from `generate` to `score` and `update_actor` in memory, and the trajectory store is written

@@ -1,6 +1,6 @@
 """The typed results of the stages of one RL step (what a Prefect task persists, what a benchmark reads).
 
-Each is a small frozen dataclass of numbers: tensors never leave the engines (DESIGN section 1). A Prefect
+Each is a small frozen dataclass of numbers: tensors never leave the engines (docs/concepts.md). A Prefect
 task stores `as_record(result)` (plain JSON); the flow turns it back with `from_record(Type, data)`, so a
 result file in a run folder is data, never code to import.
 """
@@ -67,7 +67,7 @@ class Synced:
 
 @dataclass(frozen=True)
 class StepResult:
-    """A whole RL step: its metrics under DESIGN section 4's names."""
+    """A whole RL step: its metrics under verl's and flow_grpo's names."""
 
     step: int
     metrics: dict[str, float] = field(default_factory=dict)

@@ -38,8 +38,8 @@ def retain(engines: Any, step: int) -> None:
         return
     what = f"retention after step {step_number(step)}"
     # In order behind the step's writes, then on the janitor (its own Lance handles: appends of the next steps commit
-    # beside its rewrite and merge): a compaction took 5-6 s on the shapes recipe on an H200, and the update that
-    # waits for the writer waited for it
+    # beside its rewrite and merge): a compaction takes 5-6 s on the shapes recipe on an H200, and the update, which
+    # waits for the writer, would wait for it
     store = engines.store
     args = (
         type(store),

@@ -123,7 +123,7 @@ class DirectStages:
 
 
 def run_step(engines: Any, step: int, stages: Stages) -> StepResult:
-    """Run RL step `step` on `engines` through `stages`; returns its metrics (DESIGN section 4 names). Then, where the
+    """Run RL step `step` on `engines` through `stages`; returns its metrics (verl's names). Then, where the
     engines live (this process, or each replica), the next step's stages start on the run-ahead worker
     (diffrl/engines/step/ahead.py)."""
     try:
@@ -280,7 +280,7 @@ def step_metrics(
     seconds: float,
     reward_wait: float,
 ) -> dict[str, float]:
-    """DESIGN section 4 names: rewards, advantages, actor, timings; perf/* is per step as the run sees it
+    """verl's and flow_grpo's metric names: rewards, advantages, actor, timings; perf/* is per step as the run sees it
     (StepClock), set by whoever runs the steps."""
     images = sum(g.rows for g in generated)
     reward_s = sum(s.seconds for s in scored)

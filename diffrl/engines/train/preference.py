@@ -1,4 +1,4 @@
-"""Pieces of the update on final samples (Needs.data "final_samples": Diffusion-DPO, DiffusionNFT, AWM; DESIGN §1).
+"""Pieces of the update on final samples (Needs.data "final_samples": Diffusion-DPO, DiffusionNFT, AWM).
 
 Legend: B samples of one RL step, b samples of a micro-batch, P preference pairs, S latent shape.
 The clean sample x0 is the latent after the last denoising step, so the rollout's window must end at the last step

@@ -1,8 +1,8 @@
 """Writing safetensors files piece by piece, so a checkpoint written on a background thread leaves the GIL free.
 
 `safetensors.torch.save` builds the whole file as one `bytes` object and holds the GIL while it copies: 1.24 s per
-GiB of fp32 on the 2-core CPU, during which a Python thread that wanted the GIL ran at 38 % of its idle rate. A
-Qwen-Image LoRA r64 resume point is ~4.5 GB (LoRA twice, AdamW's two moments); written after every step, it slowed
+GiB of fp32 on the 2-core CPU, during which a Python thread that wants the GIL runs at 38 % of its idle rate. A
+Qwen-Image LoRA r64 resume point is ~4.5 GB (LoRA twice, AdamW's two moments); written so after every step, it slows
 the rollout running beside it by ~5 s a step on an H200. Here the header is built in Python (small) and every
 tensor's bytes go to the file and to the checksum straight from the tensor's own memory: file writes and sha256
 of large buffers release the GIL.

@@ -1,4 +1,4 @@
-"""The trainer: updates the policy with any diffusion algorithm by asking it (DESIGN §3).
+"""The trainer: updates the policy with any diffusion algorithm by asking it (`algorithm.needs`, docs/architecture.md).
 
 `algorithm.needs` says what to prepare -- replays of the stored denoising steps or the final samples re-noised by the
 forward process, old-policy log-probs or transition means, a reference forward, an EMA "old" adapter, pairs or every
@@ -175,7 +175,7 @@ class PolicyTrainer(TrainerBase):
     def update(
         self, traj: Trajectories, advantages: torch.Tensor, rollout: RolloutEngine | None = None
     ) -> dict[str, float]:
-        """One RL step's update with the algorithm's loss; returns DESIGN §4 metrics.
+        """One RL step's update with the algorithm's loss; returns its metrics (docs/training.md, "Metrics").
 
         `traj` and `advantages` (B,) are the whole step's, identical on every rank; each rank trains
         on its share of every mini-batch. `rollout` is the engine that sampled `traj`: when it runs
@@ -377,10 +377,9 @@ class PolicyTrainer(TrainerBase):
 
 
 def _accumulate(sums, counts, metrics: dict) -> None:
-    """Add one pass's metrics without waiting for the GPU: tensors are summed where they are (in float64, as the
-    Python floats they were added as before) and read once, when the update's metrics are reduced. A float() per pass
-    held the host until that pass's backward had run, so the GPU then idled while the host prepared and launched the
-    next pass (profiled on an H200: Qwen-Image's update kept the GPU busy 72 % of its 6.3 s, SD3.5-M's 93 %)."""
+    """Add one pass's metrics without waiting for the GPU: tensors are summed where they are (in float64, as
+    Python floats would add them) and read once, when the update's metrics are reduced. A float() per pass would hold
+    the host until that pass's backward had run, and the GPU would idle while the host prepared the next pass."""
     for name, value in metrics.items():
         sums[name] = sums[name] + (value.detach().double() if torch.is_tensor(value) else float(value))
         counts[name] += 1

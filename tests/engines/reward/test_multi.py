@@ -52,7 +52,7 @@ def test_total_is_the_weighted_sum_of_components():
 
 
 def test_a_non_required_component_that_is_down_is_left_out_while_another_remains():
-    """An optional reward that is down does not exclude the batch (issue 27, item 4): the total is the other
+    """An optional reward that is down does not exclude the batch: the total is the other
     components', its scores are NaN and its error says why."""
     down = {"url": _dead_url(), "retries": 0, "timeout_s": 1.0}
     config = RewardConfig(

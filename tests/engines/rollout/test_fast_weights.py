@@ -1,6 +1,6 @@
-"""rollout.weights (issue 33): merged LoRA and FP8 linears for the rollout only, on the tiny SD3 with a LoRA trainer.
+"""rollout.weights: merged LoRA and FP8 linears for the rollout only, on the tiny SD3 with a LoRA trainer.
 
-Off ("lora") is today's sampler; "merged" samples what the LoRA path samples (fp32); "fp8" is checked against its
+Off ("lora") is the plain LoRA sampler; "merged" samples what the LoRA path samples (fp32); "fp8" is checked against its
 closed forms and runs end to end; "steps: deterministic" keeps the stored window (latents, log-probs) bit for bit;
 the trainer recomputes old log-probs exactly when the rollout's are not its numerics.
 """

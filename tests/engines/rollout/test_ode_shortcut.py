@@ -1,4 +1,4 @@
-"""The rollout's ODE shortcuts (rollout.ode_tail / ode_head, issue 33) on the tiny SD3: off is today's step-by-step
+"""The rollout's ODE shortcuts (rollout.ode_tail / ode_head) on the tiny SD3: off is the plain step-by-step
 sampler bit for bit; on, the tail leaves the stored window untouched, makes the counted number of transformer
 evaluations and lands near the full-step image."""
 
@@ -59,7 +59,8 @@ def _generate(engine: RolloutEngine, cfg: SamplingConfig):
 
 
 def _step_by_step(engine: RolloutEngine, cfg: SamplingConfig, starts: torch.Tensor) -> torch.Tensor:
-    """Today's sampler written out: every step through denoise_step, SDE noise drawn per sample inside its window."""
+    """The sampler without shortcuts, written out: every step through denoise_step, SDE noise drawn per sample inside
+    its window."""
     adapter, shape = engine.adapter, SampleShape(cfg.height, cfg.width, 1)
     generators = [torch.Generator().manual_seed(s) for s in SEEDS]
     latents = adapter.prepare_latents(shape, generators).float()

@@ -1,4 +1,4 @@
-"""rollout.sort_by_window (issue 33) on the tiny SD3: forward batches of the rows sorted by window start change no
+"""rollout.sort_by_window on the tiny SD3: forward batches of the rows sorted by window start change no
 sample (each has its own generator), come back in the caller's row order, end each batch's loop (and start its ODE
 tail) at the batch's own latest window end, and stream rewards that equal scoring the chunk afterwards, row by row."""
 

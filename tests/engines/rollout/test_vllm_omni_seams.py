@@ -1,4 +1,4 @@
-"""The vLLM-Omni diffusion backend at its seams (diffrl/engines/rollout/vllm_omni.py; issue 40, item 3). vllm-omni has
+"""The vLLM-Omni diffusion backend at its seams (diffrl/engines/rollout/vllm_omni.py). vllm-omni has
 no CPU platform, so nothing here starts it: the worker side is a stand-in loop written in the test (the denoising loop
 vLLM-Omni's RL pipelines run, with a closed-form velocity field instead of a transformer), fed by the real diffusers
 schedule. Checked: the SDE step vLLM-Omni's scheduler takes (sigma = sigmas[i], sigma_prev = sigmas[i + 1],

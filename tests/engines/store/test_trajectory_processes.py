@@ -1,6 +1,6 @@
 """Spawned processes against one trajectory table: concurrent appends and SIGKILL mid-append.
 
-spawn, not fork: Lance's runtime threads do not survive a fork (NOTES.md).
+spawn, not fork: Lance's runtime threads do not survive a fork (a forked child hangs).
 """
 
 import glob

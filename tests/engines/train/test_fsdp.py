@@ -2,8 +2,8 @@
 within bf16 rounding, below).
 
 In fp32, and over a bf16 base model: LoRA weights stay fp32 and compute in fp32 on any world size
-(FSDP's mixed-precision policy must not cast them to bf16; it did, and the 2-process weights then
-differed by 19 % of the update, 40x what reordering the bf16 sums alone gives).
+(cast to bf16 by FSDP's mixed-precision policy, the 2-process weights differ by 19 % of the update, 40x what
+reordering the bf16 sums alone gives).
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def test_two_process_fsdp2_matches_one_process(tiny_model, tmp_path, dtype):
 @pytest.mark.slow
 def test_a_two_process_lora_checkpoint_resumes_exactly(tiny_model, tmp_path):
     """Sharded (cluster.trainers) and replicated (engine replicas) LoRA trainers: a checkpoint loads back the same
-    weights and optimizer state on every rank, and the next update is the one the original trainer makes. (Every rank
-    used to load its own copy of the full state: the non-zero ranks' weights were left as initialised.)"""
+    weights and optimizer state on every rank, and the next update is the one the original trainer makes (a rank that
+    loaded only its own copy of the full state would keep its initial weights)."""
     worker = os.path.join(os.path.dirname(__file__), "fsdp_resume_worker.py")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     _run([*torchrun, worker, tiny_model("sd3"), str(tmp_path)])

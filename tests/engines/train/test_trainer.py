@@ -255,8 +255,8 @@ def test_recomputed_old_log_probs_match_the_rollout_and_feed_the_correction(tiny
 
 
 def test_pass_metrics_accumulate_on_device_and_read_once():
-    """Per-pass metrics stay tensors until the update's end (no host sync per pass); the means equal the float sums
-    the trainer used to make, bit for bit (float64 sums of the float32 values, in the same order)."""
+    """Per-pass metrics stay tensors until the update's end (no host sync per pass); the means equal per-pass float
+    sums on the host, bit for bit (float64 sums of the float32 values, in the same order)."""
     from collections import defaultdict
 
     from diffrl.engines.train.trainer import _accumulate, _reduce_metrics
