@@ -15,7 +15,7 @@ Adding an algorithm is one file here and one ``register(...)`` line in algorithm
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -116,6 +116,9 @@ class DiffusionAlgorithm:
     norm_by_std, global_std, adv_eps, adv_std_ddof: group advantages (algorithms.advantages): divide by the batch's
         (global_std) or each group's std, population (ddof 0) or sample (ddof 1), plus adv_eps.
     """
+
+    # the sampler of the stored rows: fixed on resume (diffrl/configs/changes.py)
+    FIXED_ON_RESUME: ClassVar[dict[str, str]] = dict.fromkeys(("name", "sde_type", "noise_level", "window"), "data")
 
     name: str
     sde_type: str = "sde"

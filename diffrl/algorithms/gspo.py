@@ -11,6 +11,7 @@ Legend: B sequences, T tokens (padded; ``mask`` marks the response tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -77,6 +78,8 @@ class GSPO:
 
     Deviation: none in the loss; the paper's sequence-level reward shaping and data filtering are out of scope.
     """
+
+    FIXED_ON_RESUME: ClassVar[dict[str, str]] = {"name": "data"}  # fixed on resume (diffrl/configs/changes.py)
 
     name: str
     norm_by_std: bool = True

@@ -8,7 +8,7 @@ group advantages follow verl's GRPO estimator by default: per group, sample std 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable, Sequence
+from typing import ClassVar, Hashable, Sequence
 
 import torch
 
@@ -40,6 +40,8 @@ class TokenGRPO:
     Deviations: kl_coef defaults to 0 (the paper uses 0.04; verl's examples 0.001), and the KL is aggregated like the
     surrogate; one gradient step per rollout batch unless the trainer runs more (then old != current log-probs).
     """
+
+    FIXED_ON_RESUME: ClassVar[dict[str, str]] = {"name": "data"}  # fixed on resume (diffrl/configs/changes.py)
 
     name: str
     norm_by_std: bool = True
@@ -146,6 +148,8 @@ class SequenceDPO:
     beta: the DPO temperature (0.1, the paper's most used value).
     Deviation: the pairs come from the policy's own samples ranked by reward (online DPO), not a fixed dataset.
     """
+
+    FIXED_ON_RESUME: ClassVar[dict[str, str]] = {"name": "data"}  # fixed on resume (diffrl/configs/changes.py)
 
     name: str
     norm_by_std: bool = True

@@ -5,7 +5,8 @@ one line of meaning, read from the schema itself.
 - allowed: what the schema's own checks say, found by building the section with a value out of range and keeping
   the error's "must be ..." text (so the page states what `__post_init__` enforces, never a copy of it);
 - meaning: the comment on the field's line, else the comment lines right above it, else the `name: ...` entry of its
-  class docstring.
+  class docstring;
+- fixed on resume: the field is in its class's FIXED_ON_RESUME (diffrl/configs/changes.py).
 
     python -m diffrl.configs.doc > docs/configuration.md     (what `diffrl config show --doc` prints)
 """
@@ -39,6 +40,7 @@ class KeyDoc:
     default: str
     allowed: str
     meaning: str
+    fixed: bool = False  # a resume of a run with stored data cannot change it
 
 
 def key_docs() -> list[KeyDoc]:
@@ -58,21 +60,21 @@ def key_docs() -> list[KeyDoc]:
     return docs
 
 
-def _section_docs(instance: Any, prefix: str, only: set[str] | None = None) -> list[KeyDoc]:
+def _section_docs(instance: Any, prefix: str, only: set[str] | None = None, fixed: bool = False) -> list[KeyDoc]:
     """The keys of one dataclass instance (its defaults), nested sections flattened."""
     docs = []
+    cls = type(instance)
     for f in dataclasses.fields(instance):
         value = getattr(instance, f.name)
         key = f"{prefix}.{f.name}"
         if only is not None and f.name not in only:
             continue
+        kept = fixed or f.name in getattr(cls, "FIXED_ON_RESUME", {})
         if dataclasses.is_dataclass(value):
-            docs += _section_docs(value, key)
+            docs += _section_docs(value, key, fixed=kept)
         else:
-            cls = type(instance)
-            docs.append(
-                KeyDoc(key, _annotation(cls, f.name), _yaml(value), _allowed(instance, f), _meaning(cls, f.name))
-            )
+            meaning = _meaning(cls, f.name)
+            docs.append(KeyDoc(key, _annotation(cls, f.name), _yaml(value), _allowed(instance, f), meaning, kept))
     return docs
 
 
@@ -88,6 +90,7 @@ def _algorithm_docs(bundles: dict[str, Any], default_name: str) -> list[KeyDoc]:
             "one of " + ", ".join(names),
             "the named bundle of defaults (docs/algorithms.md); `algorithm=NAME` replaces the whole section, "
             "`algorithm.FIELD=VALUE` edits one field; a bundle's values: `diffrl config show algorithm=NAME`",
+            fixed=True,
         )
     ]
     seen: dict[str, list[str]] = {}
@@ -119,6 +122,7 @@ def _reward_docs(reward: Any) -> list[KeyDoc]:
             _yaml([{"name": c.name} for c in reward.components]),
             "",
             _meaning(type(reward), "components"),
+            fixed=True,  # which rewards are summed (each component's name and weight are fixed too)
         )
     ]
     item = RewardComponent(name=reward.components[0].name)
@@ -242,6 +246,8 @@ def render_markdown(docs: list[KeyDoc]) -> str:
         "dataclasses) by `diffrl config show --doc`; `diffrl config show CONFIG` prints a config's resolved values. A",
         "key is set in the YAML file's section or as a dotted override (`diffrl train CONFIG train.lr=1e-4`). The",
         "algorithm section's defaults are those of the default bundle; each bundle sets its own (docs/algorithms.md).",
+        "A key marked *fixed on resume* cannot change while a run that has stored data resumes; every other key can",
+        '(docs/training.md, "Changing a run\'s config").',
     ]
     section = None
     for d in docs:
@@ -250,7 +256,8 @@ def render_markdown(docs: list[KeyDoc]) -> str:
             section = top
             out += ["", f"## {section}", ""]
         head = f"- `{d.key}` ({d.type}, default `{d.default}`"
-        head += f"; allowed: {d.allowed})" if d.allowed else ")"
+        head += f"; allowed: {d.allowed}" if d.allowed else ""
+        head += "; fixed on resume)" if d.fixed else ")"
         out.append(f"{head}: {d.meaning}" if d.meaning else head)
     return "\n".join(out) + "\n"
 

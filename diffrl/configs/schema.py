@@ -29,6 +29,10 @@ ROLLOUT_ENGINES = ("transformers", "vllm")
 
 @dataclass
 class ModelConfig:
+    # Fields fixed on resume (diffrl/configs/changes.py): "data" ones give the stored rows
+    # their meaning; "weights" ones also describe the trained weights, which run.init_from must match.
+    FIXED_ON_RESUME: ClassVar[dict[str, str]] = {"path": "weights", "tiny_seed": "weights", "condition_area": "data"}
+
     path: str = "tiny:sd3"  # a model folder, reference:<name> (shipped), tiny:<arch> (built offline), or a Hub id
     dtype: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | fp32 | bf16 | fp16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -66,6 +70,14 @@ class RolloutConfig:
     """Sampling settings; the stochastic parts (sde_type, noise_level, window) come from the algorithm. An
     autoregressive model (an algorithm on tokens) reads group_size, prompts_per_step, chunk_size, batch_size and the
     token fields (max_new_tokens, temperature, top_p, stop); a diffusion model the others."""
+
+    # how a sample is drawn and how a step's samples are grouped and chunked: the stored rows of a step mean this
+    FIXED_ON_RESUME: ClassVar[dict[str, str]] = dict.fromkeys(
+        "num_inference_steps height width num_frames guidance_scale negative_prompt max_sequence_length group_size"
+        " prompts_per_step chunk_size same_noise_per_group ode_tail ode_head max_new_tokens temperature top_p"
+        " stop".split(),
+        "data",
+    )
 
     num_inference_steps: int = 10  # denoising steps of a sample
     height: int = 512  # image height in pixels
@@ -162,6 +174,9 @@ class RolloutConfig:
 
 @dataclass
 class DataConfig:
+    # the prompts of step k are drawn from these: stored rows of a step hold them
+    FIXED_ON_RESUME: ClassVar[dict[str, str]] = {"train": "data", "num_generated": "data", "sample_source": "data"}
+
     train: str = "generator:ocr"  # parquet / jsonl / txt path, or generator:ocr | compositional | shapes
     val: str | None = None  # same forms; None = a held-out slice of the train generator
     num_generated: int = 1000  # prompts a generator makes
@@ -183,6 +198,9 @@ class DataConfig:
 
 @dataclass
 class RunConfig:
+    # seed: the prompt order and the noise of every step; experiment: where the MLflow run a resume continues lives
+    FIXED_ON_RESUME: ClassVar[dict[str, str]] = {"seed": "data", "experiment": "data"}
+
     name: str = "quickstart"  # the run's folder under root, its MLflow run and its resume key
     experiment: str = "diffrl"  # the MLflow experiment
     root: str = "runs"  # runs/<name>/ holds trajectories.lance, checkpoints/, ...
@@ -199,8 +217,13 @@ class RunConfig:
     trace: bool = False
     # options of a remote root for Lance and fsspec; s3: Lance's keys (aws_endpoint, ...), translated for s3fs
     storage_options: dict = field(default_factory=dict)
+    # a new run starts from the trained weights of another run's latest good checkpoint (a run name under root, or a
+    # run folder), with a fresh optimizer at step 0; read only while the run has no checkpoint of its own
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
+        if self.init_from == "":
+            raise ValueError("run.init_from must be a run name, a run folder or null; got ''")
         if self.name in ("", ".", "..") or any(c in self.name for c in "/\\\0"):
             # the run's folder is root/name: "." or ".." would put the run into root itself or above it
             raise ValueError(

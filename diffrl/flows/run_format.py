@@ -21,7 +21,7 @@ class OldRunFormat(RunFailure):
     """The run folder was written by a diffrl that numbered steps from 0."""
 
 
-def _committed(run_dir: str) -> bool:
+def has_stored_data(run_dir: str) -> bool:
     """Whether the run has anything an older numbering could have written: a checkpoint or stored rows."""
     return any(
         fs.exists(fs.join(run_dir, *parts))
@@ -36,7 +36,7 @@ def check_run_format(run_dir: str, run_name: str) -> None:
     if not fs.exists(path):
         return
     found = fs.read_json(path).get("format")
-    if found == RUN_FORMAT or (found is None and not _committed(run_dir)):
+    if found == RUN_FORMAT or (found is None and not has_stored_data(run_dir)):
         return
     raise OldRunFormat(
         f"run {run_name!r} ({run_dir}) was written by an older diffrl (run.json format {found or 1}), which numbered "

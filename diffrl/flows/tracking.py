@@ -139,6 +139,15 @@ class Tracker:
             self.client.log_batch(self.run_id, params=[mlflow.entities.Param(k, v) for k, v in new.items()])
         self.client.log_text(self.run_id, yaml.safe_dump(config, sort_keys=False), "config.yaml")
 
+    def log_config_change(self, config: dict, step: int, changes: list[str]) -> None:
+        """A config changed on resume, in effect from step `step`: MLflow params cannot be overwritten (they keep the
+        values the run first started with), so the new config is the artifact config/step_<k>.yaml, and the tags
+        diffrl.config_changed_at_step and diffrl.config_changes say when and what (the latest change)."""
+        text, name = yaml.safe_dump(config, sort_keys=False), f"config/step_{step}.yaml"
+        self._writes.submit(0, "MLflow config change", self.client.log_text, self.run_id, text, name)
+        tags = {"diffrl.config_changed_at_step": str(step), "diffrl.config_changes": "; ".join(changes)[:5000]}
+        self._writes.submit(0, "MLflow config change tags", self._set_tags, tags)
+
     def set_tags(self, tags: dict[str, str]) -> None:
         self._writes.submit(0, "MLflow tags", self._set_tags, tags)
 

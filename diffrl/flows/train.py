@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -21,16 +20,23 @@ from prefect import flow
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
+from diffrl.configs.changes import Change
 from diffrl.configs.loader import to_dict
 from diffrl.configs.schema import ExperimentConfig, load_experiment
 from diffrl.engines import cluster, trace
-from diffrl.engines.numbering import step_index, step_number
+from diffrl.engines.numbering import step_number
 from diffrl.engines.redact import redact_text
 from diffrl.engines.step.generate import rollout_examples
 from diffrl.engines.step.plan import validation_due, validation_rollout
 from diffrl.engines.step.retention import checkpoint_bytes, describe_disk, latent_numel, retain
 from diffrl.engines.step.run import StepClock, add_perf, drain, set_first_step, settle, sync_engines
-from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint, point_latest
+from diffrl.engines.step.update import (
+    checkpoint_dir,
+    latest_checkpoint,
+    load_checkpoint,
+    point_latest,
+    resume_candidates,
+)
 from diffrl.engines.store import fs
 from diffrl.engines.store.integrity import DamagedStore, check_stored
 from diffrl.engines.train.checkpoint import CorruptCheckpoint
@@ -40,6 +46,7 @@ from diffrl.flows.errors import DamagedRun, RunFailure
 from diffrl.flows.progress import console
 from diffrl.flows.provenance import deployment_name, log_final_weights, prompt_inputs, source_tags
 from diffrl.flows.rl_step import rl_step
+from diffrl.flows.run_config import check_resume, init_from_run, record_config
 from diffrl.flows.run_format import RUN_FORMAT, check_run_format
 from diffrl.flows.run_lock import run_lock
 from diffrl.flows.tracking import Tracker, caption, mark_failed, open_tracking_store
@@ -157,8 +164,9 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
     # one writer per run: a second process is refused here, by pid and host (a lock on the driver's disk)
     with run_lock(cfg.local_dir, cfg.run.name):
         check_run_format(cfg.run_dir, cfg.run.name)  # an older diffrl's run: refused, its MLflow run left as it was
+        changes = check_resume(cfg)  # so is a change its stored data cannot take, before anything loads
         try:
-            return _train(cfg, startup, config)
+            return _train(cfg, startup, config, changes)
         except BaseException:
             # whatever failed, before training too (a bad data path on a rerun of a killed run that MLflow still
             # shows RUNNING), the run's MLflow run says FAILED
@@ -166,7 +174,9 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
             raise
 
 
-def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -> dict:
+def _train(
+    cfg: ExperimentConfig, startup: Startup, config: str | None = None, changes: list[Change] | None = None
+) -> dict:
     _say(
         f"run {cfg.run.name!r}: {cfg.run.steps} steps of {cfg.algorithm.name} on {cfg.model.path} "
         f"({cfg.rollout.samples_per_step} {'responses' if cfg.algorithm.needs.data == 'tokens' else 'images'}/step) "
@@ -203,6 +213,8 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
     try:
         newest = latest_checkpoint(cfg.run_dir)
         last = None if newest is None else load_good_checkpoint(engines, newest)
+        if last is None and cfg.run.init_from:  # before the validation before training: it shows these weights
+            init_from_run(engines, tracker)
         # the checkpoint committed but its metrics never reached MLflow: step `last` runs again below, every stage
         # Cached but a weight sync whose result was not persisted, which must then be the resume's only sync (a
         # second one gave the next step's rows policy version 3 instead of 2)
@@ -212,6 +224,7 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
         if last is not None:
             _say(f"resuming after step {step_number(last)} (checkpoint {checkpoint_dir(cfg.run_dir, last)})")
         start = 0 if last is None else last + 1
+        record_config(cfg, tracker, changes or [], start)  # a changed config: said, and recorded in MLflow
         # the last step an earlier process may have left rows or stage results of (beyond a damaged checkpoint, or
         # a step that ran ahead while the checkpoint before it was being written)
         touched = max(start, -1 if newest is None else newest, last_persisted_step(engines, _results_dir(cfg)) or 0)
@@ -334,9 +347,7 @@ def load_good_checkpoint(engines: cluster.Engines, newest: int) -> int | None:
     their committed rows). None, and no latest.json, when none is good: the run trains from its start."""
     run_dir = engines.config.run_dir
     folder = fs.join(run_dir, "checkpoints")
-    named = [re.fullmatch(r"step_(\d+)", name) for name in fs.listdir(folder)]
-    kept = sorted((step_index(int(m.group(1))) for m in named if m), reverse=True)  # folders: step numbers
-    for step in [newest] + [k for k in kept if k < newest]:
+    for step in resume_candidates(run_dir, newest):
         path = checkpoint_dir(run_dir, step)
         try:
             engines.run("trainer", load_checkpoint, path)

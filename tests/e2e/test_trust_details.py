@@ -76,12 +76,12 @@ def test_a_lost_lance_data_file_exits_1_and_says_a_rerun_cannot_help(workdir):
 
 
 def test_a_failure_before_training_leaves_mlflow_failed_not_running(workdir):
-    """A run killed mid-step leaves its MLflow run RUNNING; a rerun that then fails before training (a data path
-    that no longer exists) must not leave it so: every failed attempt ends FAILED."""
+    """A run killed mid-step leaves its MLflow run RUNNING; a rerun that then fails before training (a validation
+    prompt file that no longer exists) must not leave it so: every failed attempt ends FAILED."""
     train(config=None, overrides=TINY + ["run.steps=1"])
     client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     [run] = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])
     client.update_run(run.info.run_id, status="RUNNING")  # what a kill -9 mid-step leaves
     with pytest.raises(ValueError, match="/nonexistent/prompts.parquet"):
-        train(config=None, overrides=TINY + ["run.steps=2", "data.train=/nonexistent/prompts.parquet"])
+        train(config=None, overrides=TINY + ["run.steps=2", "data.val=/nonexistent/prompts.parquet"])
     assert client.get_run(run.info.run_id).info.status == "FAILED"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -45,6 +46,9 @@ logger = logging.getLogger(__name__)
 @dataclass
 class RewardComponent:
     """One reward of the weighted sum; options go to the reward's own options dataclass."""
+
+    # a step's stored rewards are this weighted sum: fixed on resume (diffrl/configs/changes.py)
+    FIXED_ON_RESUME: ClassVar[dict[str, str]] = {"name": "data", "weight": "data"}
 
     name: str  # a registered reward (docs/rewards.md)
     weight: float = 1.0  # its weight in the sum

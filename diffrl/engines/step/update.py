@@ -8,6 +8,7 @@ whose checkpoint exists is never trained again (its saved metrics come back).
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -193,6 +194,14 @@ def latest_checkpoint(run_dir: str) -> int | None:
     if not fs.exists(pointer):
         return None
     return step_index(fs.read_json(pointer)["step"])
+
+
+def resume_candidates(run_dir: str, newest: int) -> list[int]:
+    """The step indices of the checkpoints to try, best first: `newest` (latest.json's), then the kept step_<k>
+    folders before it, newest first (a damaged checkpoint falls back to the one before it)."""
+    named = [re.fullmatch(r"step_(\d+)", name) for name in fs.listdir(fs.join(run_dir, "checkpoints"))]
+    kept = sorted((step_index(int(m.group(1))) for m in named if m), reverse=True)  # folders: step numbers
+    return [newest] + [k for k in kept if k < newest]
 
 
 def staging_dir(run_dir: str, step: int) -> str:

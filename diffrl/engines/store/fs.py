@@ -170,9 +170,13 @@ def move(src: str, dst: str) -> None:
 
 
 def write_json(uri: str, value: Any, *, indent: int | None = None) -> None:
-    """Write `value` as the JSON file `uri` in one piece: locally through a .tmp file and a rename; on an object
-    store one PUT, which readers see whole or not at all."""
-    data = json.dumps(value, indent=indent)
+    """Write `value` as the JSON file `uri` in one piece (write_text)."""
+    write_text(uri, json.dumps(value, indent=indent))
+
+
+def write_text(uri: str, data: str) -> None:
+    """Write the text file `uri` in one piece: locally through a .tmp file and a rename; on an object store one PUT,
+    which readers see whole or not at all."""
     if is_uri(uri):
         with open(uri, "w") as f:
             f.write(data)

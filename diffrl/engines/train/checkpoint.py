@@ -46,7 +46,15 @@ from torch.distributed.checkpoint.state_dict import (
 from diffrl.engines.numbering import step_index, step_number
 from diffrl.engines.step.plan import inject_fault
 from diffrl.engines.store import fs
-from diffrl.engines.train.setup import ADAPTER_NAME, barrier, denoiser_names, lora_config, trained_module, world
+from diffrl.engines.train.setup import (
+    ADAPTER_NAME,
+    apply_optimizer_config,
+    barrier,
+    denoiser_names,
+    lora_config,
+    trained_module,
+    world,
+)
 from diffrl.engines.train.tensor_file import write_tensors
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
@@ -537,7 +545,8 @@ def checked_state(path: str) -> dict:
 
 def load(trainer, path: str) -> int:
     """Restore weights, optimizer, LR schedule, counters and RNG from `path`; returns the saved step. Its files are
-    checked against checksums.json first (CorruptCheckpoint naming a damaged one; nothing is changed then)."""
+    checked against checksums.json first (CorruptCheckpoint naming a damaged one; nothing is changed then). The
+    optimizer's hyper-parameters are the trainer's config's (a resume may change train.lr), not the saved ones."""
     path = path.rstrip("/")
     state = checked_state(path)
     if state["lora"] != trainer.cfg.lora:
@@ -563,6 +572,7 @@ def load(trainer, path: str) -> int:
         set_model_state_dict(model, sd["model"])
         set_optimizer_state_dict(model, trainer.optimizer, sd["optim"])
     trainer.scheduler.load_state_dict({**trainer.scheduler.state_dict(), **state["scheduler"]})
+    apply_optimizer_config(trainer.optimizer, trainer.scheduler, trainer.cfg)  # the config's lr, not the saved one
     trainer.optimizer_steps, trainer.updates = state["optimizer_steps"], state["updates"]
     trainer.restore_sync_state(state["policy_version"], state["stepped_since_sync"])
     random.setstate(_as_tuple(state["python_random"]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -28,6 +29,12 @@ class TrainConfig:
     ``rollout_correction``: "tis" multiplies each sample's loss by min(exp(old - rollout), is_cap);
     "mask" drops samples whose ratio exp(old - rollout) lies outside [1/rs_threshold, rs_threshold].
     """
+
+    # the adapter's shape and scale: fixed on resume, and run.init_from must match them (diffrl/configs/changes.py)
+    FIXED_ON_RESUME: ClassVar[dict[str, str]] = {
+        **dict.fromkeys(("lora", "lora_rank", "lora_alpha", "lora_targets"), "weights"),
+        "lora_init": "data",  # read once, when the adapter is made
+    }
 
     lora: bool = True  # train a LoRA adapter; false: full fine-tuning (with a frozen reference copy)
     lora_rank: int = 32  # the adapter's rank r

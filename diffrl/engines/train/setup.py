@@ -243,6 +243,20 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
 
 
+def apply_optimizer_config(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, cfg: TrainConfig
+) -> None:
+    """Set the optimizer's hyper-parameters from `cfg` once a checkpoint's state is loaded. The state dicts bring
+    back the values they were saved with (each group's lr, betas, weight decay and eps, and the scheduler's base
+    lrs), so a run resumed with another train.lr would train on with the old one. The learning rate becomes the
+    schedule's at the restored step, computed as LambdaLR computes it: with an unchanged config, the same numbers."""
+    scheduler.base_lrs = [cfg.lr for _ in optimizer.param_groups]
+    lrs = [base * factor(scheduler.last_epoch) for factor, base in zip(scheduler.lr_lambdas, scheduler.base_lrs)]
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group.update(lr=lr, initial_lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, eps=cfg.eps)
+    scheduler._last_lr = lrs  # what get_last_lr (actor/lr) reports until the next optimizer step
+
+
 def check_offload(cfg: TrainConfig) -> None:
     """offload_optimizer works through FSDP2's CPUOffloadPolicy, i.e. only when sharding."""
     if cfg.offload_optimizer and world()[1] == 1:

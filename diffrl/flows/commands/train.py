@@ -116,6 +116,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     from diffrl.configs.schema import load_experiment
     from diffrl.engines.store import fs
+    from diffrl.flows.run_config import check_resume
     from diffrl.flows.run_format import check_run_format
     from diffrl.flows.run_lock import run_lock
 
@@ -124,6 +125,7 @@ def run_train(args: argparse.Namespace) -> int:
     fs.use_options(cfg.run.root, cfg.run.storage_options)  # run.json on an object store is read below
     with run_lock(cfg.local_dir, cfg.run.name):  # a second writer of the run is refused now, not after Prefect starts
         check_run_format(cfg.run_dir, cfg.run.name)  # so is a run an older diffrl numbered
+        check_resume(cfg)  # and a config change the run's stored data cannot take (diffrl/flows/run_config.py)
         server = _start_prefect_server()  # boots in its own process while this one imports torch, diffusers, MLflow
         from diffrl.flows.train import train
 
@@ -143,7 +145,8 @@ def _prepare_meanwhile(cfg) -> dict[str, float]:
     from diffrl.flows import early
     from diffrl.flows.train import validation_outputs
 
-    fresh = latest_checkpoint(cfg.run_dir) is None  # a resumed run validates after loading its checkpoint
+    # a resumed run, or one that starts from another's weights, validates after loading them
+    fresh = latest_checkpoint(cfg.run_dir) is None and not cfg.run.init_from
     return early.prepare(cfg, validation_outputs, fresh=fresh)
 
 
