@@ -1,7 +1,8 @@
 """Engine replicas on paper: images/s of three recipes at 1, 2, 8 and 64 GPUs (`cluster.gpus`), predicted from
-measured one-GPU stage times and the bytes each replica exchanges per step, so that multi-GPU runs confirm or refute a
-stated number. Nothing here runs a model; the real-size LoRA sizes are counted with peft on the published configs
-(meta device, no weights).
+measured one-GPU stage times (the replica path at one GPU, `benchmarks/replicas_1gpu.py`, for shapes and SD3.5-M;
+`benchmarks/rl_step.py` for Qwen-Image) and the bytes each replica exchanges per step, so that multi-GPU runs
+confirm or refute a stated number. Nothing here runs a model; the real-size LoRA sizes are counted with peft on the
+published configs (meta device, no weights).
 
 Strong scaling: the recipe's own global batch B (its prompts x group size), split over N replicas (b = B / N each).
 Each replica runs the local pipeline (diffrl/engines/step/run.py): rewards scored while it samples, rows written
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -68,23 +70,36 @@ def lora_params(arch: str, rank: int) -> int:
     return sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
 
 
+def _replica_path(name: str) -> dict[str, float]:
+    """One GPU's seconds per image (g rollout, u update, r reward) through the replica path at N = 1, and the
+    in-process run's images/s, from a `benchmarks/replicas_1gpu.py` result (medians over its rounds)."""
+    result = _result(name)
+    images = result["images_per_step"]
+    rounds = [m for label, m in result["stage_medians_s"].items() if label.startswith("gpus1#")]
+
+    def per_image(key: str) -> float:
+        return statistics.median(m[key] for m in rounds) / images
+
+    return dict(
+        g=per_image("timing_s/generate"),
+        u=per_image("timing_s/update_actor"),
+        r=per_image("timing_s/reward"),
+        one_gpu_local=images / result["seconds_per_step"]["colocated"],
+    )
+
+
 def recipes() -> dict[str, dict]:
     """Measured one-GPU seconds per image (g rollout, u update, r reward) and per-step sizes of each recipe."""
-    shapes = _result("train_e2e_shapes_h100.json")["flow_stage_medians_s"]  # `diffrl train`, local mode, 512/step
-    sd3 = _result("sd35m_flow_grpo_h200.json")["stage_ms_per_image"]  # benchmarks/rl_step.py, compiled, bf16 LoRA
-    qwen = _result("qwen_image_ocr_lora_h200.json")["stage_ms_per_image"]
+    qwen = _result("qwen_image_ocr_lora_h200.json")["stage_ms_per_image"]  # benchmarks/rl_step.py, compiled, bf16 LoRA
     latent_512 = 3 * 16 * 64 * 64 * 4  # fp32 latents of a 512x512 sample: 16 x 64 x 64, a 2-step window + x0
     return {
-        "shapes_flow_grpo (H100)": dict(
+        "shapes_flow_grpo (H200)": dict(  # `diffrl train`, 512 images a step
             B=512, chunk=512, n_opt=1, arch="shapes", rank=32, L=134e6 / 512, P=64 * 64 * 3,
-            g=shapes["timing_s/generate"] / 512, u=shapes["timing_s/update_actor"] / 512,
-            r=shapes["timing_s/reward"] / 512, one_gpu_local=512 / _result("train_e2e_shapes_h100.json")[
-                "flow_seconds_per_step"],
+            **_replica_path("replicas_1gpu_h200.json"),
         ),
-        "sd35m_flow_grpo_ocr (H200)": dict(
+        "sd35m_flow_grpo_ocr (H200)": dict(  # `diffrl train` at one prompt x 24 images a step, compiled, bf16 LoRA
             B=48 * 24, chunk=96, n_opt=2, arch="sd3", rank=32, L=latent_512, P=512 * 512 * 3,
-            g=sd3["rollout"] / 1e3, u=sd3["update"] / 1e3, r=sd3["reward"] / 1e3,
-            one_gpu_local=_result("sd35m_flow_grpo_h200.json")["images_per_gpu_s"],
+            **_replica_path("replicas_1gpu_sd35m_h200.json"),
         ),
         "qwen_image_ocr_lora (H200)": dict(
             B=32 * 16, chunk=64, n_opt=2, arch="qwen_image", rank=64, L=latent_512, P=512 * 512 * 3,
