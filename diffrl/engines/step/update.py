@@ -258,8 +258,10 @@ def _write_and_commit(run_dir: str, step: int, every: int, metrics: dict, write,
     previous = checkpoint_dir(run_dir, step - 1)
     write_record(staged, previous if step > 0 and latest_checkpoint(run_dir) == step - 1 else None, step, samples)
     if staged != final:
+        fs.sync_tree(staged)  # on the disk before the rename and the pointer name it
         fs.remove_tree(final)
         fs.move(staged, final)
+        fs.sync_dir(fs.parent(final))
     point_latest(run_dir, step)
     previous = checkpoint_dir(run_dir, step - 2)  # kept when its step number is a multiple of `every`
     if step - 2 >= 0 and step_number(step - 2) % max(every, 1) and fs.isdir(previous):

@@ -175,16 +175,48 @@ def write_json(uri: str, value: Any, *, indent: int | None = None) -> None:
 
 
 def write_text(uri: str, data: str) -> None:
-    """Write the text file `uri` in one piece: locally through a .tmp file and a rename; on an object store one PUT,
-    which readers see whole or not at all."""
+    """Write the text file `uri` in one piece: locally through a .tmp file, flushed to the disk, and a rename (the
+    rename flushed too: a power cut leaves the old file or the new one, never an empty one); on an object store one
+    PUT, which readers see whole or not at all."""
     if is_uri(uri):
         with open(uri, "w") as f:
             f.write(data)
         return
-    os.makedirs(os.path.dirname(uri) or ".", exist_ok=True)
+    folder = os.path.dirname(uri) or "."
+    os.makedirs(folder, exist_ok=True)
     with builtins.open(uri + ".tmp", "w") as f:
         f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(uri + ".tmp", uri)
+    sync_dir(folder)
+
+
+def sync_tree(uri: str) -> None:
+    """Flush every file under the local folder `uri` and the folder itself to the disk, so that what a commit
+    (a rename, a pointer) names next survives a power cut; nothing to do on an object store, where a PUT is durable
+    when it returns."""
+    if is_uri(uri):
+        return
+    for folder, _, files in os.walk(uri):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        sync_dir(folder)
+
+
+def sync_dir(folder: str) -> None:
+    """Flush the local folder's entries (a rename into it, a new file) to the disk; nothing on an object store."""
+    if is_uri(folder):
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_json(uri: str) -> Any:

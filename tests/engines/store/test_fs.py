@@ -70,3 +70,43 @@ def test_a_root_s_options_serve_every_uri_under_it():
     assert fs.fsspec_options("s3://fs-test-bucket/runs/x", {"key": "other"}) == {"key": "other"}  # given: used
     fs.use_options("/local/runs", {"aws_access_key_id": "AK"})  # a local root needs none
     assert fs.options_for("/local/runs/x") == {}
+
+
+def test_a_checkpoint_is_on_the_disk_before_latest_json_names_it(tmp_path, monkeypatch):
+    """A power cut must leave the previous checkpoint or the new one whole: every file of the staged folder, the
+    folder holding the renamed step_<k> and latest.json itself are flushed (fsync) before the pointer is replaced.
+    os.fsync and os.replace are recorded as they happen (the disk itself is not cut here)."""
+    import os
+
+    from diffrl.engines.step.update import _write_and_commit
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    run = tmp_path / "run"
+
+    def write(staged):
+        os.makedirs(staged)
+        with open(os.path.join(staged, "trainable.safetensors"), "wb") as f:
+            f.write(b"weights")
+
+    final = _write_and_commit(str(run), 0, 1, {"loss": 1.0}, write, 0)
+    checkpoints = str(run / "checkpoints")
+    order = [e for e in events if e[1].startswith(checkpoints)]
+    renamed = order.index(("replace", final))
+    pointer = order.index(("replace", f"{checkpoints}/latest.json"))
+    synced_before = {path for kind, path in order[:renamed] if kind == "fsync"}
+    assert {f"{final}.tmp/trainable.safetensors", f"{final}.tmp/update_metrics.json"} <= synced_before, order
+    assert ("fsync", checkpoints) in order[renamed:pointer]  # the rename into checkpoints/ is on the disk
+    assert ("fsync", f"{checkpoints}/latest.json.tmp") in order[renamed:pointer]
+    assert ("fsync", checkpoints) in order[pointer:]  # and so is the pointer's
