@@ -2,11 +2,17 @@
 
 Logged as val/* into its own MLflow run `<run.name>-eval` (same experiment; runs/<name>/eval.json keeps
 its id, so re-evaluations of later checkpoints continue it), at the global step of the checkpoint.
+
+A training run beside it keeps only some checkpoints (`run.checkpoint_every`, the latest two): the checkpoint is
+taken first into a folder of its own (hard links, no copy, on the same disk), which the training run's retention
+cannot remove while the model loads.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 from prefect import flow
 
@@ -37,15 +43,36 @@ def resolve_checkpoint(cfg, checkpoint: str | None) -> str:
     return checkpoint
 
 
+def take_checkpoint(cfg, checkpoint: str | None, folder: str, attempts: int = 5) -> tuple[str, str]:
+    """(the checkpoint evaluated, its copy under `folder`): `checkpoint`, or the run's latest, taken as it is now. A
+    latest checkpoint that retention removes while it is taken is replaced by the new latest; a named one is an
+    error."""
+    for _ in range(attempts):
+        source = resolve_checkpoint(cfg, checkpoint)
+        source = source if fs.is_uri(source) else os.path.abspath(source)
+        taken = os.path.join(folder, fs.basename(source))
+        try:
+            fs.snapshot(source, taken)
+            return source, taken
+        except FileNotFoundError as e:
+            shutil.rmtree(taken, ignore_errors=True)
+            if checkpoint is not None:
+                raise ValueError(f"checkpoint {source!r} was removed while it was read ({e.filename})") from e
+    raise ValueError(f"run {cfg.run.name!r}: its latest checkpoint kept being replaced while it was read")
+
+
 @flow(name="evaluate", log_prints=False)
 def evaluate(config: str | None = None, overrides: list[str] | None = None, checkpoint: str | None = None) -> dict:
     """Evaluate `checkpoint` (default: the run's latest) of experiment `config`; returns the val/* metrics."""
     cfg = load_experiment(config, overrides or [])
     fs.use_options(cfg.run.root, cfg.run.storage_options)
-    checkpoint = resolve_checkpoint(cfg, checkpoint)
-    engines = build_engines(cfg)
-    checkpoint = checkpoint if fs.is_uri(checkpoint) else os.path.abspath(checkpoint)
-    step = engines.run("trainer", load_checkpoint, checkpoint)  # its step number: RL steps done
+    pinned = tempfile.mkdtemp(prefix="diffrl-eval-", dir=cfg.local_dir if os.path.isdir(cfg.local_dir) else None)
+    try:
+        checkpoint, taken = take_checkpoint(cfg, checkpoint, pinned)
+        engines = build_engines(cfg)
+        step = engines.run("trainer", load_checkpoint, taken)  # its step number: RL steps done
+    finally:
+        shutil.rmtree(pinned, ignore_errors=True)
     sync_engines(engines, -1, prefetch_next=False)
     tracker = Tracker(
         experiment=cfg.run.experiment,

@@ -85,3 +85,23 @@ def test_a_failure_before_training_leaves_mlflow_failed_not_running(workdir):
     with pytest.raises(ValueError, match="/nonexistent/prompts.parquet"):
         train(config=None, overrides=TINY + ["run.steps=2", "data.val=/nonexistent/prompts.parquet"])
     assert client.get_run(run.info.run_id).info.status == "FAILED"
+
+
+def test_evaluate_takes_its_checkpoint_before_retention_can_remove_it(workdir):
+    """`diffrl evaluate` beside a training run: the checkpoint it evaluates is taken (hard links) before the model
+    loads, so the training run's retention removing it meanwhile leaves the evaluation a whole checkpoint. A named
+    checkpoint already gone is one line naming it."""
+    import shutil
+
+    from diffrl.configs.schema import load_experiment
+    from diffrl.engines.train.checkpoint import verify
+    from diffrl.flows.evaluate import take_checkpoint
+
+    train(config=None, overrides=TINY + ["run.steps=1"])
+    cfg = load_experiment(None, TINY)
+    source, taken = take_checkpoint(cfg, None, str(workdir / "pinned"))
+    assert source.endswith("checkpoints/step_1")
+    shutil.rmtree(source)  # as the training run's retention would, while the evaluation builds its model
+    verify(taken)  # every file there, matching checksums.json
+    with pytest.raises(ValueError, match="step_1.*is not a folder"):
+        take_checkpoint(cfg, source, str(workdir / "again"))
