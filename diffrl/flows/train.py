@@ -51,7 +51,7 @@ from diffrl.flows.run_format import RUN_FORMAT, check_run_format
 from diffrl.flows.run_lock import run_lock
 from diffrl.flows.tracking import Tracker, caption, mark_failed, open_tracking_store
 from diffrl.tasks.common import persist_results_in
-from diffrl.tasks.stages import check_step_results, forget_unfinished, last_persisted_step
+from diffrl.tasks.stages import check_step_results, forget_old_results, forget_unfinished, last_persisted_step
 
 log = logging.getLogger("diffrl")
 
@@ -443,6 +443,7 @@ def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: i
         with trace.span("rollout images", step=step):
             _log_rollout_images(engines, tracker, step)
         engines.run("rollout", retain, step)  # on the first replica's writer, behind its step's writes
+        forget_old_results(engines, step, _results_dir(cfg))
         metrics = add_perf(metrics, clock.lap())
         times.append(metrics["perf/time_per_step"])
         if validation_due(cfg, step + 1):

@@ -192,6 +192,28 @@ def forget_partly_replicated(engines: Any, step: int, results_dir: str) -> list[
     return dropped
 
 
+KEEP_RESULT_STEPS = 2  # the step just done and the one before: a retry from the UI reruns the step in flight
+
+
+def forget_old_results(engines: Any, step: int, results_dir: str) -> int:
+    """After `step` is done: remove the persisted stage results of the run's steps before the last KEEP_RESULT_STEPS
+    (of every incarnation of the run: an older one's keys are never looked up again). A resume or a retry from the
+    UI starts after the last checkpoint, so no cache lookup reads them; without this the folder grows by a file per
+    stage and chunk every step. Returns how many were removed."""
+    cutoff = step - KEEP_RESULT_STEPS + 1
+    pattern = re.compile(re.escape(f"diffrl-{engines.config.run.name}-") + r"[0-9a-f]+-step(\d+)-")
+    removed = 0
+    for name in os.listdir(results_dir) if os.path.isdir(results_dir) else []:
+        found = pattern.match(name)
+        if found and int(found.group(1)) < cutoff:
+            try:
+                os.remove(os.path.join(results_dir, name))
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed
+
+
 def last_persisted_step(engines: Any, results_dir: str) -> int | None:
     """The last step with a persisted stage result in `results_dir` (this run incarnation's keys). The step after the
     checkpoint being written may have run its first stages meanwhile: a crash then leaves their results without

@@ -4,6 +4,7 @@ after a failure in every stage, a failing reward server, and bad input rejected 
 from __future__ import annotations
 
 import os
+import re
 import socket
 
 import lance
@@ -197,6 +198,9 @@ def test_default_retention_drops_old_latents_and_keeps_the_rows(workdir):
         store.read_step(0)
     assert store.read_step(0, with_latents=False).prompts  # prompts, images, rewards stay
     assert store.read_step(3).latents.shape[-1] > 0
+    # Prefect's persisted stage results: only the last two steps' stay (a UI retry reruns the step in flight)
+    steps = {int(re.search(r"-step(\d+)-", p.name).group(1)) for p in (workdir / "runs/quickstart/prefect").iterdir()}
+    assert steps == {2, 3}
 
 
 def test_compact_every_must_not_be_negative(workdir):
