@@ -75,3 +75,17 @@ def sine_wav(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture
+def user_reward_modules(monkeypatch):
+    """tests/engines/reward/user_modules (a user's own reward modules) on sys.path and PYTHONPATH, as docs/rewards.md
+    tells a user to put theirs; afterwards the modules are forgotten, so each test imports them anew."""
+    import sys
+
+    folder = os.path.join(os.path.dirname(__file__), "engines", "reward", "user_modules")
+    monkeypatch.syspath_prepend(folder)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH")) if p))
+    yield folder
+    for name in ("my_rewards", "broken_rewards", "planted_rewards"):
+        sys.modules.pop(name, None)

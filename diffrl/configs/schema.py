@@ -25,6 +25,8 @@ from diffrl.models.kind import RANDOM, data_kind, model_kind
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 ROLLOUT_ENGINES = ("transformers", "vllm")
+LOGGERS = ("mlflow", "tensorboard", "wandb")
+LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # what a logger needs beyond diffrl's dependencies
 
 
 @dataclass
@@ -198,17 +200,20 @@ class DataConfig:
 
 @dataclass
 class RunConfig:
-    # seed: the prompt order and the noise of every step; experiment: where the MLflow run a resume continues lives
+    # seed: the prompt order and the noise of every step; experiment: where the run a resume continues is filed
     FIXED_ON_RESUME: ClassVar[dict[str, str]] = {"seed": "data", "experiment": "data"}
 
-    name: str = "quickstart"  # the run's folder under root, its MLflow run and its resume key
-    experiment: str = "diffrl"  # the MLflow experiment
+    name: str = "quickstart"  # the run's folder under root, the name it is logged under, its resume key
+    experiment: str = "diffrl"  # the experiment the run is filed under (MLflow experiment, W&B project)
     root: str = "runs"  # runs/<name>/ holds trajectories.lance, checkpoints/, ...
     steps: int = 10  # RL steps (rollout, score, update) of the run
     seed: int = 0  # seeds the prompt order, the rollout noise and the validation samples
     checkpoint_every: int = 5  # kept checkpoints (a resume point is written after every step)
     validate_every: int = 0  # 0 = only before the first and after the last step
-    log_images: int = 4  # rollout images logged to MLflow per step
+    log_images: int = 4  # rollout images logged per step
+    # where metrics, images and the config go, the same names in each: mlflow (mlflow.db), tensorboard (event files in
+    # runs/<name>/tensorboard), wandb (offline files in runs/<name>/wandb); [] logs nowhere (docs/training.md)
+    loggers: tuple[str, ...] = ("mlflow",)
     # latents (the bulk of a step, fp32) of the last k committed steps stay on disk, older ones are dropped
     # (rows, rewards, images always stay); -1 keeps every step's. Resume needs only the step in flight.
     keep_latents_steps: int = 2
@@ -231,6 +236,11 @@ class RunConfig:
             )
         if self.steps < 1:
             raise ValueError(f"run.steps must be >= 1, got {self.steps}")
+        unknown = [name for name in self.loggers if name not in LOGGERS]
+        if unknown or len(set(self.loggers)) != len(self.loggers):
+            raise ValueError(
+                f"run.loggers must list each of {', '.join(LOGGERS)} at most once; got {list(self.loggers)}"
+            )
         if self.compact_every < 0:
             raise ValueError(f"run.compact_every must be >= 0 (0 = never), got {self.compact_every}")
         if self.keep_latents_steps < -1:
@@ -376,6 +386,23 @@ class ExperimentConfig:
         """The run's folder on the driver's own disk, for what only its process reads (the run lock, Prefect's stage
         results, the trace): run_dir, or runs/<name> under the working directory when run.root is an fsspec URI."""
         return os.path.join("runs", self.run.name) if "://" in self.run.root else self.run_dir
+
+
+def check_logger_packages(loggers: tuple[str, ...] | list[str]) -> None:
+    """ValueError, one line, when a logger of run.loggers needs a package that is not installed (checked without
+    importing it, so `diffrl train` says so before any work)."""
+    import importlib.util
+
+    for name in loggers:
+        package = LOGGER_PACKAGES.get(name)
+        try:
+            found = package is None or importlib.util.find_spec(package) is not None
+        except ValueError:  # sys.modules holds None for it: its import is blocked
+            found = False
+        if not found:
+            raise ValueError(
+                f"run.loggers: {name} needs the {package} package, which is not installed: pip install 'diffrl[{name}]'"
+            )
 
 
 def check_model_kind(cfg: ExperimentConfig) -> None:

@@ -170,9 +170,15 @@ def gpus_seen(config: Any) -> int:
 
 
 def forwarded_env() -> dict[str, str]:
-    """The driver's settings the Ray workers and actors need (runtime_env env_vars): FORWARDED_ENV and every NCCL_*
-    (the network the replicas' process group uses between nodes: NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...)."""
-    return {k: v for k, v in os.environ.items() if k in FORWARDED_ENV or k.startswith("NCCL_")}
+    """The driver's settings the Ray workers and actors need (runtime_env env_vars): FORWARDED_ENV, every NCCL_*
+    (the network the replicas' process group uses between nodes: NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...) and the
+    driver's PYTHONPATH, made absolute, before the node's own: a user's `module:function` reward imports in the
+    replicas as in the driver (docs/rewards.md)."""
+    env = {k: v for k, v in os.environ.items() if k in FORWARDED_ENV or k.startswith("NCCL_")}
+    paths = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join([*paths, "${PYTHONPATH}"])  # Ray puts the node's own in place of ${...}
+    return env
 
 
 def connect(address: str | None) -> None:

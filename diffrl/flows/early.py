@@ -19,7 +19,7 @@ from typing import Any, Callable
 from diffrl.configs.loader import to_dict
 from diffrl.engines import cluster
 from diffrl.flows.build import build_engines
-from diffrl.flows.tracking import open_tracking_store
+from diffrl.flows.loggers import open_stores
 
 _ENGINES: dict[str, tuple[dict, Any]] = {}  # run name -> (the config as a dict, its engines)
 _VALIDATION: dict[str, Any] = {}  # run name -> what `validate_fn` returned for the engines before training
@@ -34,7 +34,7 @@ def prepare(cfg: Any, validate_fn: Callable[[Any], Any], *, fresh: bool) -> dict
     started = time.time()
     with ThreadPoolExecutor(max_workers=1) as pool:
         # an error opening it is left for the flow's own open, which reports it
-        pool.submit(open_tracking_store)
+        pool.submit(open_stores, cfg.run.loggers)
         try:
             engines = build_engines(cfg)
         except Exception:  # noqa: BLE001 - the flow builds again and reports this error in its own words

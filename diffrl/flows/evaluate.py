@@ -1,7 +1,7 @@
-"""The evaluation flow: a run's checkpoint, ODE-sampled on the validation prompts, scored, logged to MLflow.
+"""The evaluation flow: a run's checkpoint, ODE-sampled on the validation prompts, scored, logged (run.loggers).
 
-Logged as val/* into its own MLflow run `<run.name>-eval` (same experiment; runs/<name>/eval.json keeps
-its id, so re-evaluations of later checkpoints continue it), at the global step of the checkpoint.
+Logged as val/* into its own run `<run.name>-eval` of each logger (same experiment; runs/<name>/eval.json keeps
+its ids, so re-evaluations of later checkpoints continue it), at the global step of the checkpoint.
 
 A training run beside it keeps only some checkpoints (`run.checkpoint_every`, the latest two): the checkpoint is
 taken first into a folder of its own (hard links, no copy, on the same disk), which the training run's retention
@@ -16,13 +16,13 @@ import tempfile
 
 from prefect import flow
 
-from diffrl.configs.schema import load_experiment
+from diffrl.configs.schema import check_logger_packages, load_experiment
 from diffrl.engines.step.run import sync_engines
 from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint
 from diffrl.engines.store import fs
 from diffrl.flows.build import build_engines
+from diffrl.flows.loggers import Place, RunLoggers
 from diffrl.flows.run_format import check_run_format
-from diffrl.flows.tracking import Tracker
 from diffrl.flows.train import validate
 
 
@@ -65,6 +65,7 @@ def take_checkpoint(cfg, checkpoint: str | None, folder: str, attempts: int = 5)
 def evaluate(config: str | None = None, overrides: list[str] | None = None, checkpoint: str | None = None) -> dict:
     """Evaluate `checkpoint` (default: the run's latest) of experiment `config`; returns the val/* metrics."""
     cfg = load_experiment(config, overrides or [])
+    check_logger_packages(cfg.run.loggers)
     fs.use_options(cfg.run.root, cfg.run.storage_options)
     pinned = tempfile.mkdtemp(prefix="diffrl-eval-", dir=cfg.local_dir if os.path.isdir(cfg.local_dir) else None)
     try:
@@ -74,13 +75,11 @@ def evaluate(config: str | None = None, overrides: list[str] | None = None, chec
     finally:
         shutil.rmtree(pinned, ignore_errors=True)
     sync_engines(engines, -1, prefetch_next=False)
-    tracker = Tracker(
-        experiment=cfg.run.experiment,
-        run_name=f"{cfg.run.name}-eval",
-        state_path=os.path.join(cfg.run_dir, "eval.json"),
-    )
-    tracker.set_tags({"diffrl.run_name": f"{cfg.run.name}-eval", "diffrl.checkpoint": checkpoint})
-    metrics = validate(engines, tracker, step)  # at the MLflow step the training run validated this checkpoint
+    # its own run in each logger; TensorBoard's and W&B's files in runs/<name>/eval
+    name, state = f"{cfg.run.name}-eval", fs.join(cfg.run_dir, "eval.json")
+    tracker = RunLoggers(cfg.run.loggers, Place(cfg.run.experiment, name, state, os.path.join(cfg.local_dir, "eval")))
+    tracker.set_tags({"diffrl.run_name": name, "diffrl.checkpoint": checkpoint})
+    metrics = validate(engines, tracker, step)  # at the logged step the training run validated this checkpoint
     tracker.log_values(metrics, step)
     tracker.finish()
     print(f"[diffrl] evaluated {checkpoint}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))

@@ -89,11 +89,11 @@ EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_dev
 
 
 class Tracker:
-    """Owns the MLflow run of a diffrl run; its id is kept in runs/<name>/run.json for resume.
+    """Owns the MLflow run of a diffrl run (run.loggers `mlflow`, diffrl/flows/loggers.py); its id is kept in
+    runs/<name>/run.json, so a resumed run continues it.
 
     Writes (metrics, images, tags, params, artifacts) go through one background thread in call order, so the
-    training loop never waits for the tracking database; `finish` waits for them. A crash can lose the last
-    step's metrics: a resumed run logs a committed step whose metrics are missing (diffrl/flows/train.py).
+    training loop never waits for the tracking database; `wait` and `finish` wait for them.
     """
 
     def __init__(self, *, experiment: str, run_name: str, state_path: str):
@@ -118,7 +118,6 @@ class Tracker:
             self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
             state["mlflow_run_id"] = self.run_id
             self._write_state(state)
-        self._logged_steps = {int(m.step) for m in self.client.get_metric_history(self.run_id, "perf/time_per_step")}
 
     def _read_state(self) -> dict:
         return fs.read_json(self.state_path) if fs.exists(self.state_path) else {}
@@ -156,27 +155,21 @@ class Tracker:
         entries = [mlflow.entities.RunTag(key, redact_text(str(value))) for key, value in {**base, **tags}.items()]
         self.client.log_batch(self.run_id, tags=entries)
 
-    def has_step(self, step: int) -> bool:
-        return step in self._logged_steps
-
-    def has_metric(self, key: str, step: int) -> bool:
-        return self.metric_at(key, step) is not None
-
-    def metric_at(self, key: str, step: int) -> float | None:
-        """The value logged for `key` at `step` (the last one, if logged twice), or None."""
-        values = [m.value for m in self.client.get_metric_history(self.run_id, key) if m.step == step]
-        return values[-1] if values else None
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Log a step's metrics once: a step already in MLflow (a resumed run) is not logged twice."""
-        if step in self._logged_steps:
-            return
-        self.log_values(metrics, step)
-        self._logged_steps.add(step)
+    def logged(self) -> tuple[int, dict[str, float]]:
+        """The last step with perf/time_per_step in this MLflow run (0: none) and the val/* values at step 0 (the
+        validation before training): what MLflow knows of a run that has no runs/<name>/logged.json yet, one an
+        older diffrl started (diffrl/flows/loggers.py)."""
+        steps = [int(m.step) for m in self.client.get_metric_history(self.run_id, "perf/time_per_step")]
+        before = {}
+        for key in [k for k in self.client.get_run(self.run_id).data.metrics if k.startswith("val/")]:
+            values = [m.value for m in self.client.get_metric_history(self.run_id, key) if m.step == 0]
+            if values:
+                before[key] = values[-1]
+        return max(steps, default=0), before
 
     def log_values(self, metrics: dict[str, float], step: int) -> None:
-        """Log metrics at `step` (no once-per-step bookkeeping: validation before training, startup times). NaN and
-        infinite values are logged as such (MLflow stores them): a loss that went NaN must show, not vanish."""
+        """Log metrics at `step`. NaN and infinite values are logged as such (MLflow stores them): a loss that went
+        NaN must show, not vanish."""
         entries = [mlflow.entities.Metric(k, float(v), _now_ms(), step) for k, v in sorted(metrics.items())]
         for i in range(0, len(entries), 500):
             self._writes.submit(step, "MLflow metrics", self._log_batch, entries[i : i + 500])
@@ -226,6 +219,10 @@ class Tracker:
         self._writes.submit(
             0, f"MLflow artifact {local_path}", self.client.log_artifact, self.run_id, local_path, artifact_path
         )
+
+    def wait(self, step: int) -> None:
+        """Wait for the writes queued for steps <= `step` (raises the first that failed)."""
+        self._writes.wait(step)
 
     def flush(self) -> None:
         """Wait for every queued write (raises the first that failed)."""

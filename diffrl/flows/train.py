@@ -2,7 +2,7 @@
 
 Resume: the same command with the same `run.name` loads the last committed checkpoint and continues;
 the interrupted step's completed stages come back Cached (persisted results under the run folder)
-and its committed Lance rows are reused. The MLflow run continues (same run id, no gaps).
+and its committed Lance rows are reused. The loggers' runs continue (same run ids, no gaps: runs/<name>/logged.json).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 
 from diffrl.configs.changes import Change
 from diffrl.configs.loader import to_dict
-from diffrl.configs.schema import ExperimentConfig, load_experiment
+from diffrl.configs.schema import ExperimentConfig, check_logger_packages, load_experiment
 from diffrl.engines import cluster, trace
 from diffrl.engines.numbering import step_number
 from diffrl.engines.redact import redact_text
@@ -43,13 +43,14 @@ from diffrl.engines.train.checkpoint import CorruptCheckpoint
 from diffrl.flows import early
 from diffrl.flows.build import build_engines
 from diffrl.flows.errors import DamagedRun, RunFailure
+from diffrl.flows.loggers import Place, RunLoggers, mark_run_failed, open_stores
 from diffrl.flows.progress import console
 from diffrl.flows.provenance import deployment_name, log_final_weights, prompt_inputs, source_tags
 from diffrl.flows.rl_step import rl_step
 from diffrl.flows.run_config import check_resume, init_from_run, record_config
 from diffrl.flows.run_format import RUN_FORMAT, check_run_format
 from diffrl.flows.run_lock import run_lock
-from diffrl.flows.tracking import Tracker, caption, mark_failed, open_tracking_store
+from diffrl.flows.tracking import caption
 from diffrl.tasks.common import persist_results_in
 from diffrl.tasks.stages import check_step_results, forget_old_results, forget_unfinished, last_persisted_step
 
@@ -62,7 +63,7 @@ def _say(message: str) -> None:
 
 def _run_state(cfg: ExperimentConfig) -> dict:
     """runs/<name>/run.json: the run's identity (uid keys its task caches), its on-disk format (stamped once
-    check_run_format let it through) and the MLflow run id."""
+    check_run_format let it through) and the loggers' run ids."""
     fs.makedirs(fs.join(cfg.run_dir, "checkpoints"))  # a no-op on an object store
     path = fs.join(cfg.run_dir, "run.json")
     state = fs.read_json(path) if fs.exists(path) else {}
@@ -109,7 +110,7 @@ def validation_outputs(engines: cluster.Engines, step: int = 0) -> tuple:
     return (traj, *engines.run("reward", validation_scores, traj))
 
 
-def validate(engines: cluster.Engines, tracker: Tracker, step: int) -> dict:
+def validate(engines: cluster.Engines, tracker: RunLoggers, step: int) -> dict:
     """ODE sampling (noise level 0) on the fixed validation prompts; logs val/reward and a grid. Before training,
     what `diffrl train` prepared while Prefect's server booted is used (diffrl/flows/early.py)."""
     if not engines.config.data.num_val_prompts:
@@ -120,8 +121,8 @@ def validate(engines: cluster.Engines, tracker: Tracker, step: int) -> dict:
     return metrics
 
 
-def _log_samples(engines: cluster.Engines, tracker: Tracker, outputs, prompts, rewards, key: str, step: int) -> None:
-    """Up to 16 samples into MLflow: a captioned image grid, or a token run's responses as a text table."""
+def _log_samples(engines: cluster.Engines, tracker: RunLoggers, outputs, prompts, rewards, key: str, step: int) -> None:
+    """Up to 16 samples into the loggers: a captioned image grid, or a token run's responses as a text table."""
     shown = min(len(outputs), 16)
     # a token run's responses are texts, except those of an image-token policy (Janus): its outputs are images
     if engines.config.algorithm.needs.data == "tokens" and not isinstance(outputs, torch.Tensor):
@@ -132,7 +133,7 @@ def _log_samples(engines: cluster.Engines, tracker: Tracker, outputs, prompts, r
     tracker.log_images(images[:shown], captions, key, step)
 
 
-def _log_rollout_images(engines: cluster.Engines, tracker: Tracker, step: int) -> None:
+def _log_rollout_images(engines: cluster.Engines, tracker: RunLoggers, step: int) -> None:
     n = engines.config.run.log_images
     if n <= 0:
         return
@@ -160,6 +161,7 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
     """Train the experiment `config` (a shipped name or a YAML path; default: the quickstart)."""
     startup = Startup()
     cfg = load_experiment(config, overrides or [])
+    check_logger_packages(cfg.run.loggers)  # a logger's missing package fails before any work
     fs.use_options(cfg.run.root, cfg.run.storage_options)  # the run's files on an object store: one set of options
     # one writer per run: a second process is refused here, by pid and host (a lock on the driver's disk)
     with run_lock(cfg.local_dir, cfg.run.name):
@@ -170,7 +172,7 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
         except BaseException:
             # whatever failed, before training too (a bad data path on a rerun of a killed run that MLflow still
             # shows RUNNING), the run's MLflow run says FAILED
-            mark_failed(fs.join(cfg.run_dir, "run.json"))
+            mark_run_failed(cfg.run.loggers, fs.join(cfg.run_dir, "run.json"))
             raise
 
 
@@ -183,7 +185,7 @@ def _train(
         f"in {cfg.run_dir}" + (f" (lock, Prefect results: {cfg.local_dir})" if fs.is_uri(cfg.run_dir) else "")
     )
     with ThreadPoolExecutor(max_workers=1) as pool:  # MLflow's database opens (or is created) while the model loads
-        store_ready = pool.submit(open_tracking_store)
+        store_ready = pool.submit(open_stores, cfg.run.loggers)
         # bad data, model or reward paths fail here, before any work; `diffrl train` may have built them already
         engines = early.take_engines(cfg) or build_engines(cfg)
         startup.mark("engines")
@@ -193,8 +195,9 @@ def _train(
     engines.set_run_uid(_run_state(cfg)["uid"])  # ray mode: also the actors (the Ray workers running tasks ask them)
     if engines.store is not None and cfg.data.sample_source == "online" and cfg.algorithm.needs.data != "tokens":
         _say(describe_disk(cfg, engines.run("rollout", latent_numel), engines.run("trainer", checkpoint_bytes)))
-    tracker = Tracker(experiment=cfg.run.experiment, run_name=cfg.run.name, state_path=fs.join(cfg.run_dir, "run.json"))
-    startup.mark("mlflow")
+    place = Place(cfg.run.experiment, cfg.run.name, state_path=fs.join(cfg.run_dir, "run.json"), folder=cfg.local_dir)
+    tracker = RunLoggers(cfg.run.loggers, place, record_path=fs.join(cfg.run_dir, "logged.json"))
+    startup.mark("loggers")
     tracker.log_config(to_dict(cfg))
     tracker.set_tags(
         {
@@ -215,7 +218,7 @@ def _train(
         last = None if newest is None else load_good_checkpoint(engines, newest)
         if last is None and cfg.run.init_from:  # before the validation before training: it shows these weights
             init_from_run(engines, tracker)
-        # the checkpoint committed but its metrics never reached MLflow: step `last` runs again below, every stage
+        # the checkpoint committed but its metrics never reached every logger: step `last` runs again below, every stage
         # Cached but a weight sync whose result was not persisted, which must then be the resume's only sync (a
         # second one gave the next step's rows policy version 3 instead of 2)
         relog = last is not None and not tracker.has_step(last + 1)
@@ -233,7 +236,7 @@ def _train(
             check_stored(
                 engines.store, None if last is None else checkpoint_dir(cfg.run_dir, last), range(start, touched + 1)
             )
-        # MLflow step = global step (RL steps done): step k's metrics at k + 1, validation before training at 0
+        # logged step = global step (RL steps done): step k's metrics at k + 1, validation before training at 0
         if relog:
             pin_step_key(step_flow, last)
             check_step_results(engines, last, _results_dir(cfg))
@@ -250,7 +253,7 @@ def _train(
                     f"step {step_number(step)} runs again from its first stage whose writes did not land "
                     f"({len(dropped)} persisted results dropped)"
                 )
-        if start == 0 and not tracker.has_metric("val/reward", 0):
+        if start == 0 and "val/reward" not in tracker.before_training:
             val = validate(engines, tracker, 0)
             _say(f"before training: {_fmt(val)}")
             tracker.log_values(val, 0)
@@ -283,12 +286,13 @@ def _train(
     if val:  # the run's validation before training and now, in one line
         _say(f"validation, before -> after training: {summary(tracker, val)}")
     tracker.finish()
-    _say(f"done. MLflow: {tracker.ui_hint}")
+    _say(f"done. {tracker.ui_hint}")
     _say(
         f"trajectories: {fs.join(cfg.run_dir, 'trajectories.lance')}; "
         f"checkpoints: {fs.join(cfg.run_dir, 'checkpoints')}"
     )
-    return {"run": cfg.run.name, "mlflow_run_id": tracker.run_id, "last_step": step_number(final), **val}
+    run_ids = {f"{name}_run_id": run_id for name, run_id in tracker.run_ids.items()}
+    return {"run": cfg.run.name, **run_ids, "last_step": step_number(final), **val}
 
 
 def resume_advice(cfg: ExperimentConfig) -> str:
@@ -375,7 +379,7 @@ def _results_dir(cfg: ExperimentConfig) -> str:
 
 class Startup:
     """Seconds from the `diffrl` command to the first RL step, by part: imports (before the flow), Prefect (its
-    temporary server and the flow run), engines (model load), MLflow, validation before training."""
+    temporary server and the flow run), engines (model load), loggers (run.loggers), validation before training."""
 
     def __init__(self):
         self._last = time.time()
@@ -428,8 +432,8 @@ def step_flow_settings():
     return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 
-def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: int) -> dict:
-    """Steps start..steps-1, each a subflow; validation, MLflow and retention after each. A step's time is the
+def _train_steps(engines: cluster.Engines, tracker: RunLoggers, step_flow, start: int) -> dict:
+    """Steps start..steps-1, each a subflow; validation, logging and retention after each. A step's time is the
     time between the ends of two steps, validation left out (diffrl/engines/step/run.StepClock): with the next step's
     rollout started right after a weight sync, that is what a step costs the run."""
     cfg = engines.config
@@ -450,7 +454,7 @@ def _train_steps(engines: cluster.Engines, tracker: Tracker, step_flow, start: i
             with clock.excluded():
                 val = validate(engines, tracker, step + 1)
             metrics.update(val)
-        with trace.span("mlflow metrics", step=step):
+        with trace.span("log metrics", step=step):
             tracker.log_metrics(metrics, step + 1)
         trace.flush()
         unit = "responses" if cfg.algorithm.needs.data == "tokens" else "images"
@@ -475,12 +479,11 @@ def _eta(step_seconds: list[float], steps_left: int) -> str:
     return f", eta {f'{hours}h{minutes:02d}m' if hours else f'{minutes}m{seconds:02d}s'}"
 
 
-def summary(tracker: Tracker, last: dict) -> str:
+def summary(tracker: RunLoggers, last: dict) -> str:
     """Each validation metric before training and at the last validation: "val/accuracy 0.2132 -> 0.3211, ..."."""
-    tracker.flush()  # the values before training may still be queued
     parts = []
     for key, after in last.items():
-        before = tracker.metric_at(key, 0)
+        before = tracker.before_training.get(key)
         parts.append(f"{key} {before:.4f} -> {after:.4f}" if before is not None else f"{key} {after:.4f}")
     return ", ".join(parts)
 

@@ -15,7 +15,7 @@ def test_non_finite_metrics_are_logged_as_such(tmp_path, monkeypatch):
     leave charts that show nothing wrong."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     tracker = Tracker(experiment="nan", run_name="nan", state_path=str(tmp_path / "run.json"))
-    tracker.log_metrics({"actor/pg_loss": math.nan, "actor/grad_norm": math.inf, "critic/rewards/mean": 0.5}, 1)
+    tracker.log_values({"actor/pg_loss": math.nan, "actor/grad_norm": math.inf, "critic/rewards/mean": 0.5}, 1)
     tracker.finish()
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     values = {

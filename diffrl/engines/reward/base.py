@@ -146,8 +146,13 @@ def build_reward(name: str, options: dict | None = None) -> RewardFunction:
     """Builds reward `name` from a dict of options, validated into that reward's dataclass.
 
     Everything that can be checked before the run (weight folders, API-key variables, option
-    values) fails here, at start-up, not mid-run.
+    values) fails here, at start-up, not mid-run. A `module:function` name is a user's Python reward, imported
+    here (diffrl/engines/reward/user.py); its options are the function's keyword arguments.
     """
+    from diffrl.engines.reward.user import is_user_reward, user_reward  # here: user.py imports this module
+
+    if is_user_reward(name):
+        return user_reward(name, options or {})
     options_type = reward_options_type(name)
     parsed = parse_options(options_type, options or {}, owner=f"reward {name!r}")
     return registry.get("reward", name).obj(parsed)

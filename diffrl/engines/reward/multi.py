@@ -39,6 +39,7 @@ from diffrl.engines.reward.base import (
     iter_batches,
     to_samples,
 )
+from diffrl.engines.reward.user import check_spec, is_user_reward
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +51,16 @@ class RewardComponent:
     # a step's stored rewards are this weighted sum: fixed on resume (diffrl/configs/changes.py)
     FIXED_ON_RESUME: ClassVar[dict[str, str]] = {"name": "data", "weight": "data"}
 
-    name: str  # a registered reward (docs/rewards.md)
+    name: str  # a registered reward, or module:function for your own Python reward (docs/rewards.md)
     weight: float = 1.0  # its weight in the sum
     required: bool = True  # a failure fails the step; false: the sample is left out of this reward's total
-    options: dict = field(default_factory=dict)  # the reward's own options (its options dataclass)
+    options: dict = field(default_factory=dict)  # the reward's own options (a Python reward: its keyword arguments)
 
     def __post_init__(self):
         if not self.name:
             raise ValueError("reward component: 'name' must be a registered reward name, got ''")
+        if is_user_reward(self.name):
+            check_spec(self.name)  # the spelling only: its module is imported when the reward is built
         if not math.isfinite(self.weight):
             raise ValueError(f"reward component {self.name!r}: 'weight' must be finite, got {self.weight}")
 

@@ -34,7 +34,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         ),
         epilog="example: diffrl score --reward ocr --prompt 'A sign saying \"Hidden Trail\"' --json sign.png",
     )
-    parser.add_argument("--reward", required=True, help="registered reward name, e.g. ocr")
+    parser.add_argument("--reward", required=True, help="a registered reward (e.g. ocr) or your module:function")
     parser.add_argument("--prompt", default="", help="the prompt the images were generated from (same for all)")
     parser.add_argument("--ground-truth", default=None, help="target text (metadata['ground_truth'], e.g. for ocr)")
     parser.add_argument(

@@ -114,7 +114,7 @@ def run_train(args: argparse.Namespace) -> int:
     import os
     import time
 
-    from diffrl.configs.schema import load_experiment
+    from diffrl.configs.schema import check_logger_packages, load_experiment
     from diffrl.engines.store import fs
     from diffrl.flows.run_config import check_resume
     from diffrl.flows.run_format import check_run_format
@@ -122,6 +122,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     config, overrides = split_config_args(args)
     cfg = load_experiment(config, overrides)  # fail on bad input before Prefect or any model starts
+    check_logger_packages(cfg.run.loggers)  # so does a logger whose package is missing
     fs.use_options(cfg.run.root, cfg.run.storage_options)  # run.json on an object store is read below
     with run_lock(cfg.local_dir, cfg.run.name):  # a second writer of the run is refused now, not after Prefect starts
         check_run_format(cfg.run_dir, cfg.run.name)  # so is a run an older diffrl numbered
