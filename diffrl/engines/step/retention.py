@@ -121,11 +121,14 @@ def disk_estimate(cfg: Any, latent_elements: int, checkpoint: int = 0) -> dict[s
     rows = samples * (ROW_BYTES + cfg.rollout.height * cfg.rollout.width * 3 * max(cfg.rollout.num_frames, 1))
     keep = cfg.run.keep_latents_steps
     held = steps if keep < 0 else min(steps, keep + 1 + (cfg.run.compact_every or steps))
+    tables = steps * rows + held * latents
     return {
         "latents_per_step": float(latents),
         "rows_per_step": float(rows),
         "checkpoints": float(checkpoints_held(cfg) * checkpoint),
-        "total": float(steps * rows + held * latents + checkpoints_held(cfg) * checkpoint),
+        "total": float(tables + checkpoints_held(cfg) * checkpoint),
+        # a compaction writes the merged fragments before the old version's files go (seconds later)
+        "peak": float(2 * tables + checkpoints_held(cfg) * checkpoint),
         "latent_steps_held": float(held),
     }
 
@@ -141,11 +144,11 @@ def describe_disk(cfg: Any, latent_elements: int, checkpoint: int = 0) -> str:
     )
     if checkpoint:
         line += f"; {checkpoints_held(cfg)} checkpoints of {_size(checkpoint)} kept"
-    line += ")"
+    line += f"), up to {_size(est['peak'])} while a compaction rewrites the tables"
     if "://" not in cfg.run.root:
         free = shutil.disk_usage(_existing(cfg.run.root)).free
         line += f"; {_size(free)} free"
-        if free < est["total"]:
+        if free < est["peak"]:
             line += " -- NOT ENOUGH: lower run.keep_latents_steps, raise run.checkpoint_every or free space"
     return line
 

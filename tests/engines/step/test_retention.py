@@ -17,10 +17,12 @@ def test_disk_estimate_closed_form():
     held = 2 + 1 + 10  # kept steps, the step in flight, and those waiting for the next compaction
     assert est["latent_steps_held"] == held
     assert est["total"] == 600 * est["rows_per_step"] + held * est["latents_per_step"]
+    assert est["peak"] == 2 * est["total"]  # a compaction's merged copy beside the version it replaces
     keep_all = disk_estimate(load_experiment("shapes_flow_grpo", ["run.keep_latents_steps=-1"]), latent)
     assert keep_all["total"] == 600 * (keep_all["rows_per_step"] + keep_all["latents_per_step"])
     line = describe_disk(cfg, latent)
     assert line.startswith("disk: about 5.8 GB for 600 steps (latents of the last 2 steps kept") and "free" in line
+    assert "up to 11.7 GB while a compaction rewrites the tables" in line
 
 
 def test_checkpoints_count_in_the_estimate(tmp_path):
