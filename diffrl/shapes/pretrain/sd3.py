@@ -1,6 +1,6 @@
 """Pretrain the reference shapes model: a small SD3-architecture text-to-image model, from scratch.
 
-    python -m diffrl.engines.train.pretrain_shapes --out DIR --steps N --device cpu|cuda --seed S
+    python -m diffrl.shapes.pretrain.sd3 --out DIR --steps N --device cpu|cuda --seed S
 
 What it builds (a `StableDiffusion3Pipeline`, so diffrl/models/sd3.py, the rollout, the trainer and
 `diffrl sample/train` load it unchanged):
@@ -49,8 +49,8 @@ from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, 
 
 from diffrl.engines.reward.base import build_reward
 from diffrl.engines.store.prompts import PromptDataset
-from diffrl.engines.store.scenes import TAGS, scene_pairs
 from diffrl.models.tiny.tokenizers import clip_tokenizer, t5_tokenizer
+from diffrl.shapes.scenes import TAGS, scene_pairs
 
 IMAGE_SIZE = 64
 LATENT_CHANNELS = 4
@@ -528,7 +528,7 @@ def run(cfg: PretrainConfig) -> dict:
 def parse_args(argv: list[str] | None = None) -> PretrainConfig:
     """CLI flags: one per PretrainConfig field (--out required)."""
     parser = argparse.ArgumentParser(
-        prog="python -m diffrl.engines.train.pretrain_shapes",
+        prog="python -m diffrl.shapes.pretrain.sd3",
         description="Pretrain the reference shapes model (docs/reference-model.md).",
     )
     defaults = PretrainConfig(out="", device="cpu")

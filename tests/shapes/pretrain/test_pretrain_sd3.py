@@ -9,7 +9,8 @@ import pytest
 import torch
 from diffusers import StableDiffusion3Pipeline
 
-from diffrl.engines.train.pretrain_shapes import (
+from diffrl.models.base import SampleShape, load_adapter
+from diffrl.shapes.pretrain.sd3 import (
     PretrainConfig,
     build_pipeline,
     encode_text,
@@ -19,7 +20,6 @@ from diffrl.engines.train.pretrain_shapes import (
     run,
     tokenize,
 )
-from diffrl.models.base import SampleShape, load_adapter
 
 TINY = dict(
     device="cpu",
