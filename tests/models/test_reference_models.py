@@ -11,7 +11,8 @@ from diffusers import StableDiffusion3Pipeline
 
 from diffrl.engines.store.prompts import PromptDataset
 from diffrl.flows.build import REFERENCE_DIR, resolve_model_path
-from diffrl.shapes.pretrain.sd3 import HELDOUT, PretrainConfig, evaluate, folder_megabytes
+from diffrl.shapes.pretrain.sd3 import evaluate, folder_megabytes
+from diffrl.shapes.pretrain.sd3_model import HELDOUT, PretrainConfig
 
 SHIPPED = ("shapes", "shapes-small")
 
