@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from leaderboard import GAIN, ROWS  # noqa: E402
 
-from diffrl.engines.store.scenes import TAGS  # noqa: E402
+from diffrl.shapes.scenes import TAGS  # noqa: E402
 
 # Below this mean gain an algorithm counts as not improving: one evaluation (204 prompts x 4 images) at ~6 % accuracy
 # has a binomial standard error of ~0.8 points, so a gain under 2 points over a few seeds is within noise.

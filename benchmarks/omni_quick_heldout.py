@@ -22,9 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from diffrl.configs.schema import load_experiment  # noqa: E402
 from diffrl.engines.step.plan import validation_rollout  # noqa: E402
 from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint  # noqa: E402
-from diffrl.engines.store.scene_qa import scene_questions  # noqa: E402
-from diffrl.engines.train.pretrain_thinker import TRAIN_SEED  # noqa: E402
 from diffrl.flows.build import build_engines  # noqa: E402
+from diffrl.shapes.pretrain.thinker import TRAIN_SEED  # noqa: E402
+from diffrl.shapes.questions import scene_questions  # noqa: E402
 
 
 def answers(engines) -> tuple[list[str], list[str], list[float]]:

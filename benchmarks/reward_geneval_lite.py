@@ -3,7 +3,7 @@
     python benchmarks/reward_geneval_lite.py [--images 512] [--repeats 5] \
         [--out benchmarks/results/reward_geneval_lite_cpu.json]
 
-Images: rendered shape scenes (engines.store.scenes.scene_pairs) with Gaussian pixel noise of std 20, as
+Images: rendered shape scenes (shapes.scenes.scene_pairs) with Gaussian pixel noise of std 20, as
 rollout images are noisier than renders. Scored through MultiReward (the reward's own batch_size, 64) and,
 for comparison, by the same functions one image at a time (`detect` and `score_detections` per image, the
 loop geneval_lite ran before it scored batches in array passes). Median of --repeats timed passes after one
@@ -20,9 +20,9 @@ import platform
 import numpy as np
 from common import time_median, write_json  # benchmarks/common.py, beside this script
 
-from diffrl.engines.reward.geneval_lite import GenevalLiteOptions, detect, parse_target, score_detections
 from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig
-from diffrl.engines.store.scenes import scene_pairs, target_json
+from diffrl.shapes.geneval_lite import GenevalLiteOptions, detect, parse_target, score_detections
+from diffrl.shapes.scenes import scene_pairs, target_json
 
 
 def noisy_scenes(count: int, size: int, seed: int = 3) -> tuple[np.ndarray, list[str], list[dict]]:

@@ -42,8 +42,8 @@ from diffrl.engines.reward.multi import MultiReward  # noqa: E402
 from diffrl.engines.rollout import RolloutEngine  # noqa: E402
 from diffrl.engines.step.plan import validation_rollout  # noqa: E402
 from diffrl.engines.step.run import DirectStages, StepClock, add_perf, run_step  # noqa: E402
-from diffrl.engines.store.scenes import TAGS  # noqa: E402
 from diffrl.flows.build import build_engines  # noqa: E402
+from diffrl.shapes.scenes import TAGS  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Trainer metrics kept per step in the result (besides the step's train reward, strict accuracy and timings).

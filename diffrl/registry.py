@@ -10,6 +10,11 @@ pipelines, OCR models), so `import diffrl...` stays cheap.
     reward      factory(options) -> RewardFunction, with `options`     engines.reward.base.register_reward
     algorithm   Algorithm (catalog bundle)                          algorithms.catalog
 
+A task kit (diffrl/shapes) registers plug-ins of a kind whose home is in a lower layer (its rewards use
+engines.reward.base.register_reward). Its modules are listed here, in KIT_MODULES, and imported on the kind's first
+lookup after the home's built-ins: config names such as `geneval_lite` work wherever a name becomes an object, while
+the layers below the kit never import it.
+
 An unknown name is a ValueError naming the kind, the choices and the closest match.
 """
 
@@ -32,6 +37,11 @@ class Entry:
     meta: dict = field(default_factory=dict)
 
 
+# kind -> the task kits' modules that register plug-ins of it (imported on the kind's first lookup, after its built-ins)
+KIT_MODULES: dict[str, tuple[str, ...]] = {
+    "reward": ("diffrl.shapes.geneval_lite", "diffrl.shapes.edit_reward"),
+}
+
 _ENTRIES: dict[str, dict[str, Entry]] = {}
 _BUILTINS: dict[str, tuple[str, ...]] = {}
 _LABELS: dict[str, str] = {}
@@ -49,7 +59,8 @@ def declare(kind: str, builtin_modules: Iterable[str], label: str | None = None)
 
 
 def builtin_modules(kind: str) -> tuple[str, ...]:
-    return _BUILTINS.get(kind, ())
+    """The modules imported on the first lookup of `kind`: its home's built-ins, then the task kits' modules."""
+    return _BUILTINS.get(kind, ()) + KIT_MODULES.get(kind, ())
 
 
 def register(kind: str, name: str, **meta: Any) -> Callable[[Any], Any]:
@@ -77,8 +88,12 @@ def load_builtins(kind: str) -> None:
     """Import every built-in module of `kind` (once)."""
     if kind in _LOADED:
         return
-    for module in builtin_modules(kind):
-        importlib.import_module(module)
+    imported: set[str] = set()
+    # a kit's module imports the kind's home, which may declare its built-ins only then: import until none is left
+    while pending := [m for m in builtin_modules(kind) if m not in imported]:
+        for module in pending:
+            importlib.import_module(module)
+            imported.add(module)
     _LOADED.add(kind)
 
 

@@ -14,9 +14,6 @@ from diffrl.engines.step.memory import StepMemory
 from diffrl.engines.store import fs
 from diffrl.engines.store.embeddings import EmbeddingCache
 from diffrl.engines.store.prompts import PromptDataset, PromptSampler, compositional_prompts, ocr_prompts
-from diffrl.engines.store.scene_edit import shapes_edit_prompts
-from diffrl.engines.store.scene_qa import HELDOUT_SEED, HELDOUT_SIZE, scene_questions
-from diffrl.engines.store.scenes import shapes_prompts
 from diffrl.engines.store.tokens import TokenStore
 from diffrl.engines.store.trajectories import TrajectoryStore
 from diffrl.engines.train.setup import world
@@ -26,6 +23,9 @@ from diffrl.flows.build_preference import build_preference_cache, check_preferen
 from diffrl.flows.build_tokens import build_token_model, check_token_config
 from diffrl.models.base import load_adapter, set_tf32
 from diffrl.models.kind import folder_kind
+from diffrl.shapes.edits import shapes_edit_prompts
+from diffrl.shapes.questions import HELDOUT_SEED, HELDOUT_SIZE, scene_questions
+from diffrl.shapes.scenes import shapes_prompts
 
 log = logging.getLogger("diffrl")
 
@@ -71,13 +71,13 @@ def load_prompts(source: str, data: DataConfig, *, seed: int) -> PromptDataset:
             "ocr": ocr_prompts,
             "compositional": compositional_prompts,
             "shapes": shapes_prompts,
-            # questions about drawn scenes (diffrl/engines/store/scene_qa.py): shown as PNGs under the cache, or told
+            # questions about drawn scenes (diffrl/shapes/questions.py): shown as PNGs under the cache, or told
             # in words (_text); *_heldout: the fixed held-out set, whatever the run's seed
             "shapes_qa": lambda n, seed: scene_questions(n, seed, _scene_dir(seed)),
             "shapes_qa_heldout": lambda n, seed: scene_questions(HELDOUT_SIZE, HELDOUT_SEED, _scene_dir(HELDOUT_SEED)),
             "shapes_qa_text": lambda n, seed: scene_questions(n, seed, None),
             "shapes_qa_text_heldout": lambda n, seed: scene_questions(HELDOUT_SIZE, HELDOUT_SEED, None),
-            # recolour instructions with their input scenes as PNGs under the cache (diffrl/engines/store/scene_edit.py)
+            # recolour instructions with their input scenes as PNGs under the cache (diffrl/shapes/edits.py)
             "shapes_edit": lambda n, seed: shapes_edit_prompts(
                 n, seed, os.path.join(cache_dir(), "scenes", f"shapes_edit-seed{seed}")
             ),

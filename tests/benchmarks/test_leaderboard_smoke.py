@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmar
 import leaderboard  # noqa: E402
 import leaderboard_report  # noqa: E402
 
-from diffrl.engines.store.scenes import TAGS  # noqa: E402
+from diffrl.shapes.scenes import TAGS  # noqa: E402
 
 
 @pytest.mark.slow  # ~45 s on 2 cores

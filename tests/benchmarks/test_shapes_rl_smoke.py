@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmar
 
 import shapes_rl  # noqa: E402
 
-from diffrl.engines.store.scenes import TAGS  # noqa: E402
+from diffrl.shapes.scenes import TAGS  # noqa: E402
 
 
 @pytest.mark.slow  # ~15 s on 2 cores

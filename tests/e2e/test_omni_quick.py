@@ -12,8 +12,8 @@ import lance
 import pytest
 from mlflow.tracking import MlflowClient
 
-from diffrl.engines.store.scene_qa import scene_questions
 from diffrl.flows.train import train
+from diffrl.shapes.questions import scene_questions
 
 # 4 questions x 4 answers a step in 2 chunks, 8 held-out questions; 3 steps, the second one killed in its update.
 SMALL = [

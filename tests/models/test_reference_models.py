@@ -10,8 +10,9 @@ import torch
 from diffusers import StableDiffusion3Pipeline
 
 from diffrl.engines.store.prompts import PromptDataset
-from diffrl.engines.train.pretrain_shapes import HELDOUT, PretrainConfig, evaluate, folder_megabytes
 from diffrl.flows.build import REFERENCE_DIR, resolve_model_path
+from diffrl.shapes.pretrain.sd3 import evaluate, folder_megabytes
+from diffrl.shapes.pretrain.sd3_model import HELDOUT, PretrainConfig
 
 SHIPPED = ("shapes", "shapes-small")
 

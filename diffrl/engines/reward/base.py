@@ -36,8 +36,6 @@ _BUILTIN_MODULES = (
     "diffrl.engines.reward.pickscore",
     "diffrl.engines.reward.aesthetic",
     "diffrl.engines.reward.http_scorer",
-    "diffrl.engines.reward.geneval_lite",
-    "diffrl.engines.reward.shapes_edit",
     "diffrl.engines.reward.answer",
 )
 registry.declare("reward", _BUILTIN_MODULES)

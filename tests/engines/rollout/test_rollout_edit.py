@@ -14,9 +14,9 @@ from PIL import Image
 
 from diffrl.algorithms.windows import WindowPolicy
 from diffrl.engines.rollout import RolloutEngine, SamplingConfig
-from diffrl.engines.store.scene_edit import shapes_edit_prompts
 from diffrl.models.base import SampleShape
 from diffrl.models.qwen_image_edit import QwenImageEditAdapter, load_processor
+from diffrl.shapes.edits import shapes_edit_prompts
 
 STEPS = 4
 AREA = 128 * 128  # input images resized to this area (upstream: 1024 x 1024), to keep the CPU tests fast

@@ -1,7 +1,7 @@
 """An offline image-editing task on the shape scenes: recolour one object (the prompt set of
 diffrl/configs/qwen_image_edit_flow_grpo.yaml and of the `shapes_edit` reward).
 
-Each input scene is drawn by the shapes renderer (diffrl/engines/store/scenes.py: palette, shapes, anti-aliased
+Each input scene is drawn by the shapes renderer (diffrl/shapes/scenes.py: palette, shapes, anti-aliased
 64x64): 1 to 3 objects, each a random shape and colour, placed without overlap, one of them unique by its colour and
 shape. The instruction names that object and a new colour: "make the red circle blue". The edited scene is the same
 objects with that one recoloured; it is the ground truth the reward checks (the requested change, and that every
@@ -24,7 +24,7 @@ from dataclasses import asdict, replace
 from PIL import Image
 
 from diffrl.engines.store.prompts import PromptDataset, PromptRecord, prompt_uid
-from diffrl.engines.store.scenes import PALETTE, SHAPES, SceneObject, _place, render
+from diffrl.shapes.scenes import PALETTE, SHAPES, SceneObject, _place, render
 
 IMAGE_SIZE = 64
 MAX_OBJECTS = 3
@@ -113,7 +113,7 @@ def write_shipped(path: str) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-if __name__ == "__main__":  # python -m diffrl.engines.store.scene_edit diffrl/data/shapes_edit.jsonl
+if __name__ == "__main__":  # python -m diffrl.shapes.edits diffrl/data/shapes_edit.jsonl
     import sys
 
     write_shipped(sys.argv[1] if len(sys.argv) > 1 else "diffrl/data/shapes_edit.jsonl")

@@ -1,7 +1,7 @@
-"""shapes_edit: a rule reward for the recolour task of diffrl/engines/store/scene_edit.py (an input scene, "make the
+"""shapes_edit: a rule reward for the recolour task of diffrl/shapes/edits.py (an input scene, "make the
 red circle blue", the edited image): did the requested change happen, and was the rest kept?
 
-The edited image is read with geneval_lite's detector (diffrl/engines/reward/geneval_lite.py: palette colour
+The edited image is read with geneval_lite's detector (diffrl/shapes/geneval_lite.py: palette colour
 segmentation, connected components, rule shape classification). The ground truth (metadata["ground_truth"], JSON)
 lists the objects of the correctly edited scene, in pixels of an `image_size` scene; they are scaled to the
 generated image's size. An expected object is *found* when a detection of its shape and colour has its centre within
@@ -30,7 +30,7 @@ import torch
 from PIL import Image
 
 from diffrl.engines.reward.base import RewardOutput, check_positive, register_reward, to_uint8_numpy
-from diffrl.engines.reward.geneval_lite import Detection, GenevalLiteOptions, describe, detect_batch
+from diffrl.shapes.geneval_lite import Detection, GenevalLiteOptions, describe, detect_batch
 
 
 @dataclass
@@ -67,7 +67,7 @@ def parse_edit(metadata: dict, index: int) -> dict:
     if not isinstance(truth, dict) or truth.get("edit") != "recolor" or not isinstance(truth.get("objects"), list):
         raise ValueError(
             f"shapes_edit: sample {index} has no recolour ground truth in metadata['ground_truth'] (the JSON that "
-            f"engines.store.scene_edit.shapes_edit_prompts writes); got {str(truth)[:200]!r}"
+            f"shapes.edits.shapes_edit_prompts writes); got {str(truth)[:200]!r}"
         )
     if not 0 <= truth.get("index", -1) < len(truth["objects"]):
         raise ValueError(f"shapes_edit: sample {index}: ground_truth index {truth.get('index')!r} names no object")

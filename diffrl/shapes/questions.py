@@ -1,7 +1,7 @@
 """Questions about drawn shape scenes, answered from the image: the prompt set of the autoregressive quickstart
 (diffrl/configs/omni_quick.yaml).
 
-Each scene is drawn by the shapes generator's own renderer (diffrl/engines/store/scenes.py: the same shapes, palette
+Each scene is drawn by the shapes generator's own renderer (diffrl/shapes/scenes.py: the same shapes, palette
 and anti-aliased 64x64 drawing the reference shapes model learned from): 1 to 4 objects, each a random shape and
 colour, placed without overlap. One question per scene, uniform over QUESTION_TYPES:
 
@@ -22,7 +22,7 @@ import random
 from PIL import Image
 
 from diffrl.engines.store.prompts import PromptDataset, PromptRecord, prompt_uid
-from diffrl.engines.store.scenes import PALETTE, SHAPES, SceneObject, _place, render
+from diffrl.shapes.scenes import PALETTE, SHAPES, SceneObject, _place, render
 
 QUESTION_TYPES = ("count_shape", "color_of", "shape_of")
 IMAGE_SIZE = 64

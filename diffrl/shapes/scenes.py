@@ -269,7 +269,7 @@ def write_prompts_jsonl(dataset: PromptDataset, path: str) -> None:
             )
 
 
-if __name__ == "__main__":  # python -m diffrl.engines.store.scenes diffrl/data/shapes_heldout.jsonl
+if __name__ == "__main__":  # python -m diffrl.shapes.scenes diffrl/data/shapes_heldout.jsonl
     import sys
 
     out = sys.argv[1] if len(sys.argv) > 1 else "diffrl/data/shapes_heldout.jsonl"

@@ -1,8 +1,8 @@
 """Pretrain the Janus shapes reference: a small transformers `JanusForConditionalGeneration` taught, on the CPU, to
-draw the procedural shape scenes (diffrl/engines/store/scenes.py) from their captions, so that GRPO on its image
+draw the procedural shape scenes (diffrl/shapes/scenes.py) from their captions, so that GRPO on its image
 tokens (diffrl/configs/janus_shapes_grpo.yaml) has a real, undertrained model to improve.
 
-    python -m diffrl.engines.train.pretrain_shapes_janus --out diffrl/models/reference/shapes-janus --seed 0
+    python -m diffrl.shapes.pretrain.janus --out diffrl/models/reference/shapes-janus --seed 0
 
 Two stages, as Janus-Pro's generation path is built (Chen et al., 2025; the VQ tokenizer is LlamaGen's, Sun et al.,
 2024, "Autoregressive Model Beats Diffusion"):
@@ -41,10 +41,10 @@ from transformers import JanusConfig, JanusForConditionalGeneration
 
 from diffrl.engines.reward.base import build_reward
 from diffrl.engines.store.prompts import PromptDataset
-from diffrl.engines.store.scenes import TAGS, scene_pairs, target_json
 from diffrl.models.causal_lm import SamplingParams, TokenPrompt
 from diffrl.models.janus import JanusImagePolicy
 from diffrl.models.tiny.janus import JANUS_SPECIALS, janus_generation_config, janus_tokenizer, save_janus_folder
+from diffrl.shapes.scenes import TAGS, scene_pairs, target_json
 
 IMAGE_SIZE = 64
 GRID = 8  # image tokens per side: 64 per image

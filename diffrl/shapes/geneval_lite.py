@@ -1,5 +1,5 @@
 """geneval_lite: a rule-based GenEval (Ghosh et al., 2023, "GenEval: An Object-Focused Framework for
-Evaluating Text-to-Image Alignment") for the procedural shape scenes of diffrl/engines/store/scenes.py.
+Evaluating Text-to-Image Alignment") for the procedural shape scenes of diffrl/shapes/scenes.py.
 
 Detection, per image (no learned detector):
 1. colour segmentation: a pixel p belongs to palette colour c when, on the RGB segment from the white
@@ -37,7 +37,7 @@ import torch
 from scipy import ndimage
 
 from diffrl.engines.reward.base import RewardOutput, check_positive, register_reward, to_uint8_numpy
-from diffrl.engines.store.scenes import BACKGROUND, PALETTE, validate_target
+from diffrl.shapes.scenes import BACKGROUND, PALETTE, validate_target
 
 _REFERENCE_AREA = 64 * 64  # min_area is given for 64x64 images
 _PASS_PIXELS = 16 * 64 * 64  # pixels per color_index pass: larger arrays leave the CPU caches and run slower
@@ -223,7 +223,7 @@ def parse_target(metadata: dict, index: int) -> dict:
     if truth is None:
         raise ValueError(
             f"geneval_lite: sample {index} has no metadata['ground_truth'] (the scene target JSON "
-            "that engines.store.scenes.shapes_prompts writes)"
+            "that shapes.scenes.shapes_prompts writes)"
         )
     if isinstance(truth, str):
         try:

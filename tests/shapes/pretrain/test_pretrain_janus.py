@@ -1,4 +1,4 @@
-"""The Janus shapes reference (diffrl/engines/train/pretrain_shapes_janus.py, diffrl/models/reference/shapes-janus):
+"""The Janus shapes reference (diffrl/shapes/pretrain/janus.py, diffrl/models/reference/shapes-janus):
 a short pretraining run writes a Janus folder that loads offline; the shipped model is small safetensors, laid out
 as its summary says, and its greedy images of held-out prompts score above the same architecture with random
 weights (docs/reference-model.md, "The Janus reference")."""
@@ -11,9 +11,9 @@ import os
 import torch
 
 from diffrl.engines.store.prompts import PromptDataset
-from diffrl.engines.train.pretrain_shapes_janus import HELDOUT, JanusPretrainConfig, evaluate, pretrain, quantize
 from diffrl.flows.build import resolve_model_path
 from diffrl.models.janus import JanusImagePolicy
+from diffrl.shapes.pretrain.janus import HELDOUT, JanusPretrainConfig, evaluate, pretrain, quantize
 
 
 def test_short_run_writes_a_janus_folder_that_samples_64_tokens(tmp_path):

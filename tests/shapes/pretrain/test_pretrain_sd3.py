@@ -9,17 +9,9 @@ import pytest
 import torch
 from diffusers import StableDiffusion3Pipeline
 
-from diffrl.engines.train.pretrain_shapes import (
-    PretrainConfig,
-    build_pipeline,
-    encode_text,
-    logit_normal_sigmas,
-    lr_factor,
-    parse_args,
-    run,
-    tokenize,
-)
 from diffrl.models.base import SampleShape, load_adapter
+from diffrl.shapes.pretrain.sd3 import encode_text, logit_normal_sigmas, lr_factor, parse_args, run, tokenize
+from diffrl.shapes.pretrain.sd3_model import PretrainConfig, build_pipeline
 
 TINY = dict(
     device="cpu",

@@ -8,7 +8,7 @@ import torch
 from PIL import Image, ImageFilter
 
 from diffrl.engines.reward.base import build_reward, reward_names
-from diffrl.engines.reward.geneval_lite import (
+from diffrl.shapes.geneval_lite import (
     Detection,
     GenevalLiteOptions,
     color_masks,
@@ -16,7 +16,7 @@ from diffrl.engines.reward.geneval_lite import (
     detect_batch,
     relation_holds,
 )
-from diffrl.engines.store.scenes import SceneObject, render, scene_pairs, target_json
+from diffrl.shapes.scenes import SceneObject, render, scene_pairs, target_json
 
 
 def _score(objects, target, transform=None):

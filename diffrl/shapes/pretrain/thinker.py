@@ -1,7 +1,7 @@
 """The supervised warm start of the autoregressive quickstart: a tiny Qwen3-Omni Thinker taught, briefly, to answer
-questions about the shapes scenes (diffrl/engines/store/scene_qa.py), so that RL has something to sharpen.
+questions about the shapes scenes (diffrl/shapes/questions.py), so that RL has something to sharpen.
 
-    python -m diffrl.engines.train.pretrain_thinker --out diffrl/models/reference/shapes-thinker --steps 150
+    python -m diffrl.shapes.pretrain.thinker --out diffrl/models/reference/shapes-thinker --steps 150
 
 What it builds: `Qwen3OmniMoeThinkerForConditionalGeneration` at tiny size (diffrl/models/tiny/qwen3_omni.py: MoE
 text model of `--hidden-size`, vision and audio towers) with a byte-level BPE tokenizer trained in memory on the
@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from diffrl.engines.store.scene_qa import HELDOUT_SEED, HELDOUT_SIZE, answer_vocabulary, scene_questions
 from diffrl.models.causal_lm import CausalLMPolicy, SamplingParams, TokenPrompt
 from diffrl.models.tiny.qwen3_omni import save_thinker_folder, tiny_thinker
+from diffrl.shapes.questions import HELDOUT_SEED, HELDOUT_SIZE, answer_vocabulary, scene_questions
 
 SAVE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 TRAIN_SEED = 7_001  # the warm start's questions (RL runs draw theirs with run.seed, validation with HELDOUT_SEED)

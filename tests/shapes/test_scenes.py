@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from diffrl.engines.store.prompts import PromptDataset
-from diffrl.engines.store.scenes import (
+from diffrl.shapes.scenes import (
     BACKGROUND,
     HELDOUT_SEED,
     HELDOUT_SIZE,
@@ -24,7 +24,7 @@ from diffrl.engines.store.scenes import (
     validate_target,
 )
 
-HELDOUT = os.path.join(os.path.dirname(__file__), "..", "..", "..", "diffrl", "data", "shapes_heldout.jsonl")
+HELDOUT = os.path.join(os.path.dirname(__file__), "..", "..", "diffrl", "data", "shapes_heldout.jsonl")
 
 
 def test_captions_are_plain_english():

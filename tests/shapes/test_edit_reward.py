@@ -12,8 +12,8 @@ from PIL import Image
 
 from diffrl.engines.reward.base import build_reward
 from diffrl.engines.store.prompts import PromptDataset
-from diffrl.engines.store.scene_edit import edit_target, random_edit, shapes_edit_prompts
-from diffrl.engines.store.scenes import SceneObject, render
+from diffrl.shapes.edits import edit_target, random_edit, shapes_edit_prompts
+from diffrl.shapes.scenes import SceneObject, render
 
 
 def _scene(objects_json: list[dict]) -> list[SceneObject]:

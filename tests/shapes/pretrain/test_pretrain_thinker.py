@@ -1,4 +1,4 @@
-"""The warm start of omni_quick (diffrl/engines/train/pretrain_thinker.py): a short run writes a Thinker folder of
+"""The warm start of omni_quick (diffrl/shapes/pretrain/thinker.py): a short run writes a Thinker folder of
 fp16 safetensors that loads offline; the shipped one (diffrl/models/reference/shapes-thinker) answers the held-out
 questions as its pretrain_summary.json says."""
 
@@ -10,10 +10,10 @@ import os
 import torch
 from safetensors import safe_open
 
-from diffrl.engines.store.scene_qa import HELDOUT_SEED, HELDOUT_SIZE, scene_questions
-from diffrl.engines.train.pretrain_thinker import PretrainConfig, greedy_accuracy, pretrain
 from diffrl.flows.build import resolve_model_path
 from diffrl.models.causal_lm import CausalLMPolicy
+from diffrl.shapes.pretrain.thinker import PretrainConfig, greedy_accuracy, pretrain
+from diffrl.shapes.questions import HELDOUT_SEED, HELDOUT_SIZE, scene_questions
 
 
 def test_short_run_writes_a_loadable_fp16_thinker(tmp_path):
