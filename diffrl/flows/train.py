@@ -185,7 +185,7 @@ def _train(cfg: ExperimentConfig, startup: Startup, config: str | None = None) -
         _say(describe_disk(cfg, engines.run("rollout", latent_numel), engines.run("trainer", checkpoint_bytes)))
     tracker = Tracker(experiment=cfg.run.experiment, run_name=cfg.run.name, state_path=fs.join(cfg.run_dir, "run.json"))
     startup.mark("mlflow")
-    tracker.log_config(to_dict(cfg))
+    tracker.log_config(to_dict(cfg), file_config=to_dict(load_experiment(config)))  # params: the overrides too
     tracker.set_tags(
         {
             "prefect.flow_run_id": flow_run.get_id() or "",
