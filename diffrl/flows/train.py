@@ -36,6 +36,7 @@ from diffrl.engines.store.integrity import DamagedStore, check_stored
 from diffrl.engines.train.checkpoint import CorruptCheckpoint
 from diffrl.flows import early
 from diffrl.flows.build import build_engines
+from diffrl.flows.console import quiet_deployment_run
 from diffrl.flows.errors import DamagedRun, RunFailure
 from diffrl.flows.progress import console
 from diffrl.flows.provenance import deployment_name, log_final_weights, prompt_inputs, source_tags
@@ -152,6 +153,7 @@ def train_run_name() -> str:
 def train(config: str | None = None, overrides: list[str] | None = None) -> dict:
     """Train the experiment `config` (a shipped name or a YAML path; default: the quickstart)."""
     startup = Startup()
+    quiet_deployment_run()  # a Prefect worker's flow run: the console `diffrl train` gives itself
     cfg = load_experiment(config, overrides or [])
     fs.use_options(cfg.run.root, cfg.run.storage_options)  # the run's files on an object store: one set of options
     # one writer per run: a second process is refused here, by pid and host (a lock on the driver's disk)

@@ -50,6 +50,10 @@ from diffrl.engines.train.setup import ADAPTER_NAME, barrier, denoiser_names, lo
 from diffrl.engines.train.tensor_file import write_tensors
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+# DCP warns on every save and load without a process group ("assuming the intent is to save in a single process"):
+# a one-process full fine-tuning run is that intent, and it saves at every step (omni_quick printed it 100 times).
+# A process filter, set once: warnings.catch_warnings around the call is not thread-safe, and saves run off-thread.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 CHECKSUMS = "checksums.json"
 LORA_FILE = "pytorch_lora_weights.safetensors"  # diffusers' default weight_name: the (high-noise) `transformer`'s
 
