@@ -6,7 +6,7 @@ import os
 TEST_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
 
 
-def test_config(name: str) -> str:
+def config_file(name: str) -> str:
     """The path of tests/configs/<name>.yaml (what `diffrl train` takes as a config file)."""
     return os.path.join(TEST_CONFIGS, f"{name}.yaml")
 
