@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
-#   make quickstart   create .venv, install torch first, install diffrl, train the embedded default
-#   make test         the same set-up, then lint (ruff, import layers) and the whole test suite
+#   make quickstart   create .venv, install torch first, install diffrl (no extras), train the embedded default
+#   make test         the same, plus the test tools (`.[test]`: pytest, Ray, Playwright, moto...), then lint (ruff,
+#                     import layers) and the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
@@ -11,7 +12,7 @@ TORCH  ?= torch==2.13.0
 # --durations prints the slowest tests, to keep the suite under CI's 25 minutes.
 TEST_WORKERS ?= 2
 
-.PHONY: venv install quickstart lint browser test test-fast clean
+.PHONY: venv install install-test quickstart lint browser test test-fast clean
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -20,16 +21,23 @@ $(VENV)/.installed: $(VENV)/bin/activate pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first: a CPU build when one is on the machine; the range in pyproject keeps it
 	$(PIP) install -q "$(TORCH)" || $(PIP) install -q "torch>=2.5,<2.14"
+	$(PIP) install -q -e .
+	touch $@
+
+# the test tools on top of the lean install (pyproject's [test] extra, which includes Ray)
+$(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -q -e ".[test]"
 	touch $@
 
 install: $(VENV)/.installed
 
+install-test: $(VENV)/.installed-test
+
 quickstart: install
 	$(VENV)/bin/diffrl train
 
 # the habits of docs/architecture.md: ruff (lint + format) and the import layers (pyproject's importlinter contracts)
-lint: install
+lint: install-test
 	$(VENV)/bin/ruff check diffrl tests benchmarks
 	$(VENV)/bin/ruff format --check diffrl tests benchmarks
 	$(VENV)/bin/lint-imports --no-cache
@@ -45,8 +53,11 @@ browser:
 test: lint browser
 	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --durations=40
 
-test-fast: install
+test-fast: install-test
 	$(PY) -m pytest tests -m "not slow"
 
+# what `diffrl train` and `diffrl ui` leave in the folder: runs/ (the runs' data), mlflow.db (MLflow's tracking
+# store), mlruns/ (MLflow's artifacts: images, config.yaml, logged models), mlartifacts/ (artifacts logged through
+# a `diffrl ui` server)
 clean:
-	rm -rf $(VENV) runs mlflow.db mlartifacts .diffrl_cache
+	rm -rf $(VENV) runs mlflow.db mlruns mlartifacts .diffrl_cache

@@ -1,7 +1,7 @@
 """Does the direct-preference family learn? Whole `diffrl train` runs on the tiny CPU model.
 
-Runs a shipped config (default: quick_dpo, quick_nft) in a fresh working directory and reads back every
-sample's reward from runs/<name>/rewards.lance. The check: the mean reward of the last
+Runs a config (default: tests/configs/quick_dpo.yaml and quick_nft.yaml) in a fresh working directory and reads
+back every sample's reward from runs/<name>/rewards.lance. The check: the mean reward of the last
 quarter of the steps exceeds that of the first quarter by more than twice the standard error of the
 difference (sqrt(var_first / n_first + var_last / n_last), per-sample rewards). For offline DPO it
 reports actor/implicit_acc per step instead. Results go to benchmarks/results/dp_learning_cpu.json.
@@ -13,7 +13,7 @@ and reports the paired statistic: d = reward(trained) - reward(control) per samp
 the first and the last quarter, and its standard error. val/reward (fixed prompts and seeds) is recorded too.
 
     python benchmarks/dp_learning.py --control                    # quick_dpo and quick_nft, 24 steps each
-    python benchmarks/dp_learning.py --configs quick_nft --steps 12 --out /tmp/nft.json
+    python benchmarks/dp_learning.py --configs tests/configs/quick_nft.yaml --steps 12 --out /tmp/nft.json
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def run_one(config: str, steps: int, overrides: list[str]) -> dict:
     from diffrl.flows.train import train
 
     cfg = load_experiment(config, [f"run.steps={steps}", *overrides])
-    workdir = tempfile.mkdtemp(prefix=f"dp_learning_{config}_")
+    workdir = tempfile.mkdtemp(prefix=f"dp_learning_{os.path.basename(config).removesuffix('.yaml')}_")
     here = os.getcwd()
     os.chdir(workdir)
     # mlflow.set_tracking_uri (called by the tracker) exports MLFLOW_TRACKING_URI, which the next run in
@@ -124,7 +124,9 @@ def run_one(config: str, steps: int, overrides: list[str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", nargs="+", default=["quick_dpo", "quick_nft"])
+    tests_configs = os.path.join(ROOT, "tests", "configs")
+    default = [os.path.join(tests_configs, f"{name}.yaml") for name in ("quick_dpo", "quick_nft")]
+    parser.add_argument("--configs", nargs="+", default=default)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--override", action="append", default=[], help="dotted override, repeatable")
     parser.add_argument("--control", action="store_true", help="also run each config at lr 1e-12 (paired test)")

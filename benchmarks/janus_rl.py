@@ -2,7 +2,8 @@
 and of the update, samples/GPU/s of the RL step, peak GPU memory. Not run on a GPU yet.
 
 The engines-only loop of benchmarks/omni_rl.py: `build_engines(cfg, durable=False)` and the step core's `run_step`
-(generate -> score -> advantages -> update_actor -> sync_weights), no store, no MLflow, on janus_shapes_grpo's recipe.
+(generate -> score -> advantages -> update_actor -> sync_weights), no store, no MLflow, on the recipe of
+tests/configs/janus_shapes_grpo.yaml.
 The policy is built from a config-only folder written here (`model.path: random:<folder>`): Janus-Pro-1B or -7B's
 shapes with random weights made in memory on the device, so no checkpoint is needed. The sizes are those of the
 released transformers-format configs (deepseek-community/Janus-Pro-1B / -7B) as far as they could be read
@@ -105,7 +106,7 @@ def write_config_folder(out: str, size: str) -> str:
 
 
 def recipe(folder: str, args: argparse.Namespace, image_tokens: int) -> list[str]:
-    """janus_shapes_grpo at the benchmark's size (overrides)."""
+    """tests/configs/janus_shapes_grpo.yaml at the benchmark's size (overrides)."""
     gpu = args.device != "cpu"
     samples = args.prompts * args.group
     return [
@@ -152,7 +153,8 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_config_folder(os.path.join(tmp, "janus"), "tiny" if args.smoke else args.size)
         image_tokens = 16 if args.smoke else 576
-        cfg = load_experiment("janus_shapes_grpo", recipe(folder, args, image_tokens) + [f"run.root={tmp}/runs"])
+        config = os.path.join(REPO, "tests", "configs", "janus_shapes_grpo.yaml")
+        cfg = load_experiment(config, recipe(folder, args, image_tokens) + [f"run.root={tmp}/runs"])
         started = time.perf_counter()
         engines = build_engines(cfg, durable=False)
         result = {

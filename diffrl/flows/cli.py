@@ -81,8 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_libraries(verbose=args.verbose)
     if not logging.getLogger().handlers:
+        from diffrl.flows.console import one_traceback
+
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(_Prefixed())
+        one_traceback(handler)  # -v: Prefect logs one failure at each level it passes through
         logging.basicConfig(level=logging.WARNING, handlers=[handler])
     logging.getLogger("diffrl").setLevel(logging.INFO)
     from diffrl.configs.loader import ConfigError
@@ -102,11 +105,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class _Prefixed(logging.Formatter):
-    """diffrl's log lines read like its progress lines ("[diffrl] ..."); other libraries' keep their own text."""
+    """diffrl's log lines read like its progress lines ("[diffrl] ..."); other libraries' keep their own text, and
+    Prefect's run loggers (-v) the task or flow run they are about, as Prefect's own format names it."""
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        return f"[diffrl] {text}" if record.name.split(".")[0] == "diffrl" else text
+        if record.name.split(".")[0] == "diffrl":
+            return f"[diffrl] {text}"
+        for attribute, kind in (("task_run_name", "Task run"), ("flow_run_name", "Flow run")):
+            name = getattr(record, attribute, None)
+            if name:  # "Finished in state Completed()" alone does not say which of a step's tasks finished
+                return f"{kind} {name!r} - {text}"
+        return text
 
 
 def quiet_libraries(*, verbose: bool) -> None:
@@ -133,7 +143,9 @@ def quiet_libraries(*, verbose: bool) -> None:
     # or logs queued at exit (on a logger named after the service class): after diffrl's own last line
     for service in ("EventsWorker", "APILogWorker"):
         logging.getLogger(service).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute in the model")
+    from diffrl.flows.console import PEFT_SECOND_ADAPTER
+
+    warnings.filterwarnings("ignore", message=PEFT_SECOND_ADAPTER)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from diffrl.engines.step.run import sync_engines
 from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint, load_checkpoint
 from diffrl.engines.store import fs
 from diffrl.flows.build import build_engines
+from diffrl.flows.console import quiet_deployment_run
 from diffrl.flows.loggers import Place, RunLoggers
 from diffrl.flows.run_format import check_run_format
 from diffrl.flows.train import validate
@@ -64,6 +65,7 @@ def take_checkpoint(cfg, checkpoint: str | None, folder: str, attempts: int = 5)
 @flow(name="evaluate", log_prints=False)
 def evaluate(config: str | None = None, overrides: list[str] | None = None, checkpoint: str | None = None) -> dict:
     """Evaluate `checkpoint` (default: the run's latest) of experiment `config`; returns the val/* metrics."""
+    quiet_deployment_run()  # a Prefect worker's flow run: the console `diffrl` gives itself
     cfg = load_experiment(config, overrides or [])
     check_logger_packages(cfg.run.loggers)
     fs.use_options(cfg.run.root, cfg.run.storage_options)

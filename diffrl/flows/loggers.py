@@ -172,9 +172,14 @@ class RunLoggers:
             logger.wait(step)
         self.record.write(logged, before_training)
 
-    def log_config(self, config: dict) -> None:
-        """The run's config, secrets replaced by *** (diffrl/engines/redact.py)."""
-        self._each("log_config", redact(config))
+    def log_config(self, config: dict, file_config: dict | None = None) -> None:
+        """The run's config, secrets replaced by *** (diffrl/engines/redact.py); `file_config`, the config file's own
+        values, lets MLflow's params show what the overrides changed (the others take the whole config)."""
+        for name, logger in self.loggers.items():
+            if name == "mlflow":
+                logger.log_config(config, file_config=file_config)
+            else:
+                logger.log_config(redact(config))
 
     def log_config_change(self, config: dict, step: int, changes: list[str]) -> None:
         """A config changed on resume, in effect from step `step` (diffrl/flows/run_config.py)."""

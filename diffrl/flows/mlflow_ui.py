@@ -5,8 +5,9 @@ experiment on the GenAI overview (traces, latency, a "Detect Issues" pop-up) wha
 `mlflow.experimentKind` tag says, with the assistant panel open. `ui_app` is MLflow's own ASGI app, unchanged, except
 that its page (index.html) first sets the defaults below where the browser has none yet: experiments open on their
 training runs ("Model training" in the sidebar), the assistant stays closed. A choice the user makes in the UI is
-kept, since only missing keys are written. The keys are those of the pinned mlflow release; tests/flows/
-test_mlflow_ui_browser.py checks them in a real browser.
+kept, since only missing keys are written. And a run page's image cards open on each key's newest step, not on step 0
+(mlflow_ui_images.js). The keys are those of the pinned mlflow release; tests/e2e/test_mlflow_ui_browser.py checks
+them in a real browser.
 """
 
 from __future__ import annotations
@@ -31,8 +32,15 @@ def defaults_script() -> str:
     )
 
 
+def images_script() -> str:
+    """A <script> that puts a run page's image cards on each key's newest step (mlflow_ui_images.js)."""
+    with open(os.path.join(os.path.dirname(__file__), "mlflow_ui_images.js"), encoding="utf-8") as f:
+        return "<script>" + f.read() + "</script>"
+
+
 def index_html() -> bytes:
-    """MLflow's index.html with `defaults_script` first in its <head>, before the UI's own scripts."""
+    """MLflow's index.html with `defaults_script` and `images_script` first in its <head>, before the UI's own
+    scripts."""
     import mlflow.server
 
     path = os.path.join(os.path.dirname(mlflow.server.__file__), "js", "build", "index.html")
@@ -40,7 +48,7 @@ def index_html() -> bytes:
         page = f.read()
     if "<head>" not in page:
         raise RuntimeError(f"{path} has no <head>: not the MLflow UI page diffrl knows")
-    return page.replace("<head>", "<head>" + defaults_script(), 1).encode()
+    return page.replace("<head>", "<head>" + defaults_script() + images_script(), 1).encode()
 
 
 class UiDefaults:
@@ -81,6 +89,10 @@ def configure_server(backend_store_uri: str, artifacts_destination: str) -> None
 
 def ui_app():
     """MLflow's server app (configure_server first) with diffrl's UI defaults."""
-    from mlflow.server.fastapi_app import app
+    import warnings
+
+    with warnings.catch_warnings():  # MLflow's own import of a module Starlette deprecates: nothing a user can change
+        warnings.filterwarnings("ignore", message="starlette.middleware.wsgi is deprecated")
+        from mlflow.server.fastapi_app import app
 
     return UiDefaults(app)

@@ -72,6 +72,33 @@ def _flatten(data: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+# The params of a run: what tells runs apart in MLflow's runs table, its compare view and above each image of the
+# experiment's charts (all ~130 config keys there push the images out of their cards). config.yaml holds the rest.
+KEY_PARAMS = (
+    "algorithm.name",
+    "model.path",
+    "reward.components",
+    "data.train",
+    "rollout.prompts_per_step",
+    "rollout.group_size",
+    "rollout.num_inference_steps",
+    "rollout.height",
+    "rollout.width",
+    "train.lr",
+    "train.lora_rank",
+    "run.steps",
+    "run.seed",
+)
+
+
+def run_params(config: dict, file_config: dict | None) -> dict[str, str]:
+    """The flattened `config` keys in KEY_PARAMS, and every key whose value differs from `file_config`'s (the
+    config file without the run's overrides: what the user changed for this run)."""
+    flat = _flatten(config)
+    given = _flatten(file_config) if file_config is not None else flat
+    return {key: value for key, value in flat.items() if key in KEY_PARAMS or given.get(key) != value}
+
+
 def _git_commit() -> str:
     try:
         here = os.path.dirname(os.path.abspath(__file__))
@@ -125,13 +152,14 @@ class Tracker:
     def _write_state(self, state: dict) -> None:
         fs.write_json(self.state_path, state, indent=2)  # run.json may be on an object store (run.root a URI)
 
-    def log_config(self, config: dict) -> None:
-        """The run's config as params (flattened) and as the artifact config.yaml, secrets replaced by ***
-        (diffrl/engines/redact.py: storage_options keys, URL credentials, tokens)."""
-        self._writes.submit(0, "MLflow config", self._log_config, redact(config))
+    def log_config(self, config: dict, file_config: dict | None = None) -> None:
+        """The run's config as the artifact config.yaml and, as params, `run_params` (the key ones and what differs
+        from `file_config`, the config file's own values), secrets replaced by *** (diffrl/engines/redact.py:
+        storage_options keys, URL credentials, tokens)."""
+        params = run_params(redact(config), redact(file_config) if file_config is not None else None)
+        self._writes.submit(0, "MLflow config", self._log_config, redact(config), params)
 
-    def _log_config(self, config: dict) -> None:
-        params = _flatten(config)
+    def _log_config(self, config: dict, params: dict[str, str]) -> None:
         existing = self.client.get_run(self.run_id).data.params
         new = {k: v[:6000] for k, v in params.items() if k not in existing}
         if new:

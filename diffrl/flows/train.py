@@ -42,6 +42,7 @@ from diffrl.engines.store.integrity import DamagedStore, check_stored
 from diffrl.engines.train.checkpoint import CorruptCheckpoint
 from diffrl.flows import early
 from diffrl.flows.build import build_engines
+from diffrl.flows.console import quiet_deployment_run
 from diffrl.flows.errors import DamagedRun, RunFailure
 from diffrl.flows.loggers import Place, RunLoggers, mark_run_failed, open_stores
 from diffrl.flows.progress import console
@@ -160,6 +161,7 @@ def train_run_name() -> str:
 def train(config: str | None = None, overrides: list[str] | None = None) -> dict:
     """Train the experiment `config` (a shipped name or a YAML path; default: the quickstart)."""
     startup = Startup()
+    quiet_deployment_run()  # a Prefect worker's flow run: the console `diffrl train` gives itself
     cfg = load_experiment(config, overrides or [])
     check_logger_packages(cfg.run.loggers)  # a logger's missing package fails before any work
     fs.use_options(cfg.run.root, cfg.run.storage_options)  # the run's files on an object store: one set of options
@@ -198,7 +200,7 @@ def _train(
     place = Place(cfg.run.experiment, cfg.run.name, state_path=fs.join(cfg.run_dir, "run.json"), folder=cfg.local_dir)
     tracker = RunLoggers(cfg.run.loggers, place, record_path=fs.join(cfg.run_dir, "logged.json"))
     startup.mark("loggers")
-    tracker.log_config(to_dict(cfg))
+    tracker.log_config(to_dict(cfg), file_config=to_dict(load_experiment(config)))  # params: the overrides too
     tracker.set_tags(
         {
             "prefect.flow_run_id": flow_run.get_id() or "",

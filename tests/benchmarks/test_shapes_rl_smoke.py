@@ -52,7 +52,7 @@ def test_shapes_rl_records_accuracy_per_category_before_and_after(tmp_path):
 
 def test_shapes_rl_refuses_a_non_shapes_config():
     with pytest.raises(SystemExit, match="shapes_rl drives shapes configs"):
-        shapes_rl.main(["--config", "quick_dpo"])
+        shapes_rl.main(["--config", os.path.join(os.path.dirname(__file__), "..", "configs", "quick_dpo.yaml")])
 
 
 @pytest.mark.slow  # ~15 s on 2 cores

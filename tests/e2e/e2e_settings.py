@@ -1,5 +1,16 @@
 """The tiny experiment every whole-flow test runs (overrides on the quickstart config, or sizes for any config)."""
 
+import os
+
+# configs that exist for tests only (tiny random models: they exercise a code path, they are not demos that learn)
+TEST_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
+
+
+def config_file(name: str) -> str:
+    """The path of tests/configs/<name>.yaml (what `diffrl train` takes as a config file)."""
+    return os.path.join(TEST_CONFIGS, f"{name}.yaml")
+
+
 # 2 prompts x 4 samples, 2 chunks, 2 denoising steps at 32x32: a step takes seconds on CPU. Sizes only, for any config.
 TINY_SIZES = [
     "model.path=tiny:sd3",

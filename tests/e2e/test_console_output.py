@@ -66,6 +66,29 @@ def _check_step_numbers(workdir, console: list[str]) -> None:
         assert sorted(set(steps)) == [1, 2], table
 
 
+def test_verbose_names_prefect_s_runs_and_shows_a_failure_s_traceback_once(workdir):
+    """`diffrl -v train` printed bare `Finished in state Completed()` lines (193 in the quickstart): diffrl's log
+    format dropped the task and flow run names Prefect's own format gives. And Prefect logs a failure for the task,
+    the step flow and the train flow: its traceback now comes with the first of them only."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_LOGGING", "MLFLOW_LOGGING", "DIFFRL_V"))}
+    env["DIFFRL_INJECT_FAULT"] = "update_actor@1"  # fails after generate, score and advantages of step 1 finished
+    proc = subprocess.run(
+        [sys.executable, "-m", "diffrl", "-v", "train", *TINY, "run.steps=1"],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    lines = (proc.stdout + proc.stderr).splitlines()
+    states = [line for line in lines if "Finished in state" in line]
+    assert states and all(re.match(r"(Task|Flow) run '[\w-]+' - Finished in state ", s) for s in states), states
+    assert "Task run 'generate-step1-chunk0' - Finished in state Completed()" in lines
+    failed = [i for i, line in enumerate(lines) if re.search(r" - (Task run failed with|Encountered) exception", line)]
+    assert [lines[i + 1].startswith("Traceback") for i in failed] == [True, False, False], lines[-80:]
+
+
 def test_verbose_restores_the_libraries_levels(monkeypatch):
     for key in ("PREFECT_LOGGING_LEVEL", "MLFLOW_LOGGING_LEVEL", "TRANSFORMERS_VERBOSITY", "DIFFRL_VERBOSE"):
         monkeypatch.delenv(key, raising=False)

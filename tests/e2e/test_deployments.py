@@ -58,6 +58,27 @@ async def _task_states(url: str, flow_run_id: str) -> dict:
         return out
 
 
+def _check_worker_console(console: str, url: str, flow_run_id: str) -> None:
+    """The worker's console is as quiet as `diffrl train`'s (diffrl/flows/console.py): no loading or saving bars,
+    transformers notices or MLflow INFO lines, and the failure's traceback once, though Prefect logs it for the
+    task, the step flow, the train flow and the engine. The run's log in Prefect's UI keeps every traceback."""
+    for noise in ("Loading weights", "Writing model shards", "[transformers]", " INFO mlflow", "Loading pipeline"):
+        assert noise not in console, f"{noise!r} in the worker's console:\n{console[-3000:]}"
+    assert console.count("Traceback (most recent call last)") == 1, console[-6000:]
+    assert console.count("Encountered exception during execution") == 2  # the step flow and the train flow
+    logged = asyncio.run(_flow_run_logs(url, flow_run_id))
+    assert any("Encountered exception" in m and "Traceback (most recent call last)" in m for m in logged), logged
+
+
+async def _flow_run_logs(url: str, flow_run_id: str) -> list[str]:
+    from prefect.client.orchestration import PrefectClient
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    async with PrefectClient(url) as client:
+        logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        return [log.message for log in logs]
+
+
 @pytest.mark.slow
 def test_train_deployment_fails_in_update_actor_and_a_retry_reruns_only_what_follows(tmp_path, diffrl_cache):
     home = tmp_path / "prefect_home"
@@ -91,6 +112,7 @@ def test_train_deployment_fails_in_update_actor_and_a_retry_reruns_only_what_fol
         console = failed.stdout + failed.stderr
         assert "retry this flow run to resume (run 'nightly'" in console, console[-3000:]
         assert f"prefect flow-run retry {flow_run_id}" in console and "rerun the same command" not in console
+        _check_worker_console(console, url, flow_run_id)
         table = f"{tmp_path}/runs/nightly/trajectories.lance"
         before = lance.dataset(table).to_table(filter="step = 2", columns=["write_id"]).column("write_id").to_pylist()
         assert len(before) == 8 and lance.dataset(table).count_rows("step = 3") == 0

@@ -11,7 +11,7 @@ import os
 import lance
 import mlflow
 import pytest
-from e2e_settings import TINY_SIZES
+from e2e_settings import TINY_SIZES, config_file
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
@@ -65,7 +65,7 @@ FAMILY_METRICS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("config", sorted(FAMILY_METRICS))
 def test_online_algorithm_trains_and_logs_its_metrics(workdir, config):
-    result = train(config=config, overrides=TINY_DP)
+    result = train(config=config_file(config), overrides=TINY_DP)
     run_dir = f"runs/{config}"
     experiment = f"diffrl-{config.replace('_', '-')}"
     store = TrajectoryStore(os.path.join(run_dir, "trajectories.lance"))
@@ -87,12 +87,12 @@ def test_offline_dpo_learns_the_labels_and_resumes_after_a_failed_update(workdir
     run_dir = "runs/quick_dpo_offline"
     monkeypatch.setenv("DIFFRL_INJECT_FAULT", "update_actor@4")
     with pytest.raises(Exception, match="injected fault"):
-        train(config="quick_dpo_offline", overrides=OFFLINE)
+        train(config=config_file("quick_dpo_offline"), overrides=OFFLINE)
     assert sorted(_history(workdir, "diffrl-quick-dpo-offline", "actor/dpo_loss")) == [1, 2, 3]
     cache = lance.dataset(os.path.join(run_dir, "preferences.lance"))
     assert cache.count_rows() == 16  # every pair VAE-encoded once, at build time
     monkeypatch.delenv("DIFFRL_INJECT_FAULT")
-    train(config="quick_dpo_offline", overrides=OFFLINE)  # resumes at the failed step
+    train(config=config_file("quick_dpo_offline"), overrides=OFFLINE)  # resumes at the failed step
     assert lance.dataset(os.path.join(run_dir, "preferences.lance")).version == cache.version  # not re-encoded
     raw = lance.dataset(os.path.join(run_dir, "trajectories.lance")).to_table(columns=["step"])
     assert sorted(raw.column("step").to_pylist()) == [s for s in range(1, 5) for _ in range(16)]  # nothing twice
@@ -123,5 +123,5 @@ def test_offline_dpo_learns_the_labels_and_resumes_after_a_failed_update(workdir
 def test_bad_direct_preference_settings_fail_before_any_work(workdir, config, overrides, message):
     # what `diffrl train` does first (without starting a Prefect flow): load the config, build the engines
     with pytest.raises((ConfigError, ValueError), match=message):
-        build_engines(load_experiment(config, overrides))
+        build_engines(load_experiment(config_file(config), overrides))
     assert not os.path.exists(f"runs/{config}")

@@ -1,7 +1,7 @@
-"""`diffrl train janus_shapes_grpo` (GRPO on the tiny random Janus's image tokens, CFG group sampling, geneval_lite on
-the decoded images) through the whole flow at a tiny size: two steps complete, the token rows hold 16 image tokens with
-their log-probs and the decoded image, the rewards are the geneval_lite scores of those images, MLflow has the reward
-metrics, and the LoRA weights moved (peft starts lora_B at zero)."""
+"""`diffrl train tests/configs/janus_shapes_grpo.yaml` (GRPO on the tiny random Janus's image tokens, CFG group
+sampling, geneval_lite on the decoded images) through the whole flow at a tiny size: two steps complete, the token
+rows hold 16 image tokens with their log-probs and the decoded image, the rewards are the geneval_lite scores of
+those images, MLflow has the reward metrics, and the LoRA weights moved (peft starts lora_B at zero)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import lance
 import numpy as np
 import pytest
 import torch
+from e2e_settings import config_file
 from mlflow.tracking import MlflowClient
 from PIL import Image
 from safetensors.torch import load_file
@@ -39,7 +40,7 @@ SMALL = [
 
 @pytest.mark.slow  # ~25 s alone on the 2-core CPU (two steps, two validations, Prefect and MLflow)
 def test_janus_grpo_trains_on_image_tokens_through_the_flow(workdir, capsys):
-    result = train(config="janus_shapes_grpo", overrides=SMALL)
+    result = train(config=config_file("janus_shapes_grpo"), overrides=SMALL)
     assert result["last_step"] == 2 and 0 <= result["val/reward"] <= 1
     assert "responses/s (" in capsys.readouterr().err
 
@@ -56,7 +57,7 @@ def test_janus_grpo_trains_on_image_tokens_through_the_flow(workdir, capsys):
         assert len(row["response_ids"]) == len(row["log_probs"]) == 16 and row["response"] == "<image: 16 tokens>"
         assert all(0 <= t < 256 for t in row["response_ids"]) and all(lp < 0 for lp in row["log_probs"])
     # the stored reward is geneval_lite of the stored (decoded) image
-    reward = MultiReward(load_experiment("janus_shapes_grpo", []).reward)
+    reward = MultiReward(load_experiment(config_file("janus_shapes_grpo"), []).reward)
     scored = reward(images, [r["prompt"] for r in rows], [json.loads(r["metadata"]) for r in rows])
     stored = torch.tensor([rewards[(r["step"], r["group_id"], r["sample_index"])] for r in rows])
     torch.testing.assert_close(scored.scores, stored)

@@ -4,6 +4,8 @@ a chunk written to a real Lance table reads back with its images; a table of ima
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,9 @@ from diffrl.engines.rollout.tokens import TokenSampling, TransformersTokenEngine
 from diffrl.engines.store.tokens import TokenStore
 from diffrl.engines.token_trajectories import TokenTrajectories
 from diffrl.models.janus import JanusImagePolicy
+
+# a test config: the tiny random Janus (tests/configs)
+JANUS_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "janus_shapes_grpo.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +52,7 @@ def test_image_token_rollout_rows_round_trip_with_images(policy, tmp_path):
     ids = torch.stack(traj.response_ids)
     assert torch.equal(torch.cat([policy.decode(ids[:3]), policy.decode(ids[3:])]), traj.images)
 
-    scores = MultiReward(load_experiment("janus_shapes_grpo", []).reward)(traj.outputs, traj.prompts, traj.metadata)
+    scores = MultiReward(load_experiment(JANUS_CONFIG, []).reward)(traj.outputs, traj.prompts, traj.metadata)
     assert scores.scores.shape == (4,) and bool(scores.valid.all())  # geneval_lite scores the decoded images
 
     store = TokenStore(str(tmp_path / "trajectories.lance"))

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 from diffrl.flows.cli import main
-from diffrl.flows.mlflow_ui import UI_DEFAULTS, defaults_script, index_html
+from diffrl.flows.mlflow_ui import UI_DEFAULTS, defaults_script, images_script, index_html
 
 
 def test_the_page_sets_the_defaults_before_mlflow_s_own_scripts():
     page = index_html().decode()
-    assert page.index(defaults_script()) < page.index("<script", page.index(defaults_script()) + 1)
+    ours = defaults_script() + images_script()  # the browser test checks what the image script does
+    assert page.index(ours) < page.index("<script", page.index(ours) + len(ours))
     assert json.dumps("machine_learning") in json.loads(defaults_script().split("var d=")[1].split(";try")[0]).values()
     assert UI_DEFAULTS["mlflow.workflowType_v1"] == "machine_learning"
 

@@ -81,7 +81,7 @@ def test_the_logged_config_params_and_tags_hold_no_secret(tmp_path, monkeypatch)
     )
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     tracker = Tracker(experiment="secrets", run_name="secrets", state_path=str(tmp_path / "run.json"))
-    tracker.log_config(to_dict(cfg))
+    tracker.log_config(to_dict(cfg), file_config=to_dict(load_experiment(None)))
     tracker.set_tags(source_tags("my.yaml", cwd=str(tmp_path / "checkout")))
     tracker.finish()
 
@@ -102,3 +102,26 @@ def test_the_logged_config_params_and_tags_hold_no_secret(tmp_path, monkeypatch)
         "api_key_env": "SCORER_KEY",
     }
     assert logged["run"]["steps"] == cfg.run.steps and logged["model"] == to_dict(cfg)["model"]
+
+
+def test_the_params_are_the_key_ones_and_what_the_run_changed(tmp_path, monkeypatch):
+    """Every config key as a param (~130) filled MLflow's image cards with `key=value` text above the images: the
+    params are KEY_PARAMS and what the run's overrides changed from its config file; config.yaml holds all of it."""
+    import yaml
+
+    from diffrl.configs.loader import to_dict
+    from diffrl.configs.schema import load_experiment
+    from diffrl.flows.tracking import KEY_PARAMS
+
+    cfg = load_experiment(None, ["train.max_grad_norm=0.25", "run.steps=7"])
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    tracker = Tracker(experiment="params", run_name="params", state_path=str(tmp_path / "run.json"))
+    tracker.log_config(to_dict(cfg), file_config=to_dict(load_experiment(None)))
+    tracker.finish()
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    params = client.get_run(tracker.run_id).data.params
+    assert sorted(params) == sorted({*KEY_PARAMS, "train.max_grad_norm"})
+    assert params["run.steps"] == "7" and params["train.max_grad_norm"] == "0.25"
+    assert params["algorithm.name"] == cfg.algorithm.name and params["model.path"] == cfg.model.path
+    with open(client.download_artifacts(tracker.run_id, "config.yaml", str(tmp_path))) as f:
+        assert yaml.safe_load(f) == to_dict(cfg)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 import torch
@@ -32,7 +33,7 @@ def test_model_tf32_sets_pytorchs_cuda_flags_when_the_engines_are_built(enabled,
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     assert load_experiment("quickstart", []).model.tf32 is True
     cfg = load_experiment(
-        "quick_dpo",
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "quick_dpo.yaml"),
         [
             f"model.path={tiny_model('sd3')}",
             f"run.root={tmp_path}/runs",

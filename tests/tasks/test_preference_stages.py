@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from diffrl.engines.train.preference import lora_pairs
 from diffrl.flows.build import build_engines
 from diffrl.flows.build_preference import check_preference_config
 
+TEST_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")  # configs for tests only
 GROUPS = ["a", "a", "a", "b", "b", "c", "c"]
 REWARDS = torch.tensor([0.1, 0.9, 0.5, 0.3, 0.3, 0.2, 0.7])
 
@@ -38,7 +41,7 @@ def test_nft_and_awm_train_on_every_valid_sample():
 
 def test_nft_rollout_samples_with_the_old_adapter(tmp_path, tiny_model):
     cfg = load_experiment(
-        "quick_nft",
+        os.path.join(TEST_CONFIGS, "quick_nft.yaml"),
         [
             f"model.path={tiny_model('sd3')}",
             f"run.root={tmp_path}/runs",
@@ -89,11 +92,15 @@ def test_direct_preference_window_must_end_at_the_last_step():
         "{kind: random_start, size: 1, start_range: [3, 4]}",
         "{kind: random_start, size: 4, start_range: [0, 1]}",
     ):
-        check_preference_config(load_experiment("quick_dpo", [*base, f"algorithm.window={window}"]))
+        check_preference_config(
+            load_experiment(os.path.join(TEST_CONFIGS, "quick_dpo.yaml"), [*base, f"algorithm.window={window}"])
+        )
     for window in (
         "{kind: random_start, size: 2, start_range: [1, 2]}",  # ends at step 2
         "{kind: random_start, size: 1, start_range: [2, 4]}",  # may end at step 2
         "{kind: all_but_last, size: 2, start_range: [0, 4]}",
     ):
         with pytest.raises(ValueError, match="window must end at the last denoising step"):
-            check_preference_config(load_experiment("quick_dpo", [*base, f"algorithm.window={window}"]))
+            check_preference_config(
+                load_experiment(os.path.join(TEST_CONFIGS, "quick_dpo.yaml"), [*base, f"algorithm.window={window}"])
+            )

@@ -50,7 +50,10 @@ class OcrReward:
     name = "ocr"
 
     def __init__(self, options: OcrOptions):
-        from rapidocr_onnxruntime import RapidOCR
+        try:
+            from rapidocr_onnxruntime import RapidOCR
+        except ImportError as e:  # an extra: the quickstart's install leaves its ~380 MB out
+            raise ValueError(f"reward 'ocr' needs rapidocr-onnxruntime ({e}): pip install 'diffrl[ocr]'") from None
 
         self.options = options
         self.batch_size = options.batch_size

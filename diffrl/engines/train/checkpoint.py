@@ -60,6 +60,17 @@ from diffrl.engines.train.tensor_file import write_tensors
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
 CHECKSUMS = "checksums.json"
 LORA_FILE = "pytorch_lora_weights.safetensors"  # diffusers' default weight_name: the (high-noise) `transformer`'s
+DCP_SINGLE_PROCESS = "torch.distributed is disabled, unavailable or uninitialized"
+
+
+def _quiet_single_process_dcp() -> None:
+    """DCP warns at every save and load without a process group ("assuming the intent is to save in a single
+    process"): a one-process full fine-tuning run is that intent, and it saves at every step (omni_quick printed the
+    warning 100 times). A process-wide filter, not warnings.catch_warnings (not thread-safe; saves run off-thread),
+    added only where missing: a catch_warnings block around an import drops a filter set then, and every change to the
+    filters shows each 'once' warning again."""
+    if not any(f[0] == "ignore" and f[1] is not None and f[1].pattern == DCP_SINGLE_PROCESS for f in warnings.filters):
+        warnings.filterwarnings("ignore", message=DCP_SINGLE_PROCESS)
 
 
 def lora_file_name(component: str) -> str:
@@ -523,6 +534,7 @@ def save(trainer, path: str, *, step: int) -> str:
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
         state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, trainer.optimizer)}
+        _quiet_single_process_dcp()
         dcp.save(state, storage_writer=FsspecWriter(f"{path}/dcp", **fs.fsspec_options(path)))
     if rank == 0:
         _write(f"{path}/trainer_state.json", json.dumps(_trainer_state(trainer, step)).encode())
@@ -568,6 +580,7 @@ def load(trainer, path: str) -> int:
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
         sd = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, trainer.optimizer)}
+        _quiet_single_process_dcp()
         dcp.load(sd, storage_reader=FsspecReader(f"{path}/dcp", **fs.fsspec_options(path)))
         set_model_state_dict(model, sd["model"])
         set_optimizer_state_dict(model, trainer.optimizer, sd["optim"])

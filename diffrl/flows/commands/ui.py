@@ -3,7 +3,8 @@
     diffrl ui                  # http://127.0.0.1:5000, the working directory's mlflow.db (or MLFLOW_TRACKING_URI)
 
 It is MLflow's own tracking server (`mlflow ui`), except that a browser's first visit opens experiments on their
-training runs rather than MLflow's GenAI pages (diffrl/flows/mlflow_ui.py). Stop it with Ctrl-C.
+training runs rather than MLflow's GenAI pages, and a run's image cards open on its newest step
+(diffrl/flows/mlflow_ui.py). Stop it with Ctrl-C.
 Exit codes: 0 stopped, 2 bad input (one-line error on stderr).
 """
 

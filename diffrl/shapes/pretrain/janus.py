@@ -1,6 +1,6 @@
 """Pretrain the Janus shapes reference: a small transformers `JanusForConditionalGeneration` taught, on the CPU, to
 draw the procedural shape scenes (diffrl/shapes/scenes.py) from their captions, so that GRPO on its image
-tokens (diffrl/configs/janus_shapes_grpo.yaml) has a real, undertrained model to improve.
+tokens (tests/configs/janus_shapes_grpo.yaml) has a real, undertrained model to improve.
 
     python -m diffrl.shapes.pretrain.janus --out diffrl/models/reference/shapes-janus --seed 0
 
