@@ -142,7 +142,17 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, raw = text.split("=", 1)
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r}: empty key")
-    return key.split("."), yaml.safe_load(raw) if raw != "" else ""
+    try:
+        return key.split("."), yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({yaml_problem(e)})") from None
+
+
+def yaml_problem(error: Exception) -> str:
+    """A YAML error in one line: "expected ',' or ']', but got '<stream end>' (line 1, column 4)"."""
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    mark = getattr(error, "problem_mark", None)
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
 
 
 def apply_overrides(data: dict, overrides: list[str], cls: type) -> dict:

@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 
 from diffrl.algorithms.catalog import Algorithm, get_algorithm
-from diffrl.configs.loader import ConfigError, apply_overrides, build, coerce, parse_override, to_dict
+from diffrl.configs.loader import ConfigError, apply_overrides, build, coerce, parse_override, to_dict, yaml_problem
 from diffrl.engines.reward.multi import RewardComponent, RewardConfig
 from diffrl.engines.rollout.config import OdeShortcut, RolloutWeights, SamplingConfig, TokenSampling
 from diffrl.engines.train.config import TrainConfig
@@ -236,6 +236,8 @@ class RunConfig:
             )
         if self.steps < 1:
             raise ValueError(f"run.steps must be >= 1, got {self.steps}")
+        if not 0 <= self.seed < 2**32:  # numpy's seeds are non-negative; 32 bits leave room for the per-sample offsets
+            raise ValueError(f"run.seed must be an integer in [0, 2**32), got {self.seed}")
         unknown = [name for name in self.loggers if name not in LOGGERS]
         if unknown or len(set(self.loggers)) != len(self.loggers):
             raise ValueError(
@@ -534,7 +536,7 @@ def _read_sections(path: str, including: tuple[str, ...] = ()) -> dict:
         try:
             raw = yaml.safe_load(f) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+            raise ConfigError(f"{path}: not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     base = raw.pop("base", None)

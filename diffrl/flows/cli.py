@@ -1,7 +1,8 @@
 """`diffrl`: the command line. Each command lives in diffrl/flows/commands/<name>.py with add_parser/run.
 
-Exit codes: 0 success, 1 the work failed (traceback printed; one line for a failure whose message says it all,
-diffrl/flows/errors.py), 2 bad input (one-line error), 130 interrupted.
+Exit codes: 0 success, 1 the work failed, 2 bad input, 130 interrupted (Ctrl-C, SIGTERM, a cancel in the Prefect UI).
+A failure is one line (diffrl/flows/errors.py); `diffrl train` writes its traceback to runs/<name>/diffrl.log. Another
+command prints the traceback of a failure diffrl does not recognise, as Python does.
 """
 
 from __future__ import annotations
@@ -88,20 +89,24 @@ def main(argv: list[str] | None = None) -> int:
         one_traceback(handler)  # -v: Prefect logs one failure at each level it passes through
         logging.basicConfig(level=logging.WARNING, handlers=[handler])
     logging.getLogger("diffrl").setLevel(logging.INFO)
-    from diffrl.configs.loader import ConfigError
-    from diffrl.flows.errors import RunFailure
+    from diffrl.flows import interrupts
+    from diffrl.flows.errors import log_of, report
 
     handler = getattr(args, "run", None) or handlers[args.command]
+    command = argv is None  # the `diffrl` process itself, not a caller's main([...]) in its own process
     try:
-        return int(handler(args) or 0)
-    except (ConfigError, ValueError, FileNotFoundError, RunFailure) as e:
-        if os.environ.get("DIFFRL_DEBUG"):
+        with interrupts.signals_raise(exit_on_second=command):
+            return int(handler(args) or 0)
+    except (Exception, KeyboardInterrupt) as e:
+        failure, log = report(e), log_of(e)
+        if os.environ.get("DIFFRL_DEBUG") or not (failure.known or log):
             raise
-        print(f"diffrl {args.command}: error: {e}", file=sys.stderr)
-        return 1 if isinstance(e, RunFailure) else 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        print(failure.text(args.command, log if failure.code == 1 else None), file=sys.stderr, flush=True)
+        if failure.code == 130:
+            interrupts.mark_cancelled()
+            if command:
+                interrupts.end_command(130)
+        return failure.code
 
 
 class _Prefixed(logging.Formatter):

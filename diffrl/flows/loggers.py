@@ -87,11 +87,11 @@ def open_stores(names: list[str] | tuple[str, ...]) -> None:
         open_tracking_store()
 
 
-def mark_run_failed(names: list[str] | tuple[str, ...], state_path: str) -> None:
-    """Mark the run FAILED where a logger keeps a run state outside this process (MLflow's database), also for a
-    failure before the loggers were opened."""
+def mark_run_failed(names: list[str] | tuple[str, ...], state_path: str, status: str = "FAILED") -> None:
+    """Mark the run FAILED (or `status`: KILLED, interrupted) where a logger keeps a run state outside this process
+    (MLflow's database), also for a failure before the loggers were opened."""
     if "mlflow" in names:
-        mark_failed(state_path)
+        mark_failed(state_path, status)
 
 
 class LoggedRecord:

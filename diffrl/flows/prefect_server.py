@@ -5,6 +5,8 @@ interpreter exit (atexit). A `diffrl train` killed with SIGKILL runs no atexit, 
 Here the server process watches its parent: when the parent is gone (the server is re-parented),
 it stops itself (SIGTERM to its own uvicorn, then a hard exit). A watcher in the child, not PR_SET_PDEATHSIG: that
 signal fires when the *thread* that started the child ends, and diffrl starts the server from a short-lived thread.
+The server runs in a session of its own, so a terminal's Ctrl-C reaches `diffrl` only, which stops the server once it
+has recorded the interruption there (diffrl/flows/interrupts.py).
 
     python -m diffrl.flows.prefect_server PARENT_PID UVICORN_ARGS...   (what ParentBoundServer runs)
 
@@ -150,9 +152,22 @@ def server_class() -> type:
                     **server_environment(),
                     **get_current_settings().to_environment_variables(exclude_unset=True),
                 },
+                # out of the terminal's process group: Ctrl-C interrupts `diffrl`, which then records the interruption
+                # on this server and stops it (diffrl/flows/interrupts.py); a server stopped by the same Ctrl-C would
+                # leave Prefect's client retrying it for about 70 s
+                start_new_session=True,
             )
 
     return ParentBoundServer
+
+
+def stop_servers() -> None:
+    """Stop the temporary Prefect servers this process started, now (Prefect stops them at interpreter exit, which
+    an interrupted `diffrl train` skips: diffrl/flows/interrupts.end_command)."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    for server in list(SubprocessASGIServer._instances.values()):  # Prefect's registry of them, one per port
+        server.stop()
 
 
 def server_environment() -> dict[str, str]:

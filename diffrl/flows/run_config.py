@@ -34,6 +34,8 @@ CONFIG_FILE = "config.yaml"
 class ConfigChangeRefused(ValueError):
     """A rerun's config changes fields the run's stored data depends on."""
 
+    multiline = True  # one line per changed field (diffrl/flows/errors.py keeps them)
+
 
 def plain_config(cfg: Any) -> dict:
     """The config as it is recorded: plain YAML data, secrets replaced by *** (diffrl/engines/redact.py)."""

@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import shutil
+import sqlite3
 import subprocess
 import tempfile
 import uuid
@@ -23,6 +24,7 @@ from PIL import Image, ImageDraw
 from diffrl.engines.redact import redact, redact_text
 from diffrl.engines.step.background import Background
 from diffrl.engines.store import fs
+from diffrl.flows.errors import RunFailure, cause, one_line
 from diffrl.flows.mlflow_template import seed_sqlite_store
 
 log = logging.getLogger("diffrl")
@@ -43,12 +45,23 @@ def open_tracking_store() -> None:
 def _open_store(uri: str) -> None:
     # once per store and process: the command's early open and the flow's are then one
     seed_sqlite_store(uri)  # a new database: a copy of a migrated one (diffrl/flows/mlflow_template.py)
-    MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    try:
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except Exception as e:
+        damaged = cause(e, sqlite3.DatabaseError)
+        if damaged is None or isinstance(damaged, sqlite3.OperationalError):  # locked, busy: not damage
+            raise
+        where = uri.removeprefix("sqlite:///")
+        raise RunFailure(
+            f"the MLflow database {redact_text(where)} is damaged ({damaged}): restore it from a backup, or set "
+            "MLFLOW_TRACKING_URI to another database"
+        ) from e
 
 
-def mark_failed(state_path: str) -> None:
-    """Mark the MLflow run named in a run's run.json (if it has one yet) FAILED: a failure before the Tracker was
-    built, or around it. A failure to reach MLflow is logged, not raised over the run's own error."""
+def mark_failed(state_path: str, status: str = "FAILED") -> None:
+    """Mark the MLflow run named in a run's run.json (if it has one yet) FAILED (or `status`: KILLED, interrupted): a
+    failure before the Tracker was built, or around it. A failure to reach MLflow is logged, not raised over the run's
+    own error."""
     try:
         run_id = fs.read_json(state_path).get("mlflow_run_id")
     except (OSError, ValueError):
@@ -56,9 +69,9 @@ def mark_failed(state_path: str) -> None:
     if not run_id:
         return
     try:
-        MlflowClient(tracking_uri=tracking_uri()).set_terminated(run_id, status="FAILED")
+        MlflowClient(tracking_uri=tracking_uri()).set_terminated(run_id, status=status)
     except Exception as e:  # noqa: BLE001 - the run's own error is the one to see
-        log.error("could not mark MLflow run %s FAILED: %s", run_id, e)
+        log.error("could not mark MLflow run %s %s: %s", run_id, status, one_line(str(e)))
 
 
 def _flatten(data: dict, prefix: str = "") -> dict[str, str]:

@@ -40,10 +40,10 @@ from diffrl.engines.step.update import (
 from diffrl.engines.store import fs
 from diffrl.engines.store.integrity import DamagedStore, check_stored
 from diffrl.engines.train.checkpoint import CorruptCheckpoint
-from diffrl.flows import early
+from diffrl.flows import early, interrupts
 from diffrl.flows.build import build_engines
 from diffrl.flows.console import quiet_deployment_run
-from diffrl.flows.errors import DamagedRun, RunFailure
+from diffrl.flows.errors import DamagedRun, RunFailure, cause, chain, is_interrupt, report
 from diffrl.flows.loggers import Place, RunLoggers, mark_run_failed, open_stores
 from diffrl.flows.progress import console
 from diffrl.flows.provenance import deployment_name, log_final_weights, prompt_inputs, source_tags
@@ -53,7 +53,14 @@ from diffrl.flows.run_format import RUN_FORMAT, check_run_format
 from diffrl.flows.run_lock import run_lock
 from diffrl.flows.tracking import caption
 from diffrl.tasks.common import persist_results_in
-from diffrl.tasks.stages import check_step_results, forget_old_results, forget_unfinished, last_persisted_step
+from diffrl.tasks.stages import (
+    check_step_results,
+    forget_old_results,
+    forget_unfinished,
+    last_persisted_step,
+    last_started,
+    mark_started,
+)
 
 log = logging.getLogger("diffrl")
 
@@ -170,17 +177,21 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
         check_run_format(cfg.run_dir, cfg.run.name)  # an older diffrl's run: refused, its MLflow run left as it was
         changes = check_resume(cfg)  # so is a change its stored data cannot take, before anything loads
         try:
-            return _train(cfg, startup, config, changes)
-        except BaseException:
+            # a Cancel in the Prefect UI stops the run as Ctrl-C does (a worker's run: the worker sends SIGTERM)
+            with interrupts.watch_cancel(flow_run.get_id() if deployment_name() is None else None):
+                return _train(cfg, startup, config, changes)
+        except BaseException as e:
             # whatever failed, before training too (a bad data path on a rerun of a killed run that MLflow still
-            # shows RUNNING), the run's MLflow run says FAILED
-            mark_run_failed(cfg.run.loggers, fs.join(cfg.run_dir, "run.json"))
+            # shows RUNNING), the run's MLflow run says FAILED (KILLED when it was interrupted)
+            status = "KILLED" if is_interrupt(e) else "FAILED"
+            mark_run_failed(cfg.run.loggers, fs.join(cfg.run_dir, "run.json"), status)
             raise
 
 
 def _train(
     cfg: ExperimentConfig, startup: Startup, config: str | None = None, changes: list[Change] | None = None
 ) -> dict:
+    mark_started(cfg.run.name, None)  # no step yet (an earlier run of this name in this process has ended)
     _say(
         f"run {cfg.run.name!r}: {cfg.run.steps} steps of {cfg.algorithm.name} on {cfg.model.path} "
         f"({cfg.rollout.samples_per_step} {'responses' if cfg.algorithm.needs.data == 'tokens' else 'images'}/step) "
@@ -267,16 +278,22 @@ def _train(
         engines.run("trainer", drain)  # the last step's rows and checkpoint land before the run reports done
     except BaseException as e:
         console.close()  # the error starts a line of its own
+        if is_interrupt(e):  # stop now: no waiting for the step in flight (diffrl/flows/interrupts.py)
+            interrupts.stop_engines(engines)
+            e.diffrl_where = interrupts.where(*last_started(cfg.run.name))
+            tracker.finish("KILLED")
+            raise
         settle(engines)
         tracker.finish("FAILED")
         damaged = damaged_store(e, cfg)
         if damaged is not None:  # a rerun would fail the same way: say what is broken instead
             raise damaged from e
-        lost = _cause(e, cluster.ReplicaLost)
+        lost = cause(e, cluster.ReplicaLost)
         if lost is not None:  # the replicas' process group is broken: fresh actors for the rerun
             cluster.stop_actors(cfg.run.name)
             raise RunFailure(str(lost)) from e
-        _say(resume_advice(cfg))
+        if deployment_name() is not None and report(e).rerun:  # `diffrl train` says so in its own one line
+            _say(resume_advice(cfg))
         raise
     finally:
         if engines.memory is not None:
@@ -313,24 +330,11 @@ def _policy_version(engines: cluster.Engines) -> int:
     return engines.policy_version
 
 
-def _chain(error: BaseException):
-    """`error`, then what caused it, and so on."""
-    seen = error
-    while seen is not None:
-        yield seen
-        seen = seen.__cause__ or seen.__context__
-
-
-def _cause(error: BaseException, kind: type) -> BaseException | None:
-    """`error`, or the first error of type `kind` that caused it."""
-    return next((seen for seen in _chain(error) if isinstance(seen, kind)), None)
-
-
 def damaged_store(error: BaseException, cfg: ExperimentConfig) -> DamagedRun | None:
     """DamagedRun when `error` (or what caused it) is Lance not finding a file of one of the run's tables (a deleted or
     lost data file, which no rerun brings back, so it is no "bad input" to retry) or a DamagedStore
     (a table missing, rows lost or altered: diffrl/engines/store/integrity.py)."""
-    for seen in _chain(error):
+    for seen in chain(error):
         if isinstance(seen, DamagedStore):
             return DamagedRun(
                 f"run {cfg.run.name!r}: {seen}. Rerunning cannot repair it: restore {cfg.run_dir} from a backup, or "
@@ -353,6 +357,11 @@ def load_good_checkpoint(engines: cluster.Engines, newest: int) -> int | None:
     their committed rows). None, and no latest.json, when none is good: the run trains from its start."""
     run_dir = engines.config.run_dir
     folder = fs.join(run_dir, "checkpoints")
+    if not fs.isdir(checkpoint_dir(run_dir, newest)):  # the pointer is written after its folder: never the other way
+        raise DamagedStore(
+            f"{fs.join(folder, 'latest.json')} names step {step_number(newest)}, but "
+            f"{checkpoint_dir(run_dir, newest)} does not exist"
+        )
     for step in resume_candidates(run_dir, newest):
         path = checkpoint_dir(run_dir, step)
         try:
@@ -442,6 +451,7 @@ def _train_steps(engines: cluster.Engines, tracker: RunLoggers, step_flow, start
     val = {}
     clock, times = StepClock(), []
     for step in range(start, cfg.run.steps):
+        mark_started(cfg.run.name, step)  # where an interrupt finds the run (with the stage its tasks started)
         pin_step_key(step_flow, step)
         check_step_results(engines, step, _results_dir(cfg))
         with trace.span("step subflow", step=step):

@@ -127,6 +127,20 @@ TASKS = {
 }
 
 
+# run name -> (step, stage) of the stage the flow started last: where an interrupted run was (its one line)
+_STARTED: dict[str, tuple[int, str]] = {}
+
+
+def mark_started(run_name: str, step: int | None, stage: str | None = None) -> None:
+    """The flow of run `run_name` starts step `step` (its `stage`; None: the run starts, no step yet)."""
+    _STARTED[run_name] = (step, stage)
+
+
+def last_started(run_name: str) -> tuple[int | None, str | None]:
+    """(step, stage) the flow of run `run_name` started last in this process; (None, None) before any step."""
+    return _STARTED.get(run_name, (None, None))
+
+
 class PrefectStages:
     """run_step's stages as this module's Prefect tasks (diffrl/engines/step/run.py Stages)."""
 
@@ -142,11 +156,13 @@ class PrefectStages:
 
     def call(self, name: str, step: int, chunk: int = 0, replica: int | None = None) -> Any:
         args = self._args(name, step, chunk, replica)
+        mark_started(self.run_name, step, name)
         with trace.span(f"task {name}", step=step, chunk=chunk):  # the stage's own span inside; the rest is Prefect
             return from_record(STAGES[name][1], TASKS[name](*args))
 
     def submit(self, name: str, step: int, chunk: int = 0, replica: int | None = None) -> Any:
         args = self._args(name, step, chunk, replica)
+        mark_started(self.run_name, step, name)
         return _Typed(TASKS[name].submit(*args), STAGES[name][1])
 
 

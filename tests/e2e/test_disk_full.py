@@ -45,6 +45,8 @@ def test_a_full_disk_stops_the_run_and_the_same_command_resumes_it(workdir):
     first_err = (workdir / "first.err").read_text()
     assert (workdir / "first.rc").read_text().strip() == "1", first_err[-2000:]
     assert "No space left on device" in first_err
+    last = first_err.strip().splitlines()[-1]  # one line, and the advice that fits a full disk
+    assert last.startswith("diffrl train: error: ") and "free space, then rerun the same command to resume" in last
     assert (workdir / "second.rc").read_text().strip() == "0", (workdir / "second.err").read_text()[-2000:]
     steps, chunks = json.loads((workdir / "rows.json").read_text())  # read inside the namespace, where runs/ is
     rows = list(zip(steps, chunks))

@@ -17,8 +17,8 @@ from mlflow.tracking import MlflowClient
 
 def _diffrl(args: list[str], cwd, **env) -> subprocess.CompletedProcess:
     """Run `diffrl train` in its own process group; output goes to files, not pipes: a process killed
-    with os._exit leaves its temporary Prefect server behind, which would hold pipes open. The group
-    (that server included) is removed afterwards."""
+    with os._exit leaves its temporary Prefect server running for a few seconds (until it sees its parent gone),
+    which would hold pipes open. The group is removed afterwards."""
     out_path, err_path = os.path.join(cwd, "stdout.txt"), os.path.join(cwd, "stderr.txt")
     with open(out_path, "w") as out, open(err_path, "w") as err:
         proc = subprocess.Popen(

@@ -22,13 +22,13 @@ def _old_run(workdir):
 
 def test_an_older_run_is_refused_by_train_export_and_evaluate_with_one_line(workdir, capsys):
     run = _old_run(workdir)
-    before = sorted(p.relative_to(run) for p in run.rglob("*") if p.name != "run.lock")
+    before = sorted(p.relative_to(run) for p in run.rglob("*") if p.name not in ("run.lock", "diffrl.log"))
     for command in (["train", *TINY], ["export", *TINY, "--out", str(workdir / "out")], ["evaluate", *TINY]):
         assert main(command) == 1, command
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"diffrl {command[0]}: error: run 'quickstart'") and "\n" not in err, err
         assert "older diffrl" in err and "numbered steps from 0" in err and "train under a new run.name" in err
-    after = sorted(p.relative_to(run) for p in run.rglob("*") if p.name != "run.lock")
+    after = sorted(p.relative_to(run) for p in run.rglob("*") if p.name not in ("run.lock", "diffrl.log"))
     assert after == before and json.loads((run / "run.json").read_text()).get("format") is None  # untouched
 
 

@@ -37,6 +37,7 @@ class RunAhead:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diffrl-ahead")
         self._jobs: list[Future] = []
         self.stages: Any = None  # the worker's own stage caller (diffrl/engines/step/run.DirectStages), made once
+        self._stopping = False
 
     def once(self, key: tuple[str, int, Hashable, Hashable], run: Callable[[], Any]) -> Any:
         """`run()`'s result for stage run `key` = (stage, step, chunk, replica): run here if nobody ran it yet in this
@@ -48,7 +49,7 @@ class RunAhead:
                 future = Future()
                 self._runs[key] = future
         if owner:
-            run_into(future, run, ())
+            run_into(future, self._refuse if self._stopping else run, ())
             return future.result()
         with trace.span(f"wait {key[0]}", step=key[1]):  # the record another thread makes (or made)
             return future.result()
@@ -85,5 +86,14 @@ class RunAhead:
             for key in [k for k, f in self._runs.items() if f.done() and f.exception() is not None]:
                 self._runs.pop(key)
 
+    def stop(self) -> None:
+        """The run was interrupted: no stage starts here any more (the one running ends on its own, unwaited)."""
+        self._stopping = True
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+    @staticmethod
+    def _refuse() -> None:
+        raise RuntimeError("the run is stopping: no stage starts any more")
+
     def close(self) -> None:
-        self._worker.shutdown(wait=True, cancel_futures=True)
+        self._worker.shutdown(wait=not self._stopping, cancel_futures=True)

@@ -68,11 +68,12 @@ class Background:
             self._cond.wait_for(lambda: self._failure is not None or not any(t <= tag for t in self._pending_tags()))
         self._raise_failure()
 
-    def flush(self) -> None:
-        """Block until the queue is empty; raise the first failure."""
+    def flush(self, timeout: float | None = None) -> bool:
+        """Block until the queue is empty (at most `timeout` seconds: then False); raise the first failure."""
         with self._cond:
-            self._cond.wait_for(lambda: self._failure is not None or not self._pending_tags())
+            done = self._cond.wait_for(lambda: self._failure is not None or not self._pending_tags(), timeout)
         self._raise_failure()
+        return done
 
     def close(self) -> None:
         """Let the worker thread end once the queue is empty (later submits start a new one)."""

@@ -75,6 +75,7 @@ class StepMemory:
         # each stage of a step runs once here, the next step's ahead of the flow (diffrl/engines/step/ahead.py)
         self.ahead = RunAhead() if asynchronous else None
         self._closers: list[Callable[[], None]] = []  # what ends with the run (close_with)
+        self._stopped = False  # interrupted (stop): nothing waits for the worker threads any more
 
     # ---- rollouts --------------------------------------------------------------------------------------
     def start_rollout(self, step: int, chunk: int, rollout: Callable[[], Trajectories]) -> None:
@@ -241,14 +242,32 @@ class StepMemory:
         rollout server) ends with the run, the way the run's worker threads do, also when the run fails."""
         self._closers.append(closer)
 
+    def stop(self, timeout_s: float) -> bool:
+        """The run was interrupted: the run-ahead, rollout and reward workers start nothing more (a stage running
+        there ends on its own, unwaited), the writes made so far are committed for at most `timeout_s` seconds (in
+        order, so what lands is a prefix of them, as after a crash, which a resume reuses), then what close_with
+        registered ends (a vLLM server). Returns whether every write landed."""
+        self._stopped = True
+        if self.ahead is not None:
+            self.ahead.stop()
+        self._rollouts.shutdown(wait=False, cancel_futures=True)
+        self._rewards.shutdown(wait=False, cancel_futures=True)
+        try:
+            self.release_writes()
+            return self.writer.flush(timeout_s)
+        except Exception:  # noqa: BLE001 - a failed write is one a resume makes again, as after a crash
+            return False
+        finally:
+            self.close()
+
     def close(self) -> None:
-        """End the worker threads (after drain: nothing queued is dropped by the writer), then what close_with
-        registered."""
+        """End the worker threads (after drain: nothing queued is dropped by the writer; after stop: without waiting
+        for them), then what close_with registered."""
         try:
             if self.ahead is not None:
                 self.ahead.close()
-            self._rollouts.shutdown(wait=True, cancel_futures=True)
-            self._rewards.shutdown(wait=True, cancel_futures=True)
+            self._rollouts.shutdown(wait=not self._stopped, cancel_futures=True)
+            self._rewards.shutdown(wait=not self._stopped, cancel_futures=True)
             self.writer.close()
             self.janitor.close()
         finally:

@@ -118,7 +118,8 @@ def inject_fault(stage: str, step: int, chunk: int = 0) -> bool:
     stages every engine replica runs (advantages, update_actor, sync_weights) the number after the dot is the replica
     (`update_actor@2.1`: replica 1's update of step 2).
 
-    `raise` (default) fails the stage with RuntimeError, as an out-of-memory would; `exit` kills the
+    `raise` (default) fails the stage with RuntimeError, as an out-of-memory would; `oom` with torch's own
+    OutOfMemoryError (what a GPU out of memory raises: a CPU machine cannot run out that way); `exit` kills the
     process on the spot (os._exit(137), like SIGKILL) to test crash recovery; `stall` kills it the same way after
     STALL_S seconds stuck there (a hung disk), while the rest of the process goes on; `nan` returns True, and the
     fault point makes its value NaN (`loss@<step>:nan`: the update's loss). Unset, or another point: False.
@@ -137,6 +138,10 @@ def inject_fault(stage: str, step: int, chunk: int = 0) -> bool:
         time.sleep(STALL_S)
     if action in ("exit", "stall"):
         os._exit(137)
+    if action == "oom":
+        import torch
+
+        raise torch.OutOfMemoryError(f"CUDA out of memory (injected in stage {stage!r} at step {step_number(step)})")
     raise RuntimeError(
         f"injected fault in stage {stage!r} at step {step_number(step)} chunk {chunk} (DIFFRL_INJECT_FAULT)"
     )

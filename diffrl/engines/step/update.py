@@ -32,7 +32,7 @@ from diffrl.engines.step.records import Advantaged, Synced, Updated
 from diffrl.engines.step.replicas import step_rewards_of_every_replica, training_samples
 from diffrl.engines.step.tokens import shape_rewards, token_metrics
 from diffrl.engines.store import fs
-from diffrl.engines.store.integrity import write_record
+from diffrl.engines.store.integrity import DamagedStore, write_record
 from diffrl.engines.train import checkpoint
 from diffrl.engines.train.preference import preference_pairs
 from diffrl.engines.train.setup import barrier, world
@@ -193,7 +193,13 @@ def latest_checkpoint(run_dir: str) -> int | None:
     pointer = fs.join(run_dir, "checkpoints", "latest.json")
     if not fs.exists(pointer):
         return None
-    return step_index(fs.read_json(pointer)["step"])
+    try:
+        return step_index(int(fs.read_json(pointer)["step"]))
+    except (ValueError, KeyError, TypeError) as e:  # not JSON, not UTF-8, no step: not what point_latest wrote
+        raise DamagedStore(
+            f"{pointer} is not the checkpoint pointer diffrl writes ({type(e).__name__}: {e}): write "
+            '{"step": k} naming a kept checkpoints/step_<k> folder into it, or train under a new run.name'
+        ) from None
 
 
 def resume_candidates(run_dir: str, newest: int) -> list[int]:
@@ -277,8 +283,19 @@ def point_latest(run_dir: str, step: int) -> None:
 
 
 def load_checkpoint(engines: Any, path: str) -> int:
-    """Resume: the trainer takes the weights and optimizer state of checkpoint `path`."""
-    return engines.trainer.load_checkpoint(path)
+    """Resume: the trainer takes the weights and optimizer state of checkpoint `path`. Weights that do not fit the
+    model (another model, LoRA rank or targets than the run was trained with) are a ValueError naming the checkpoint
+    and the first tensor that differs (torch lists every one, hundreds of lines)."""
+    try:
+        return engines.trainer.load_checkpoint(path)
+    except RuntimeError as e:
+        header, _, rest = str(e).partition("\n")
+        if not header.startswith("Error(s) in loading state_dict"):
+            raise
+        raise ValueError(
+            f"checkpoint {path} does not fit the model this config builds ({rest.strip().splitlines()[0][:300]}): the "
+            "run was trained with another model or LoRA shape; undo that change, or train under a new run.name"
+        ) from e
 
 
 # ---- weight sync --------------------------------------------------------------------------------------

@@ -23,13 +23,9 @@ import pyarrow.compute as pc
 from diffrl.engines.numbering import step_number
 from diffrl.engines.store import fs
 from diffrl.engines.store.records import DIGESTED, digest_column, first_altered
-from diffrl.engines.store.tables import first_writes
+from diffrl.engines.store.tables import DamagedStore, first_writes
 
 RECORD = "stored_rows.json"
-
-
-class DamagedStore(RuntimeError):
-    """A table of the run is missing, lost committed rows, or holds values that are not the ones written."""
 
 
 def write_record(folder: str, previous: str | None, step: int, samples: int) -> None:

@@ -31,6 +31,10 @@ from diffrl.engines.store import commits, fs  # noqa: E402
 _APPEND_ATTEMPTS = 8
 
 
+class DamagedStore(RuntimeError):
+    """A table of the run is missing, lost committed rows, or holds values that are not the ones written."""
+
+
 def sql_str(value: str) -> str:
     """A SQL string literal (single quotes doubled) for Lance filters."""
     return "'" + str(value).replace("'", "''") + "'"
@@ -208,7 +212,12 @@ class LanceTable:
                 with_row_address=row_address or None,
                 blob_handling="all_binary" if blobs_as_bytes else None,
             )
-            return scanner.to_table()
+            try:
+                return scanner.to_table()
+            except (OSError, ValueError) as e:  # Lance: "External error: Encountered corrupt file ..."
+                if "corrupt" not in str(e).lower():
+                    raise
+                raise DamagedStore(f"{self.uri} holds a damaged data file ({str(e).splitlines()[0][:300]})") from e
 
     def delete(self, predicate: str) -> None:
         """Delete rows (Lance retries conflicts itself)."""

@@ -221,8 +221,9 @@ def check_finite_weights(trainer, step: int) -> None:
     bad = [name for (name, _), ok in zip(named, finite.tolist()) if not ok]
     raise NonFiniteWeights(
         f"step {step_number(step)}: after the update {len(bad)} of the policy's {len(named)} trainable tensors hold "
-        f"inf or NaN (first: {bad[0]}); the run stops before this step's checkpoint, so a rerun resumes from the last "
-        f"finite weights. Look at actor/grad_norm, actor/pg_loss and train.lr (actor/lr) in MLflow"
+        f"inf or NaN (first: {bad[0]}); the run stops before this step's checkpoint, so the last checkpoint holds "
+        f"finite weights. Lower train.lr before running it again (actor/grad_norm, actor/pg_loss and actor/lr in "
+        f"MLflow show where it diverged)"
     )
 
 

@@ -116,6 +116,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     from diffrl.configs.schema import check_logger_packages, load_experiment
     from diffrl.engines.store import fs
+    from diffrl.flows.errors import logged_to
     from diffrl.flows.run_config import check_resume
     from diffrl.flows.run_format import check_run_format
     from diffrl.flows.run_lock import run_lock
@@ -124,7 +125,9 @@ def run_train(args: argparse.Namespace) -> int:
     cfg = load_experiment(config, overrides)  # fail on bad input before Prefect or any model starts
     check_logger_packages(cfg.run.loggers)  # so does a logger whose package is missing
     fs.use_options(cfg.run.root, cfg.run.storage_options)  # run.json on an object store is read below
-    with run_lock(cfg.local_dir, cfg.run.name):  # a second writer of the run is refused now, not after Prefect starts
+    # a failure's traceback goes to runs/<name>/diffrl.log, the console gets one line (diffrl/flows/errors.py);
+    # a second writer of the run is refused now, not after Prefect starts
+    with logged_to(cfg.local_dir), run_lock(cfg.local_dir, cfg.run.name):
         check_run_format(cfg.run_dir, cfg.run.name)  # so is a run an older diffrl numbered
         check_resume(cfg)  # and a config change the run's stored data cannot take (diffrl/flows/run_config.py)
         server = _start_prefect_server()  # boots in its own process while this one imports torch, diffusers, MLflow

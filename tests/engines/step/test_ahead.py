@@ -55,3 +55,21 @@ def test_a_failed_stage_fails_the_later_caller_until_forgotten():
     ahead.done_before(2)  # step 1's runs forgotten: asked again, it runs again
     assert ahead.once(("update_actor", 1, 0, None), flaky) == "trained" and len(attempts) == 3
     ahead.close()
+
+
+def test_a_stopped_run_ahead_starts_no_stage_and_close_does_not_wait_for_the_running_one():
+    """After an interrupt: the stage running on the worker ends on its own; nothing starts after it."""
+    ahead, started, release = RunAhead(), threading.Event(), threading.Event()
+
+    def long_stage():
+        started.set()
+        release.wait(5)
+
+    ahead.start(3, lambda: ahead.once(("update_actor", 3, 0, None), long_stage))
+    assert started.wait(5)
+    ahead.stop()
+    with pytest.raises(RuntimeError, match="the run is stopping"):
+        ahead.once(("sync_weights", 3, 0, None), lambda: "not run")
+    ahead.close()  # returns while long_stage still runs
+    assert not release.is_set()
+    release.set()

@@ -59,3 +59,12 @@ def test_inline_runs_in_the_caller_and_raises_there():
         worker.submit(0, "bad", lambda: 1 / 0)
     worker.flush()  # an inline failure is the caller's: the worker stays usable
     assert worker.call(0, "after", lambda: 7) == 7
+
+
+def test_flush_with_a_timeout_says_whether_everything_landed():
+    """An interrupted run waits a bounded time for its writes (diffrl/flows/interrupts.py), then leaves the rest."""
+    worker, gate = Background("test"), threading.Event()
+    worker.submit(0, "slow write", gate.wait, 5)
+    assert worker.flush(timeout=0.05) is False and worker.pending() == 1
+    gate.set()
+    assert worker.flush(timeout=5) is True and worker.pending() == 0

@@ -1,0 +1,70 @@
+"""How diffrl/flows/errors.py sorts failures into one line, an exit code and the rerun advice."""
+
+from __future__ import annotations
+
+import errno
+import importlib
+
+import pytest
+import torch
+
+from diffrl.configs.loader import ConfigError
+from diffrl.engines.cluster import ReplicaLost
+from diffrl.engines.reward.base import RewardError
+from diffrl.engines.step.background import BackgroundError
+from diffrl.engines.store.tables import DamagedStore
+from diffrl.flows.errors import DETERMINISTIC, SIGNALS, TRANSIENT, DamagedRun, Interrupted, report
+
+
+def test_every_error_class_named_by_module_exists():
+    """The library errors are named, not imported (errors.py needs none of them); a renamed class must fail here."""
+    for name in [*TRANSIENT, *DETERMINISTIC, *SIGNALS]:
+        module, _, cls = name.rpartition(".")
+        assert isinstance(getattr(importlib.import_module(module), cls), type), name
+
+
+def _wrapped(inner: BaseException, outer: BaseException) -> BaseException:
+    try:
+        try:
+            raise inner
+        except BaseException as e:
+            raise outer from e
+    except BaseException as e:
+        return e
+
+
+@pytest.mark.parametrize(
+    "error, code, rerun, line",
+    [
+        (ConfigError("run.seed must be >= 0"), 2, False, "run.seed must be >= 0"),
+        (DamagedRun("run 'x': rewards.lance is missing"), 1, False, "run 'x': rewards.lance is missing"),
+        (DamagedStore("runs/x/checkpoints/latest.json is not ..."), 1, False, "runs/x/checkpoints/latest.json is not"),
+        (
+            _wrapped(OSError(errno.ENOSPC, "No space left on device", "runs/x/a.lance"), BackgroundError("writer")),
+            1,
+            True,
+            "OSError: [Errno 28] No space left on device: 'runs/x/a.lance' (the disk is full: free space, then rerun",
+        ),
+        (PermissionError(errno.EROFS, "Read-only file system", "runs/x/run.lock"), 1, False, "cannot write runs/x/run"),
+        (torch.OutOfMemoryError("CUDA out of memory"), 1, True, "out of memory: OutOfMemoryError: CUDA out of memory"),
+        (_wrapped(ConnectionRefusedError(111, "refused"), RuntimeError("step")), 1, True, "network error: Connection"),
+        (RewardError("http_scorer: http://h/score: failed after 3 attempts", "http_scorer"), 1, True, "http_scorer"),
+        (ReplicaLost("replica r/engine-1 died ... rerun the same command: it resumes"), 1, True, "replica r/engine-1"),
+        (RuntimeError("a stage failed in a way diffrl does not know"), 1, True, "RuntimeError: a stage failed"),
+    ],
+)
+def test_a_failure_is_one_line_with_its_exit_code_and_rerun_advice(error, code, rerun, line):
+    failure = report(error)
+    assert (failure.code, failure.rerun) == (code, rerun) and failure.line.startswith(line), failure
+    text = failure.text("train", "runs/x/diffrl.log" if code == 1 else None)
+    assert "\n" not in text and text.count("rerun the same command") == int(rerun), text
+
+
+def test_an_interrupt_says_where_the_run_was():
+    error = Interrupted("interrupted (SIGTERM)")
+    error.diffrl_where = "at step 3 (generate)"
+    assert report(error).text("train") == (
+        "diffrl: interrupted (SIGTERM) at step 3 (generate); rerun the same command to resume"
+    )
+    assert report(KeyboardInterrupt()).code == 130
+    assert report(KeyboardInterrupt()).text("ui") == "diffrl ui: interrupted"  # nothing to resume
