@@ -13,7 +13,7 @@ from diffrl.engines.reward.multi import MultiReward
 from diffrl.engines.rollout.tokens import TokenSampling, TransformersTokenEngine
 from diffrl.engines.store.tokens import TokenStore
 from diffrl.engines.token_trajectories import TokenTrajectories
-from diffrl.models.janus import JanusImagePolicy
+from diffrl.models.janus.policy import JanusImagePolicy
 
 
 @pytest.fixture(scope="module")

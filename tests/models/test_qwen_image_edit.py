@@ -12,7 +12,7 @@ from PIL import Image
 
 from diffrl.engines.store.scene_edit import shapes_edit_prompts
 from diffrl.models.base import SampleShape, detect_architecture
-from diffrl.models.qwen_image_edit import QwenImageEditAdapter
+from diffrl.models.qwen_image.adapter_edit import QwenImageEditAdapter
 
 SHAPE = SampleShape(64, 64)
 TRUE_CFG = 4.0

@@ -16,7 +16,7 @@ from diffrl.algorithms.windows import WindowPolicy
 from diffrl.engines.rollout import RolloutEngine, SamplingConfig
 from diffrl.engines.store.scene_edit import shapes_edit_prompts
 from diffrl.models.base import SampleShape
-from diffrl.models.qwen_image_edit import QwenImageEditAdapter, load_processor
+from diffrl.models.qwen_image.adapter_edit import QwenImageEditAdapter, load_processor
 
 STEPS = 4
 AREA = 128 * 128  # input images resized to this area (upstream: 1024 x 1024), to keep the CPU tests fast

@@ -13,7 +13,7 @@ import torch
 from diffrl.engines.store.prompts import PromptDataset
 from diffrl.engines.train.pretrain_shapes_janus import HELDOUT, JanusPretrainConfig, evaluate, pretrain, quantize
 from diffrl.flows.build import resolve_model_path
-from diffrl.models.janus import JanusImagePolicy
+from diffrl.models.janus.policy import JanusImagePolicy
 
 
 def test_short_run_writes_a_janus_folder_that_samples_64_tokens(tmp_path):

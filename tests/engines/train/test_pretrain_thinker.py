@@ -13,7 +13,7 @@ from safetensors import safe_open
 from diffrl.engines.store.scene_qa import HELDOUT_SEED, HELDOUT_SIZE, scene_questions
 from diffrl.engines.train.pretrain_thinker import PretrainConfig, greedy_accuracy, pretrain
 from diffrl.flows.build import resolve_model_path
-from diffrl.models.causal_lm import CausalLMPolicy
+from diffrl.models.causal_lm.policy import CausalLMPolicy
 
 
 def test_short_run_writes_a_loadable_fp16_thinker(tmp_path):

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from diffrl.models.bagel.layout import AE, EMA, LLM_CONFIG, VIT_CONFIG, diffusers_vae_to_bfl, vae_from_params
 from diffrl.models.bagel.mot import BagelMoT
 from diffrl.models.tiny import register_tiny
-from diffrl.models.tiny.qwen import qwen_tokenizer
+from diffrl.models.tokenizers import qwen_tokenizer
 
 TINY_AE = {"ch": 32, "ch_mult": (1, 1, 1, 1), "num_res_blocks": 1, "z_channels": 4}
 MAX_LATENT_SIZE = 16  # up to 256 x 256 images

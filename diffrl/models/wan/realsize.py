@@ -1,9 +1,10 @@
-"""Wan2.2 T2V A14B at real size with random weights (`diffrl random-model wan22_a14b`): the plan realsize.py writes.
+"""Wan2.2 T2V A14B at real size with random weights (`diffrl random-model wan22_a14b`): the plan
+diffrl/models/realsize.py writes.
 
 The layout of Wan-AI/Wan2.2-T2V-A14B-Diffusers: two WanTransformer3DModel experts of the same config (`transformer`
 denoises timesteps >= boundary_ratio x 1000, `transformer_2` the rest), AutoencoderKLWan (Wan2.1's VAE), the UMT5-XXL
 encoder, a UniPC flow scheduler and `boundary_ratio` 0.875 in model_index.json. The numbers below are the ones
-diffusers' conversion script builds that folder with (each with its source); tests/engines/test_realsize_wan.py checks
+diffusers' conversion script builds that folder with (each with its source); tests/models/test_realsize_wan.py checks
 the meta-device counts against the published weight indexes.
 
 Size: 2 x 14.288 B (experts) + 5.681 B (UMT5-XXL) + 0.127 B (VAE) = 34.4 B values, ~68.8 GB in bf16. The GPU machine's
@@ -11,7 +12,7 @@ Size: 2 x 14.288 B (experts) + 5.681 B (UMT5-XXL) + 0.127 B (VAE) = 34.4 B value
 writing anything): write the configs only (`--configs-only`, a few MB) and train with `model.path=random:<folder>`,
 which builds the weights in memory on the GPU (diffrl/models/random_weights.py).
 
-The tokenizer is diffrl's in-memory T5/UMT5 Unigram one (diffrl/models/tiny/tokenizers.py): UMT5's specials at their
+The tokenizer is diffrl's in-memory T5/UMT5 Unigram one (diffrl/models/tokenizers.py): UMT5's specials at their
 ids (`<pad>` 0, `</s>` 1, `<unk>` 2) and `<extra_id_*>` sentinels, every id below UMT5's vocabulary. Its vocabulary is
 small, so a prompt splits into more tokens than google/umt5-xxl's 256k pieces make; the compute does not change: Wan
 pads every prompt to max_sequence_length (512) tokens for the encoder and the transformer's cross-attention.
@@ -19,7 +20,7 @@ pads every prompt to max_sequence_length (512) tokens for the encoder and the tr
 
 from __future__ import annotations
 
-from diffrl.engines.realsize import Plan, merged
+from diffrl.models.realsize import Plan, merged, register_plan
 
 # ---- Wan-AI/Wan2.2-T2V-A14B-Diffusers ------------------------------------------------------------------------
 # transformer/config.json = transformer_2/config.json: huggingface/diffusers scripts/convert_wan_to_diffusers.py,
@@ -67,7 +68,8 @@ UMT5_XXL_ENCODER = dict(
 # scheduler/scheduler_config.json: the script's UniPCMultistepScheduler(prediction_type="flow_prediction",
 # use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=3.0) for a T2V model. (The original repo samples
 # t2v-A14B with sample_shift 12.0; diffrl steps with flow-matching Euler/SDE on this scheduler's sigmas, see
-# diffrl/models/wan.py.) At 16 steps, shift 3 puts 5 steps on the high-noise expert (timesteps >= 875), 11 on the other.
+# diffrl/models/wan/adapter.py.) At 16 steps, shift 3 puts 5 steps on the high-noise expert (timesteps >= 875), 11 on
+# the other.
 WAN22_SCHEDULER = dict(
     prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=3.0
 )
@@ -76,6 +78,7 @@ WAN22_SCHEDULER = dict(
 WAN22_PIPELINE_CONFIG = {"boundary_ratio": 0.875, "expand_timesteps": False}
 
 
+@register_plan("wan22_a14b")
 def wan22_a14b_plan(scale: dict[str, dict] | None = None) -> Plan:
     """WanPipeline at Wan2.2 T2V A14B size (or scaled by `scale`), random weights.
 
@@ -85,7 +88,7 @@ def wan22_a14b_plan(scale: dict[str, dict] | None = None) -> Plan:
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from diffrl.models.tiny.tokenizers import t5_tokenizer
+    from diffrl.models.tokenizers import t5_tokenizer
 
     scale = scale or {}
     tokenizer = t5_tokenizer()

@@ -7,20 +7,26 @@
 - `t5_tokenizer`: a Unigram model (substring log-frequencies of the same corpus, T5's Metaspace
   pre-tokeniser), wrapped as `T5TokenizerFast` (`<pad>`=0, `</s>`=1, `<unk>`=2, then the pieces, then the `<extra_id_*>`
   sentinels in reverse, as T5's vocab is laid out). Usable as the UMT5 tokenizer (Wan) too.
+- `qwen_tokenizer`: Qwen2's byte-level BPE (`Qwen2Tokenizer`, `<|endoftext|>` / `<|im_start|>` / `<|im_end|>`
+  specials), trained with the `tokenizers` library on the same corpus: the text encoders of Qwen-Image (Qwen2.5-VL)
+  and Z-Image (Qwen3, with QWEN3_CHAT_TEMPLATE), and the language models of BAGEL, HunyuanImage-3.0, Janus-Pro, the
+  Qwen3-Omni Thinker and Qwen3.
 
-Both are deterministic: the corpus is fixed and the vocabularies are computed here in plain Python
+All are deterministic: the corpus is fixed and the vocabularies are computed here in plain Python
 (the `tokenizers` trainers break ties in per-process hash order); the `tokenizers` library supplies
 the normalisers / pre-tokenisers and, through transformers, the runtime tokenizer.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import string
 from collections import Counter
+from typing import Mapping, Sequence
 
-from tokenizers import Regex, normalizers, pre_tokenizers
-from transformers import CLIPTokenizer, T5TokenizerFast
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import CLIPTokenizer, Qwen2Tokenizer, T5TokenizerFast
 
 # A few hundred words of plain English in the style of text-to-image prompts. Small on purpose: the
 # tiny models have random weights, so the tokenizer only has to be a working, realistic one.
@@ -191,3 +197,80 @@ def t5_tokenizer(
     if save_dir is not None:
         tok.save_pretrained(save_dir)
     return tok
+
+
+ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+# Qwen2's pre-tokenisation regex (transformers.models.qwen2.tokenization_qwen2.PRETOKENIZE_REGEX).
+_QWEN_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+# Qwen3's chat template reduced to what text-only prompts use: the user turn, the generation prompt,
+# and the empty <think> block Qwen3 inserts only when enable_thinking=False (Z-Image passes True).
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
+)
+# The chat-template words (Qwen-Image's system prompt, the roles), repeated so that BPE learns each as
+# one token, as in Qwen's real vocabulary: Qwen-Image's prefix is then exactly the 34 tokens its
+# pipeline drops (`prompt_template_encode_start_idx`), like with the real tokenizer.
+_TEMPLATE_TEXT = (
+    "system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+    "spatial relationships of the objects and background:\nuser\nassistant\n"
+)
+_TEMPLATE_REPEATS = 20
+
+
+def qwen_tokenizer(
+    *,
+    vocab_size: int = 600,
+    chat_template: str | None = None,
+    extra_texts: Sequence[str] = (),
+    named_specials: Mapping[str, str] | None = None,
+) -> Qwen2Tokenizer:
+    """A Qwen2-style byte-level BPE tokenizer trained in memory on the shared corpus (after `extra_texts`, e.g.
+    the prompts a run will see, so their words become single tokens).
+
+    Specials: `<|endoftext|>` (id 0; also pad/eos/unk as in Qwen's tokenizers), `<|im_start|>`,
+    `<|im_end|>`. Deterministic: fixed corpus, deterministic trainer. Pass `chat_template` (e.g.
+    QWEN3_CHAT_TEMPLATE) for pipelines that call `apply_chat_template`. `named_specials` adds more specials after
+    those, each also an attribute of the tokenizer (e.g. {"image_token": "<|image_pad|>"}, as multimodal processors
+    read them).
+    """
+    named_specials = dict(named_specials or {})
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[ENDOFTEXT, IM_START, IM_END, *named_specials.values()],
+        initial_alphabet=sorted(pre_tokenizers.ByteLevel.alphabet()),
+        show_progress=False,
+    )
+    tok.train_from_iterator([*extra_texts, *CORPUS, *[_TEMPLATE_TEXT] * _TEMPLATE_REPEATS], trainer=trainer)
+    trained = json.loads(tok.to_str())["model"]
+    vocab = dict(trained["vocab"])
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["merges"]]
+    qwen = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=merges,
+        model_max_length=131072,
+        extra_special_tokens=[IM_START, IM_END, *named_specials.values()],
+        **named_specials,
+    )
+    if chat_template is not None:
+        qwen.chat_template = chat_template
+    return qwen

@@ -1,9 +1,9 @@
 """Tiny offline Qwen3-Omni Thinker: transformers' ``Qwen3OmniMoeThinkerForConditionalGeneration`` at tiny size (a
 2-layer Qwen3-MoE text model with 4 experts, a 2-block vision encoder with one deepstack layer, a 1-layer audio
 encoder), random weights, a Qwen byte-level BPE tokenizer built in memory with the Omni specials as named tokens, the
-PIL Qwen2-VL image processor and Qwen3-Omni's WhisperFeatureExtractor settings (diffrl/models/audio.py). Saved as a
-Hugging Face folder (safetensors) that diffrl.models.causal_lm loads; preprocessor_config.json holds the image
-processor's and the feature extractor's keys in one file, as Qwen3-Omni's folders do.
+PIL Qwen2-VL image processor and Qwen3-Omni's WhisperFeatureExtractor settings (diffrl/models/causal_lm/audio.py). Saved
+as a Hugging Face folder (safetensors) that diffrl.models.causal_lm.policy loads; preprocessor_config.json holds the
+image processor's and the feature extractor's keys in one file, as Qwen3-Omni's folders do.
 
 Deviation from the real folder: no video processor is saved (transformers' video processor needs torchvision, which
 the CPU machines lack), so ``Qwen3OmniMoeProcessor`` is not used; the adapter expands image and audio placeholders
@@ -20,9 +20,9 @@ import torch
 from transformers import Qwen3OmniMoeThinkerConfig, Qwen3OmniMoeThinkerForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from diffrl.models.audio import feature_extractor
+from diffrl.models.causal_lm.audio import feature_extractor
 from diffrl.models.tiny import register_tiny
-from diffrl.models.tiny.qwen import qwen_tokenizer
+from diffrl.models.tokenizers import qwen_tokenizer
 
 # The Omni multimodal specials, by the attribute names Qwen3OmniMoeProcessor reads from its tokenizer.
 OMNI_SPECIALS = {
@@ -138,7 +138,7 @@ def save_preprocessors(out_dir: str, processor, num_mel_bins: int) -> None:
 
 
 def save_thinker_folder(out_dir: str, model, tokenizer, processor) -> str:
-    """A Hugging Face folder of the Thinker (safetensors weights) that diffrl.models.causal_lm loads."""
+    """A Hugging Face folder of the Thinker (safetensors weights) that diffrl.models.causal_lm.policy loads."""
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     save_preprocessors(out_dir, processor, model.config.audio_config.num_mel_bins)

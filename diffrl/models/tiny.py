@@ -1,7 +1,12 @@
-"""The tiny-model cache: `cached_tiny(arch, root, seed)` builds a tiny pipeline once and every later caller, in any
-process, gets the same complete folder.
+"""Offline tiny models: every supported architecture at tiny size with random weights, saved as an ordinary model
+folder (a diffusers pipeline, a causal LM, BAGEL's or HunyuanImage-3.0's own layout) that loads with no network.
 
-Three things make it safe when several processes ask at once (the engine replicas of one run, each a Ray actor):
+Each architecture's builders live in its folder (diffrl/models/<arch>/tiny.py), registered with `register_tiny`;
+tokenizers are built in memory (diffrl/models/tokenizers.py) so nothing is downloaded. Deterministic for a seed.
+
+The cache: `cached_tiny(arch, root, seed)` builds a tiny model once and every later caller, in any process, gets the
+same complete folder. Three things make it safe when several processes ask at once (the engine replicas of one run,
+each a Ray actor):
 - a file lock per folder: one process builds, the others wait and then find the folder;
 - the build goes into a fresh temporary folder next to the final one and is renamed into place (one atomic
   `os.replace`), so a folder under the final name is always complete, also after a build that was killed;
@@ -22,13 +27,30 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from typing import Callable
 
 from diffrl import registry
 from diffrl.models.kind import folder_kind
-from diffrl.models.tiny import build_tiny
 
 log = logging.getLogger("diffrl")
 WEIGHTS = (".safetensors", ".bin", ".safetensors.index.json")
+
+
+def register_tiny(arch: str) -> Callable:
+    """Decorator: `fn(out_dir, seed)` builds and saves the tiny model of `arch` into out_dir (diffrl.registry)."""
+    return registry.register("tiny", arch)
+
+
+def tiny_architectures() -> list[str]:
+    return registry.names("tiny")
+
+
+def build_tiny(arch: str, out_dir: str, *, seed: int = 0) -> str:
+    """Build the tiny `arch` model with random weights (seeded) and save it to out_dir."""
+    build = registry.get("tiny", arch).obj
+    os.makedirs(out_dir, exist_ok=True)
+    build(out_dir, seed)
+    return out_dir
 
 
 def cached_tiny(arch: str, root: str, *, seed: int = 0) -> str:

@@ -26,7 +26,7 @@ from transformers import (
 from transformers.models.clip import CLIPImageProcessorPil
 
 from diffrl.models.tiny import register_tiny
-from diffrl.models.tiny.qwen import qwen_tokenizer
+from diffrl.models.tokenizers import qwen_tokenizer
 
 IMAGE_TOKEN = "<image>"
 IMAGE_SIZE, PATCH_SIZE = 32, 8  # 16 image tokens per image

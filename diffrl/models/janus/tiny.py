@@ -1,6 +1,6 @@
 """Tiny offline Janus-Pro: transformers' ``JanusForConditionalGeneration`` at tiny size with random weights, a
 byte-level BPE tokenizer built in memory with Janus' special tokens, and its image processor; a Hugging Face folder
-(safetensors) that diffrl/models/janus.py loads and `generate(..., generation_mode="image")` samples.
+(safetensors) that diffrl/models/janus/policy.py loads and `generate(..., generation_mode="image")` samples.
 
 Sizes: a 2-layer Llama language model (hidden 64), a 1-layer SigLIP-style vision encoder, a VQ-VAE with a 256-entry
 codebook whose decoder upsamples 4x4 image tokens (16 per image) by 16 to 64x64 pixels. Janus-Pro-1B/7B: 576 tokens
@@ -14,7 +14,7 @@ from transformers import GenerationConfig, JanusConfig, JanusForConditionalGener
 from transformers.models.janus.image_processing_pil_janus import JanusImageProcessorPil
 
 from diffrl.models.tiny import register_tiny
-from diffrl.models.tiny.qwen import qwen_tokenizer
+from diffrl.models.tokenizers import qwen_tokenizer
 
 # Janus' special tokens (the names of deepseek-ai/Janus-Pro's tokenizer), and the attributes JanusProcessor reads
 JANUS_SPECIALS = {

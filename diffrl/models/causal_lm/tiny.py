@@ -10,7 +10,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from diffrl.models.tiny import register_tiny
-from diffrl.models.tiny.qwen import QWEN3_CHAT_TEMPLATE, qwen_tokenizer
+from diffrl.models.tokenizers import QWEN3_CHAT_TEMPLATE, qwen_tokenizer
 
 
 @register_tiny("qwen3")

@@ -15,7 +15,7 @@ Deviations from the Hub folder: the special tokens' ids come from the offline to
 below the vocabulary; config.json names those ids), and the chat template is Qwen3-VL's reduced to user/assistant
 turns of text and images (no tools, no video timestamps). The processor files carry the published values.
 
-    python -m diffrl.models.qwen3_vl_config OUT_DIR [--size 8b]
+    python -m diffrl.models.causal_lm.realsize_qwen3_vl OUT_DIR [--size 8b]
 """
 
 from __future__ import annotations
@@ -134,9 +134,9 @@ def model_config(token_ids: dict[str, int], size: str = "8b") -> dict:
 
 
 def judge_tokenizer():
-    """Qwen2-style byte-level BPE built in memory (diffrl/models/tiny/qwen.py) with Qwen3-VL's specials as named
+    """Qwen2-style byte-level BPE built in memory (diffrl/models/tokenizers.py) with Qwen3-VL's specials as named
     tokens (the attributes Qwen3VLProcessor reads) and CHAT_TEMPLATE."""
-    from diffrl.models.tiny.qwen import qwen_tokenizer
+    from diffrl.models.tokenizers import qwen_tokenizer
 
     return qwen_tokenizer(chat_template=CHAT_TEMPLATE, named_specials=VL_SPECIALS)
 

@@ -24,7 +24,7 @@ from diffrl.models.hunyuan_image3.config import HunyuanImage3Config
 from diffrl.models.hunyuan_image3.model import HunyuanImage3Transformer
 from diffrl.models.hunyuan_image3.vae import HunyuanImage3VAE
 from diffrl.models.tiny import register_tiny
-from diffrl.models.tiny.qwen import qwen_tokenizer
+from diffrl.models.tokenizers import qwen_tokenizer
 
 BASE_SIZE = 64  # image_base_size: 64x64 images, 4x4 latent tokens
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")

@@ -1,5 +1,6 @@
-"""`diffrl random-model` (diffrl/engines/realsize.py): real-size configs against published parameter counts, a
-scaled-down build through the same code path that loads and samples offline, the disk check, the CLI."""
+"""`diffrl random-model` (diffrl/models/realsize.py and each architecture's realsize.py): real-size configs against
+published parameter counts, a scaled-down build through the same code path that loads and samples offline, the disk
+check, the CLI."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import pytest
 import torch
 from diffusers import DiffusionPipeline, QwenImagePipeline
 
-from diffrl.engines.realsize import DISK_MARGIN_BYTES, QWEN25_VL_7B, build_random, meta_counts, plan_for
 from diffrl.engines.store.prompts import ocr_prompts
 from diffrl.flows import cli
 from diffrl.models.base import SampleShape, load_adapter
+from diffrl.models.qwen_image.realsize import QWEN25_VL_7B
+from diffrl.models.realsize import DISK_MARGIN_BYTES, build_random, meta_counts, plan_for
 
 # Published element counts (exact), matched within 1 %:
 # - SD3.5-Medium transformer: 2,469,663,936 values in transformer/diffusion_pytorch_model.safetensors (a public
@@ -36,7 +38,7 @@ PUBLISHED = {
     ("qwen_image", "text_encoder"): 8_292_166_656,
 }
 
-# The `scale` hook at toy size: the widths the pipelines join still agree (as diffrl/models/tiny builds them).
+# The `scale` hook at toy size: the widths the pipelines join still agree (as the tiny builders build them).
 SCALES = {
     "sd35m": {
         "transformer": dict(
@@ -99,7 +101,7 @@ SCALES = {
         },
     },
 }
-TINY_ARCH = {"sd35m": "sd3", "qwen_image": "qwen_image"}  # the diffrl/models/tiny builder of the same pipeline
+TINY_ARCH = {"sd35m": "sd3", "qwen_image": "qwen_image"}  # the tiny builder of the same pipeline
 PROMPT = 'A storefront sign that reads "Hidden Trail"'
 
 

@@ -4,7 +4,7 @@ per-token log-probs, replays them teacher-forced (differentiable, for the traine
 
 Janus-Pro: Chen et al., 2025, "Janus-Pro: Unified Multimodal Understanding and Generation with Data and Model Scaling".
 The policy plugs into the token family (the TransformersTokenEngine rollout, TokenTrainer, the token store) as
-CausalLMPolicy does (diffrl/models/causal_lm.py); its responses are image tokens, its outputs decoded images.
+CausalLMPolicy does (diffrl/models/causal_lm/policy.py); its responses are image tokens, its outputs decoded images.
 
 Legend: B rows (prompts times samples), P prompt tokens (left-padded), T image tokens (num_image_tokens: 576 for
 Janus-Pro, 16 for the tiny model), V the image codebook size, D the language model's hidden size.
@@ -42,7 +42,13 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoTokenizer, DynamicCache, GenerationConfig, JanusForConditionalGeneration
 
-from diffrl.models.causal_lm import ATTENTION_PROJECTIONS, PromptInputs, SamplingParams, TokenPrompt, TokenSamples
+from diffrl.models.causal_lm.policy import (
+    ATTENTION_PROJECTIONS,
+    PromptInputs,
+    SamplingParams,
+    TokenPrompt,
+    TokenSamples,
+)
 from diffrl.models.random_weights import SEED, seeded
 
 JANUS_TYPES = ("janus",)

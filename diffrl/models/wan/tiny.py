@@ -15,7 +15,7 @@ from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipe
 from transformers import UMT5Config, UMT5EncoderModel
 
 from diffrl.models.tiny import register_tiny
-from diffrl.models.tiny.tokenizers import t5_tokenizer
+from diffrl.models.tokenizers import t5_tokenizer
 
 _Z_DIM, _TEXT_DIM = 4, 32
 _TEXT_OUTPUT_GAIN = 25.0  # default-init UMT5 outputs have std ~0.14; ~3.5 after this gain

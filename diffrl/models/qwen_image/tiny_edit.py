@@ -1,8 +1,8 @@
-"""Tiny offline Qwen-Image-Edit pipeline: Qwen-Image's tiny transformer, VAE and scheduler (diffrl/models/tiny/qwen.py)
-with a tiny Qwen2.5-VL whose vision tower is used: the tokenizer has Qwen's vision specials (`<|vision_start|>`,
-`<|image_pad|>`, `<|vision_end|>`) as real tokens the model config points at, and a `Qwen2VLProcessor` (the PIL
-Qwen2-VL image processor, no torchvision) turns the input image into 4 merged patches (56x56 pixels, patch 14,
-merge 2), so the instruction's encoding depends on the image, as in Qwen-Image-Edit.
+"""Tiny offline Qwen-Image-Edit pipeline: Qwen-Image's tiny transformer, VAE and scheduler
+(diffrl/models/qwen_image/tiny.py) with a tiny Qwen2.5-VL whose vision tower is used: the tokenizer has Qwen's vision
+specials (`<|vision_start|>`, `<|image_pad|>`, `<|vision_end|>`) as real tokens the model config points at, and a
+`Qwen2VLProcessor` (the PIL Qwen2-VL image processor, no torchvision) turns the input image into 4 merged patches (56x56
+pixels, patch 14, merge 2), so the instruction's encoding depends on the image, as in Qwen-Image-Edit.
 
 Upstream's edit template (`QwenImageEditPipeline.prompt_template_encode`) is trained into the BPE vocabulary
 (repeated), so its words are single tokens as with Qwen's own vocabulary; the pipeline drops a fixed 64 tokens.
@@ -18,9 +18,10 @@ from diffusers import AutoencoderKLQwenImage, QwenImageEditPipeline, QwenImageTr
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from diffrl.models.qwen_image_edit import ImageOnlyQwen2VLProcessor
+from diffrl.models.qwen_image.adapter_edit import ImageOnlyQwen2VLProcessor
+from diffrl.models.qwen_image.tiny import _scheduler_qwen_image
 from diffrl.models.tiny import register_tiny
-from diffrl.models.tiny.qwen import _scheduler_qwen_image, qwen_tokenizer
+from diffrl.models.tokenizers import qwen_tokenizer
 
 VISION_SPECIALS = {
     "image_token": "<|image_pad|>",

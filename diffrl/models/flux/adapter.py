@@ -36,7 +36,7 @@ from diffrl.models.base import (
     load_pipeline,
     register_adapter,
 )
-from diffrl.models.sd3 import warn_if_truncated
+from diffrl.models.sd3.adapter import warn_if_truncated
 
 
 @register_adapter

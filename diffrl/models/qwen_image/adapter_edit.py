@@ -1,5 +1,6 @@
 """Qwen-Image-Edit adapter: mirrors diffusers' `QwenImageEditPipeline` (input image + instruction -> edited image)
-at noise level 0; the denoiser, schedule, noise, true CFG and decoding are Qwen-Image's (diffrl/models/qwen_image.py).
+at noise level 0; the denoiser, schedule, noise, true CFG and decoding are Qwen-Image's
+(diffrl/models/qwen_image/adapter.py).
 
 Upstream details reproduced here (diffusers 0.42 `pipelines/qwenimage/pipeline_qwenimage_edit.py`):
 - the input image is resized to about 1024x1024 pixels at its aspect ratio (`calculate_dimensions(1024 * 1024,
@@ -40,7 +41,7 @@ from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLProcessor
 
 from diffrl.models.base import Encoding, SampleShape, load_pipeline, pad_and_cat, register_adapter
-from diffrl.models.qwen_image import _MAX_SEQUENCE_LENGTH_LIMIT, QwenImageAdapter, true_cfg
+from diffrl.models.qwen_image.adapter import _MAX_SEQUENCE_LENGTH_LIMIT, QwenImageAdapter, true_cfg
 
 CONDITION_AREA = 1024 * 1024  # upstream's fixed pixel area of the conditioning image
 IMAGE_KEYS = ("image_latents", "image_grid")  # the parts of an encoding that are the input image's, not the text's
@@ -188,7 +189,7 @@ class QwenImageEditAdapter(QwenImageAdapter):
         return out
 
     def _velocity_grid(self, latents, sigma, encoding, negative, grid, guidance_scale, shape) -> torch.Tensor:
-        # Adapted from diffrl/models/qwen_image.py: QwenImageAdapter.velocity
+        # Adapted from diffrl/models/qwen_image/adapter.py: QwenImageAdapter.velocity
         batch, length = latents.shape[0], latents.shape[1]
         timestep_B = (sigma.to(device=self.device, dtype=torch.float32) * 1000).to(self.dtype) / 1000
         condition = encoding["image_latents"][:, : grid[0] * grid[1]].to(device=self.device, dtype=self.dtype)

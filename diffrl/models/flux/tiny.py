@@ -12,9 +12,9 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 from transformers import CLIPTextConfig, CLIPTextModel
 
+from diffrl.models.sd3.tiny import tiny_t5, tiny_vae
 from diffrl.models.tiny import register_tiny
-from diffrl.models.tiny.sd3 import tiny_t5, tiny_vae
-from diffrl.models.tiny.tokenizers import clip_tokenizer, t5_tokenizer
+from diffrl.models.tokenizers import clip_tokenizer, t5_tokenizer
 
 CLIP_DIM, T5_DIM = 16, 32
 

@@ -1,4 +1,4 @@
-"""`diffrl random-model wan22_a14b` (diffrl/engines/realsize_wan.py): the Wan2.2 T2V A14B layout at real size against
+"""`diffrl random-model wan22_a14b` (diffrl/models/wan/realsize.py): the Wan2.2 T2V A14B layout at real size against
 its published weight indexes, the 64 GB disk refused up front, and a scaled configs-only folder that loads through
 `model.path: random:` and trains both experts for one step of the shipped DanceGRPO recipe."""
 
@@ -13,11 +13,11 @@ import torch
 
 from diffrl.configs.schema import load_experiment
 from diffrl.engines import cluster
-from diffrl.engines.realsize import DISK_MARGIN_BYTES, build_random, meta_counts, plan_for
 from diffrl.engines.step.run import DirectStages, run_step
 from diffrl.engines.train.checkpoint import lora_state
 from diffrl.flows.build import build_engines
 from diffrl.models.base import SampleShape, load_adapter
+from diffrl.models.realsize import DISK_MARGIN_BYTES, build_random, meta_counts, plan_for
 
 # Published sizes of Wan-AI/Wan2.2-T2V-A14B-Diffusers: each expert's safetensors index total_size is 57,153,966,336
 # bytes of fp32 = 14,288,491,584 values; text_encoder's 11,361,820,672 bytes of bf16 = 5,680,910,336 values. The VAE:
@@ -29,7 +29,7 @@ PUBLISHED = {
     "text_encoder": 5_680_910_336,
     "vae": 126_892_531,
 }
-SCALE = {  # the `scale` hook at toy size (as diffrl/models/tiny/wan.py builds its Wan2.2)
+SCALE = {  # the `scale` hook at toy size (as diffrl/models/wan/tiny.py builds its Wan2.2)
     "transformer": dict(
         num_attention_heads=2,
         attention_head_dim=16,

@@ -14,7 +14,7 @@ from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transfo
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
 from diffrl.models.tiny import register_tiny
-from diffrl.models.tiny.tokenizers import clip_tokenizer, t5_tokenizer
+from diffrl.models.tokenizers import clip_tokenizer, t5_tokenizer
 
 CLIP_L_DIM, CLIP_G_DIM, T5_DIM = 16, 16, 40  # 16 + 16 < 40: CLIP states get zero-padded, as upstream
 

@@ -7,7 +7,8 @@ Legend: B rows (prompts times samples per prompt), P prompt tokens (left-padded)
 Log-probs are those of the temperature-scaled distribution, log softmax(logits / temperature), as verl computes
 them; top-p truncation is not in them (it changes what is sampled, not the recorded log-prob: the gap is one the
 rollout correction sees). Images and audio clips come by reference (file paths in the prompt) and are expanded into
-image and audio tokens as ``Qwen3OmniMoeProcessor`` does (audio: 16-bit PCM WAV files, diffrl/models/audio.py).
+image and audio tokens as ``Qwen3OmniMoeProcessor`` does (audio: 16-bit PCM WAV files,
+diffrl/models/causal_lm/audio.py).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from transformers import (
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from diffrl.models.audio import audio_features
+from diffrl.models.causal_lm.audio import audio_features
 from diffrl.models.random_weights import SEED, seeded
 
 THINKER_TYPES = ("qwen3_omni_moe_thinker",)
@@ -116,7 +117,8 @@ def _repeat_rows(x: torch.Tensor, sizes: list[int], n: int) -> torch.Tensor:
 @dataclass
 class TokenSamples:
     """Sampled responses: response_ids, log_probs (temperature-scaled, fp32), mask (B, T), lengths (B,); images: the
-    decoded uint8 (B, H, W, 3) of a policy whose responses are image tokens (diffrl/models/janus.py), else None."""
+    decoded uint8 (B, H, W, 3) of a policy whose responses are image tokens (diffrl/models/janus/policy.py), else
+    None."""
 
     prompts: PromptInputs
     response_ids: torch.Tensor
@@ -182,7 +184,7 @@ class CausalLMPolicy:
     def from_pretrained(cls, path: str, *, device="cpu", dtype=torch.float32, random_weights: bool = False):
         """Load a local folder: a Qwen3-Omni Thinker (config model_type qwen3_omni_moe_thinker) or a causal LM.
         random_weights: build the model from config.json alone, random weights made on `device` (a config-only
-        folder, diffrl/models/thinker_config.py; seeded, the same weights on every run)."""
+        folder, diffrl/models/causal_lm/realsize.py; seeded, the same weights on every run)."""
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise ValueError(f"{path!r} has no config.json: not a Hugging Face model folder")
         with open(os.path.join(path, "config.json")) as f:

@@ -13,10 +13,10 @@ Sizes:
     30b-a3b-text  the same text model alone, as a Qwen3-MoE causal LM (`Qwen3MoeForCausalLM`: plain RoPE, which
              M-RoPE is on text-only positions): what a vLLM server builds with `load_format: dummy` and the trainer
              with random weights (diffrl/configs/thinker_text_gspo_vllm.yaml, benchmarks/vllm_ar.py).
-    tiny     diffrl/models/tiny/qwen3_omni.py's tiny Thinker (the CPU smoke run).
+    tiny     diffrl/models/causal_lm/tiny_thinker.py's tiny Thinker (the CPU smoke run).
 Token ids of the specials come from the offline tokenizer (few hundred tokens), far below the vocabulary.
 
-    python -m diffrl.models.thinker_config OUT_DIR [--size 30b-a3b-text] [--layers 48]
+    python -m diffrl.models.causal_lm.realsize OUT_DIR [--size 30b-a3b-text] [--layers 48]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import os
 
 from transformers import Qwen3MoeConfig, Qwen3OmniMoeThinkerConfig
 
-from diffrl.models.tiny.qwen3_omni import OMNI_SPECIALS, save_preprocessors, tiny_thinker, tiny_thinker_config
+from diffrl.models.causal_lm.tiny_thinker import OMNI_SPECIALS, save_preprocessors, tiny_thinker, tiny_thinker_config
 
 SIZES = ("30b-a3b", "30b-a3b-text", "tiny")
 
@@ -122,7 +122,7 @@ def write_config_folder(out_dir: str, *, size: str = "30b-a3b", layers: int = 48
 
 
 def _write_text_folder(out_dir: str, layers: int) -> str:
-    from diffrl.models.tiny.qwen import QWEN3_CHAT_TEMPLATE, qwen_tokenizer
+    from diffrl.models.tokenizers import QWEN3_CHAT_TEMPLATE, qwen_tokenizer
 
     tokenizer = qwen_tokenizer(chat_template=QWEN3_CHAT_TEMPLATE)
     config = thinker_text_config(tokenizer, layers=layers)
