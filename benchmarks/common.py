@@ -5,8 +5,8 @@ weights costs what the real one costs. Text encoders are left out (text encoding
 figures): the engines read random prompt embeddings of the real shapes through their persistent
 embedding-cache path (`PrecomputedEmbeddings`), exactly as a run does once its prompts are cached.
 
-Transformer configs come from benchmarks/trainer_fsdp.py (SD35_MEDIUM, QWEN_IMAGE); the VAE and
-scheduler configs of the two pipelines are written out here.
+The published configs of the two pipelines come from their model folders (diffrl/models/sd3/realsize.py,
+diffrl/models/qwen_image/realsize.py).
 
 Legend: B batch, T text tokens, D text hidden size, P pooled size.
 """
@@ -27,19 +27,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from trainer_fsdp import QWEN_IMAGE, SD35_MEDIUM  # noqa: E402
+from diffrl.models.qwen_image.realsize import QWEN_IMAGE_SCHEDULER, QWEN_IMAGE_TRANSFORMER  # noqa: E402
+from diffrl.models.sd3.realsize import SD35M_SCHEDULER, SD35M_TRANSFORMER, SD35M_VAE  # noqa: E402
 
-from diffrl.engines.realsize import QWEN_IMAGE_SCHEDULER, SD35M_SCHEDULER, SD35M_VAE  # noqa: E402
-
-# The published VAE and scheduler configs (diffrl/engines/realsize.py, which `diffrl random-model` writes out).
-SD3_VAE = SD35M_VAE
-SD3_SCHEDULER = SD35M_SCHEDULER
 QWEN_VAE: dict = {}  # Qwen/Qwen-Image vae/config.json equals AutoencoderKLQwenImage's defaults
-QWEN_SCHEDULER = QWEN_IMAGE_SCHEDULER
 
 # --tiny: the same classes at smoke-test size (numbers are meaningless).
 TINY_SD3 = dict(
-    SD35_MEDIUM,
+    SD35M_TRANSFORMER,
     num_layers=2,
     attention_head_dim=8,
     num_attention_heads=2,
@@ -50,9 +45,9 @@ TINY_SD3 = dict(
     pos_embed_max_size=64,
     dual_attention_layers=(0,),
 )
-TINY_SD3_VAE = dict(SD3_VAE, block_out_channels=(8, 16, 16, 16), layers_per_block=1, norm_num_groups=4)
+TINY_SD3_VAE = dict(SD35M_VAE, block_out_channels=(8, 16, 16, 16), layers_per_block=1, norm_num_groups=4)
 TINY_QWEN = dict(
-    QWEN_IMAGE,
+    QWEN_IMAGE_TRANSFORMER,
     num_layers=2,
     num_attention_heads=2,
     attention_head_dim=16,
@@ -78,8 +73,8 @@ def build_adapter(arch: str, *, tiny: bool, device: str, dtype: torch.dtype):
         StableDiffusion3Pipeline,
     )
 
-    from diffrl.models.qwen_image import QwenImageAdapter
-    from diffrl.models.sd3 import SD3Adapter
+    from diffrl.models.qwen_image.adapter import QwenImageAdapter
+    from diffrl.models.sd3.adapter import SD3Adapter
 
     if arch not in ("sd3", "qwen_image"):
         raise ValueError(f"arch must be one of ['sd3', 'qwen_image']; got {arch!r}")
@@ -89,21 +84,21 @@ def build_adapter(arch: str, *, tiny: bool, device: str, dtype: torch.dtype):
         torch.set_default_dtype(dtype)
         try:
             transformer = (
-                SD3Transformer2DModel(**(TINY_SD3 if tiny else SD35_MEDIUM))
+                SD3Transformer2DModel(**(TINY_SD3 if tiny else SD35M_TRANSFORMER))
                 if arch == "sd3"
-                else QwenImageTransformer2DModel(**(TINY_QWEN if tiny else QWEN_IMAGE))
+                else QwenImageTransformer2DModel(**(TINY_QWEN if tiny else QWEN_IMAGE_TRANSFORMER))
             )
         finally:
             torch.set_default_dtype(previous)
         if arch == "sd3":
-            vae = AutoencoderKL(**(TINY_SD3_VAE if tiny else SD3_VAE))
+            vae = AutoencoderKL(**(TINY_SD3_VAE if tiny else SD35M_VAE))
         else:
             vae = AutoencoderKLQwenImage(**(TINY_QWEN_VAE if tiny else QWEN_VAE))
     vae.to(dtype=dtype)
     if arch == "sd3":
         pipe = StableDiffusion3Pipeline(
             transformer=transformer,
-            scheduler=FlowMatchEulerDiscreteScheduler(**SD3_SCHEDULER),
+            scheduler=FlowMatchEulerDiscreteScheduler(**SD35M_SCHEDULER),
             vae=vae,
             text_encoder=None,
             tokenizer=None,
@@ -115,7 +110,7 @@ def build_adapter(arch: str, *, tiny: bool, device: str, dtype: torch.dtype):
         adapter = SD3Adapter(pipe, device=device, dtype=dtype)
     else:
         pipe = QwenImagePipeline(
-            scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_SCHEDULER),
+            scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER),
             vae=vae,
             text_encoder=None,
             tokenizer=None,

@@ -38,7 +38,7 @@ from omni_rl import keep_token_metrics, summary  # noqa: E402  (the same per-ste
 
 from diffrl.configs.schema import load_experiment  # noqa: E402
 from diffrl.flows.build import build_engines  # noqa: E402
-from diffrl.models.tiny.janus import build_janus, janus_tokenizer, tiny_janus_config  # noqa: E402
+from diffrl.models.janus.tiny import build_janus, janus_tokenizer, tiny_janus_config  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = {  # Llama language models of Janus-Pro (hidden, layers, heads, MLP)

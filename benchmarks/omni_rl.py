@@ -4,8 +4,8 @@ update, samples/GPU/s of the RL step, peak GPU memory.
 The engines-only loop of benchmarks/shapes_rl.py: `build_engines(cfg, durable=False)` and the step core's `run_step`
 with the stages called directly (generate -> score -> advantages -> update_actor -> sync_weights: the stage functions
 `diffrl train` runs as Prefect tasks), no trajectory store, no MLflow. The policy is built from a config-only folder
-(diffrl/models/thinker_config.py: `model.path: random:<folder>`), random weights made in memory on the device, so the
-real-size 30B-A3B Thinker needs no weights on disk. Random weights never emit the end token: every response is
+(diffrl/models/causal_lm/realsize.py: `model.path: random:<folder>`), random weights made in memory on the device, so
+the real-size 30B-A3B Thinker needs no weights on disk. Random weights never emit the end token: every response is
 `--max-new-tokens` long, the length the figures are quoted at. The in-process transformers rollout (`generate`) is
 what is measured; the vLLM engine has its own benchmark (benchmarks/vllm_ar.py).
 
@@ -39,7 +39,7 @@ from common import record_steps  # noqa: E402  (benchmarks/common.py, beside thi
 
 from diffrl.configs.schema import load_experiment  # noqa: E402
 from diffrl.flows.build import build_engines  # noqa: E402
-from diffrl.models.thinker_config import write_config_folder  # noqa: E402
+from diffrl.models.causal_lm.realsize import write_config_folder  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEPT = (

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (also puts the repository root on sys.path)
 
 from diffrl.models.base import SampleShape  # noqa: E402
-from diffrl.models.qwen_image_edit import QwenImageEditAdapter  # noqa: E402
+from diffrl.models.qwen_image.adapter_edit import QwenImageEditAdapter  # noqa: E402
 
 VISION_TOKENS = 37 * 37  # Qwen2.5-VL, 1024x1024 input, patch 14, merge 2, default max_pixels
 INSTRUCTION_TOKENS = 24

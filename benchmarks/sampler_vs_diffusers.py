@@ -32,11 +32,11 @@ from diffusers import (  # noqa: E402
     StableDiffusion3Pipeline,  # noqa: E402
 )
 
-from diffrl.engines.realsize import SD35M_SCHEDULER, SD35M_TRANSFORMER, SD35M_VAE  # noqa: E402
 from diffrl.engines.rollout import RolloutEngine, SamplingConfig  # noqa: E402
-from diffrl.models.sd3 import SD3Adapter  # noqa: E402
+from diffrl.models.sd3.adapter import SD3Adapter  # noqa: E402
+from diffrl.models.sd3.realsize import SD35M_SCHEDULER, SD35M_TRANSFORMER, SD35M_VAE  # noqa: E402
 
-# The published SD3.5-Medium configs (diffrl/engines/realsize.py).
+# The published SD3.5-Medium configs (diffrl/models/sd3/realsize.py).
 SD35_MEDIUM_TRANSFORMER, SD3_VAE, SD3_SCHEDULER = SD35M_TRANSFORMER, SD35M_VAE, SD35M_SCHEDULER
 TEXT_TOKENS = 77 + 256  # CLIP + T5 at the pipeline's default max_sequence_length
 

@@ -37,10 +37,12 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402  (also puts the repository root on sys.path)
-from trainer_fsdp import QWEN_IMAGE, SD35_MEDIUM  # noqa: E402
+
+from diffrl.models.qwen_image.realsize import QWEN_IMAGE_TRANSFORMER  # noqa: E402
+from diffrl.models.sd3.realsize import SD35M_TRANSFORMER  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
-REAL_SIZE = {"sd3": SD35_MEDIUM, "qwen_image": QWEN_IMAGE}  # the published transformer configs
+REAL_SIZE = {"sd3": SD35M_TRANSFORMER, "qwen_image": QWEN_IMAGE_TRANSFORMER}  # the published transformer configs
 
 
 def _result(name: str) -> dict:

@@ -1,10 +1,10 @@
 """FSDP2 LoRA training throughput, scaling efficiency and peak memory per micro-batch (GPU benchmark).
 
-Builds SD3.5-Medium-size and Qwen-Image-size transformers with random weights (configs written out
-below), sets them up through the trainer's own code (engines.train.setup: LoRA via peft, dtype,
-FSDP2 fully_shard on the transformer blocks then the root, AdamW) and times LoRA optimizer steps of
-one micro-batch each (forward + backward of a flow-matching-style loss on random latents/text
-embeddings at 512x512 + clip + step). Text encoders and VAE are excluded.
+Builds SD3.5-Medium-size and Qwen-Image-size transformers with random weights (the published configs of
+diffrl/models/sd3/realsize.py and diffrl/models/qwen_image/realsize.py), sets them up through the trainer's own code
+(engines.train.setup: LoRA via peft, dtype, FSDP2 fully_shard on the transformer blocks then the root, AdamW) and
+times LoRA optimizer steps of one micro-batch each (forward + backward of a flow-matching-style loss on random
+latents/text embeddings at 512x512 + clip + step). Text encoders and VAE are excluded.
 
 Run (the lead, on nvidia-h200-x2):
     python benchmarks/trainer_fsdp.py --world 1 --out benchmarks/results/trainer_fsdp_1gpu.json
@@ -27,13 +27,11 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from diffrl.engines.realsize import QWEN_IMAGE_TRANSFORMER, SD35M_TRANSFORMER  # noqa: E402
 from diffrl.engines.train.config import TrainConfig  # noqa: E402
 from diffrl.engines.train.setup import build_optimizer, prepare_denoiser, shard, world  # noqa: E402
+from diffrl.models.qwen_image.realsize import QWEN_IMAGE_TRANSFORMER  # noqa: E402
+from diffrl.models.sd3.realsize import SD35M_TRANSFORMER  # noqa: E402
 
-# The published transformer configs, written out once in diffrl/engines/realsize.py (`diffrl random-model`).
-SD35_MEDIUM = SD35M_TRANSFORMER
-QWEN_IMAGE = QWEN_IMAGE_TRANSFORMER
 SD3_LORA = (
     "attn.add_k_proj",
     "attn.add_q_proj",
@@ -84,7 +82,7 @@ def build(arch: str, tiny: bool, device: torch.device):
     if arch == "sd3":
         cfg = (
             dict(
-                SD35_MEDIUM,
+                SD35M_TRANSFORMER,
                 num_layers=2,
                 num_attention_heads=2,
                 attention_head_dim=16,
@@ -95,7 +93,7 @@ def build(arch: str, tiny: bool, device: torch.device):
                 dual_attention_layers=(0,),
             )
             if tiny
-            else SD35_MEDIUM
+            else SD35M_TRANSFORMER
         )
         model = SD3Transformer2DModel(**cfg)
         side = 8 if tiny else 64  # latent side of a 512x512 image (VAE factor 8)
@@ -111,7 +109,7 @@ def build(arch: str, tiny: bool, device: torch.device):
         return model, SD3_LORA, inputs
     cfg = (
         dict(
-            QWEN_IMAGE,
+            QWEN_IMAGE_TRANSFORMER,
             num_layers=2,
             num_attention_heads=2,
             attention_head_dim=32,
@@ -119,7 +117,7 @@ def build(arch: str, tiny: bool, device: torch.device):
             axes_dims_rope=(8, 12, 12),
         )
         if tiny
-        else QWEN_IMAGE
+        else QWEN_IMAGE_TRANSFORMER
     )
     model = QwenImageTransformer2DModel(**cfg)
     side = 4 if tiny else 32  # packed 2x2 latent tokens of a 512x512 image

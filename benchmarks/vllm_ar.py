@@ -5,8 +5,8 @@ updates a LoRA, the adapter of each new policy version is loaded into the server
     python benchmarks/vllm_ar.py --smoke --out /tmp/vllm_ar_cpu.json             # CPU: tiny Qwen3, 2 steps
 
 GPU: the Qwen3-Omni-30B-A3B Thinker's text backbone (a Qwen3-MoE: 48 layers, hidden 2048, 32 heads / 4 KV heads of
-128, 128 experts with 8 active of 768, vocab 152064; diffrl/models/thinker_config.py size 30b-a3b-text) from its config
-alone. The server loads it with
+128, 128 experts with 8 active of 768, vocab 152064; diffrl/models/causal_lm/realsize.py size 30b-a3b-text) from its
+config alone. The server loads it with
 `load_format=dummy` (nothing on disk but config.json and a tokenizer), the trainer builds the same architecture with
 random bf16 weights on the GPU, LoRA r=32 on attention, gradient checkpointing; group 8, `--prompts` prompts a step,
 `--max-new-tokens` (1024) response tokens. The two copies share the GPU: the server takes
@@ -46,8 +46,8 @@ from diffrl.engines.train.config import TrainConfig  # noqa: E402
 from diffrl.engines.train.tokens import TokenTrainer  # noqa: E402
 from diffrl.engines.vllm_env import vllm_python  # noqa: E402
 from diffrl.engines.vllm_server import VllmRolloutOptions  # noqa: E402
-from diffrl.models.causal_lm import CausalLMPolicy  # noqa: E402
-from diffrl.models.thinker_config import write_config_folder  # noqa: E402
+from diffrl.models.causal_lm.policy import CausalLMPolicy  # noqa: E402
+from diffrl.models.causal_lm.realsize import write_config_folder  # noqa: E402
 
 PROMPTS = [
     "how many red circles are there?",

@@ -5,12 +5,12 @@ at the OCR recipe's step, against a Qwen3-VL-8B-Instruct-class judge that vLLM s
     python benchmarks/vllm_judge.py --smoke --out /tmp/vllm_judge_cpu.json               # CPU: tiny LLaVA judge
     python benchmarks/vllm_judge.py --smoke --judge qwen3-vl-tiny --out /tmp/j.json      # CPU: tiny Qwen3-VL, dummy
 
-The judge: diffrl/models/qwen3_vl_config.py writes Qwen/Qwen3-VL-8B-Instruct's config.json (8.77 B parameters), an
-offline tokenizer with Qwen3-VL's specials and chat template, and the published processor configs, no weights; the
-server makes random bf16 weights (`--load-format dummy`). It starts through diffrl's own launcher (VllmServer, the
-code path of `diffrl serve-judge`: loopback, a free port, a start timeout, /health), with `--gpu-memory-utilization`,
-`--limit-mm-per-prompt` one image of the recipe's size (no video: vLLM then profiles with that image) and, with
-`--enforce-eager`, no CUDA graphs. On the GPU machine (no network) the server's interpreter is
+The judge: diffrl/models/causal_lm/realsize_qwen3_vl.py writes Qwen/Qwen3-VL-8B-Instruct's config.json (8.77 B
+parameters), an offline tokenizer with Qwen3-VL's specials and chat template, and the published processor configs, no
+weights; the server makes random bf16 weights (`--load-format dummy`). It starts through diffrl's own launcher
+(VllmServer, the code path of `diffrl serve-judge`: loopback, a free port, a start timeout, /health), with
+`--gpu-memory-utilization`, `--limit-mm-per-prompt` one image of the recipe's size (no video: vLLM then profiles with
+that image) and, with `--enforce-eager`, no CUDA graphs. On the GPU machine (no network) the server's interpreter is
 `DIFFRL_VLLM_PYTHON=python3` with the offline vLLM bundle on `DIFFRL_VLLM_PYTHONPATH`; `VLLM_USE_FLASHINFER_SAMPLER=0`
 is set for the server (the bundle has no flashinfer).
 
@@ -62,7 +62,7 @@ def judge_folder(judge: str, out: str) -> tuple[str, str]:
         from diffrl.models.tiny import build_tiny
 
         return build_tiny("llava_judge", out, seed=0), "auto"
-    from diffrl.models.qwen3_vl_config import write_config_folder
+    from diffrl.models.causal_lm.realsize_qwen3_vl import write_config_folder
 
     return write_config_folder(out, size="8b" if judge == "qwen3-vl-8b" else "tiny"), "dummy"
 

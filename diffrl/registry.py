@@ -2,11 +2,13 @@
 
 Every kind of plug-in uses it the same way: a decorator in the plug-in's own file registers it, and the kind's home
 module declares which built-in modules to import on the first lookup (importing them costs seconds: diffusers
-pipelines, OCR models), so `import diffrl...` stays cheap.
+pipelines, OCR models), so `import diffrl...` stays cheap. The model kinds (model, tiny, realsize) are declared in
+diffrl/models/__init__.py from its one list of architecture folders.
 
     kind        registered object                                   decorator (home module)
     model       ModelAdapter subclass, by arch ("sd3", "flux", ...)   models.base.register_adapter
     tiny        fn(out_dir, seed) writing a tiny pipeline             models.tiny.register_tiny
+    realsize    fn(scale) -> Plan of a real-size pipeline folder      models.realsize.register_plan
     reward      factory(options) -> RewardFunction, with `options`     engines.reward.base.register_reward
     algorithm   Algorithm (catalog bundle)                          algorithms.catalog
 
@@ -51,11 +53,13 @@ _LOCK = threading.RLock()
 
 def declare(kind: str, builtin_modules: Iterable[str], label: str | None = None) -> None:
     """Name the modules that register the built-in plug-ins of `kind` (imported on its first lookup) and what
-    its errors call it ("model architecture")."""
+    its errors call it ("model architecture"). Declaring a kind again replaces its list: the next lookup imports
+    the modules not imported yet."""
     with _LOCK:
         _BUILTINS[kind] = tuple(builtin_modules)
         _LABELS[kind] = label or kind
         _ENTRIES.setdefault(kind, {})
+        _LOADED.discard(kind)
 
 
 def builtin_modules(kind: str) -> tuple[str, ...]:

@@ -21,8 +21,8 @@ class TokenTrajectories:
     audio_paths: the audio clips it played (WAV files, never waveforms; none by default).
     log_probs: the rollout's per-token log-probs of its own response (temperature-scaled, fp32).
     responses: the decoded response text (special tokens left out): what the reward scores.
-    images: for a policy whose responses are image tokens (Janus, diffrl/models/janus.py), the decoded uint8 images
-    (B, H, W, 3): then what the reward scores; None for text responses.
+    images: for a policy whose responses are image tokens (Janus, diffrl/models/janus/policy.py), the decoded uint8
+    images (B, H, W, 3): then what the reward scores; None for text responses.
     metadata: per-sample ground truth etc. (JSON-able), as the prompt dataset gave it.
     """
 

@@ -40,7 +40,7 @@ REFERENCE_DIR = os.path.join(PACKAGE_DIR, "models", "reference")
 
 
 def resolve_model_path(path: str, *, seed: int = 0) -> str:
-    """`tiny:<arch>` -> a tiny offline pipeline folder, built on first use and cached (diffrl/models/tiny/cache.py);
+    """`tiny:<arch>` -> a tiny offline pipeline folder, built on first use and cached (diffrl/models/tiny.py);
     `reference:<name>` -> a model shipped in diffrl/models/reference/<name> (e.g. reference:shapes)."""
     if path.startswith("reference:"):
         name = path.split(":", 1)[1]
@@ -51,8 +51,7 @@ def resolve_model_path(path: str, *, seed: int = 0) -> str:
         return folder
     if not path.startswith("tiny:"):
         return path
-    from diffrl.models.tiny import tiny_architectures
-    from diffrl.models.tiny.cache import cached_tiny
+    from diffrl.models.tiny import cached_tiny, tiny_architectures
 
     arch = path.split(":", 1)[1]
     if arch not in tiny_architectures():

@@ -1,11 +1,11 @@
 """Building the engines of an autoregressive run (an algorithm on tokens): the policy (a causal LM / VLM,
-diffrl/models/causal_lm.py, or Janus-Pro's image generation, diffrl/models/janus.py, by the folder's model_type), the
-token trainer and the token rollout (`rollout.engine`): "transformers" samples in-process on the trainer's module;
-"vllm" with a vLLM server started here from diffrl's vLLM venv (diffrl/engines/vllm_env.py), which takes each new
-policy version from the weight-sync stage (a LoRA adapter loaded at run time, or the full weights reloaded in place)
-and stops with the run (the step memory closes it, on success, failure and Ctrl-C; a killed run's server stops
-itself, diffrl/engines/vllm_launch.py). The rest of a run's engines (prompts, rewards, the trajectory store, the step
-memory) are built as for a diffusion run (diffrl/flows/build.py).
+diffrl/models/causal_lm/policy.py, or Janus-Pro's image generation, diffrl/models/janus/policy.py, by the folder's
+model_type), the token trainer and the token rollout (`rollout.engine`): "transformers" samples in-process on the
+trainer's module; "vllm" with a vLLM server started here from diffrl's vLLM venv (diffrl/engines/vllm_env.py), which
+takes each new policy version from the weight-sync stage (a LoRA adapter loaded at run time, or the full weights
+reloaded in place) and stops with the run (the step memory closes it, on success, failure and Ctrl-C; a killed run's
+server stops itself, diffrl/engines/vllm_launch.py). The rest of a run's engines (prompts, rewards, the trajectory
+store, the step memory) are built as for a diffusion run (diffrl/flows/build.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from diffrl.engines.rollout.vllm_tokens import VllmTokenEngine
 from diffrl.engines.train.tokens import TokenTrainer
 from diffrl.engines.vllm_env import vllm_python
 from diffrl.flows.errors import RunFailure
-from diffrl.models.causal_lm import CausalLMPolicy
-from diffrl.models.janus import JanusImagePolicy, is_janus_folder
+from diffrl.models.causal_lm.policy import CausalLMPolicy
+from diffrl.models.janus.policy import JanusImagePolicy, is_janus_folder
 from diffrl.models.kind import RANDOM, folder_kind
 
 
@@ -61,7 +61,7 @@ def build_token_model(
 ) -> tuple[CausalLMPolicy | JanusImagePolicy, TokenRolloutEngine, TokenTrainer]:
     """(policy, rollout, trainer) of `model_path`: a local Hugging Face folder loaded from safetensors, or
     `random:<folder>`, its config.json built with random weights on the run's device (benchmarks at real size:
-    diffrl/models/thinker_config.py). A vLLM rollout's server is running when this returns (its `close()` stops
+    diffrl/models/causal_lm/realsize.py). A vLLM rollout's server is running when this returns (its `close()` stops
     it); it starts last, once the trainer has its LoRA."""
     random_weights = model_path.startswith(RANDOM)
     model_path = model_path.removeprefix(RANDOM)

@@ -37,21 +37,6 @@ def register_adapter(cls: type["ModelAdapter"]) -> type["ModelAdapter"]:
     return registry.register("model", cls.arch)(cls)
 
 
-# The architecture files, in the order a model_index.json is matched against them (imported on demand: each
-# pulls in its diffusers pipeline, which costs seconds of import time).
-ADAPTER_MODULES = (
-    "diffrl.models.sd3",
-    "diffrl.models.flux",
-    "diffrl.models.qwen_image",
-    "diffrl.models.qwen_image_edit",
-    "diffrl.models.z_image",
-    "diffrl.models.wan",
-    "diffrl.models.bagel",
-    "diffrl.models.hunyuan_image3",
-)
-registry.declare("model", ADAPTER_MODULES, label="model architecture")
-
-
 def supported_architectures() -> dict[str, tuple[str, ...]]:
     """arch name -> the model_index.json `_class_name` values it handles."""
     return {name: registry.get("model", name).obj.pipeline_classes for name in registry.names("model")}
@@ -75,7 +60,9 @@ def detect_architecture(path: str) -> str:
         raise ValueError(f"{path!r} has no model_index.json: not a diffusers pipeline folder")
     with open(index_path) as f:
         class_name = json.load(f).get("_class_name")
-    for module in ADAPTER_MODULES:  # import only as far as the one that handles it
+    # the adapter modules of the architecture folders (diffrl/models/__init__.py), in order, imported only as far as
+    # the one that handles it: each pulls in its diffusers pipeline, which costs seconds of import time
+    for module in registry.builtin_modules("model"):
         importlib.import_module(module)
         for arch, entry in registry.registered("model").items():
             if class_name in entry.obj.pipeline_classes:
@@ -234,8 +221,8 @@ def set_tf32(enabled: bool) -> None:
 
 
 class ModelAdapter(ABC):
-    """One architecture. Subclasses live in one file each (diffrl/models/sd3.py, ...), decorated with
-    @register_adapter, and must reproduce the upstream diffusers pipeline exactly at noise level 0."""
+    """One architecture. Subclasses live in their architecture's folder (diffrl/models/sd3/adapter.py, ...), decorated
+    with @register_adapter, and must reproduce the upstream diffusers pipeline exactly at noise level 0."""
 
     arch: ClassVar[str]  # registry name, e.g. "sd3"
     pipeline_classes: ClassVar[tuple[str, ...]]  # model_index.json _class_name values handled

@@ -1,8 +1,8 @@
 """Which family a model path belongs to, read without loading it: "diffusion" (a diffusers pipeline folder with
 model_index.json; the adapters of diffrl/models/base.py) or "autoregressive" (a Hugging Face model folder with
-config.json; diffrl/models/causal_lm.py, and Janus-Pro's image-token generation, diffrl/models/janus.py). The step
-core builds its engines by this kind, and a config whose algorithm trains the other family is refused before anything
-loads.
+config.json; diffrl/models/causal_lm/policy.py, and Janus-Pro's image-token generation, diffrl/models/janus/policy.py).
+The step core builds its engines by this kind, and a config whose algorithm trains the other family is refused before
+anything loads.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import os
 
 KINDS = ("diffusion", "autoregressive")
-# `tiny:<arch>` builders (diffrl/models/tiny/) that write a causal LM folder
+# `tiny:<arch>` builders (diffrl/models/<arch folder>/tiny*.py) that write a causal LM folder
 AUTOREGRESSIVE_TINY = ("qwen3_omni", "qwen3", "janus")
 RANDOM = "random:"  # model.path prefix: a folder of configs only, built with random weights in memory
 REFERENCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference")
@@ -54,7 +54,7 @@ def model_kind(path: str) -> str | None:
     what cannot be told without loading it (a Hub id, a folder not there yet)."""
     if path.startswith("tiny:"):
         return "autoregressive" if path.split(":", 1)[1] in AUTOREGRESSIVE_TINY else "diffusion"
-    if path.startswith(RANDOM):  # a config-only causal LM folder, random weights (diffrl/models/thinker_config.py)
+    if path.startswith(RANDOM):  # a config-only causal LM folder, random weights (diffrl/models/causal_lm/realsize.py)
         return folder_kind(path.removeprefix(RANDOM))
     if path.startswith("reference:"):
         return folder_kind(os.path.join(REFERENCE_DIR, path.split(":", 1)[1]))

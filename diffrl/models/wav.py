@@ -1,6 +1,6 @@
 """WAV files read with Python's `wave` module and numpy (no audio library): the audio clips a prompt of the
-autoregressive family plays (diffrl/models/audio.py turns them into the model's features). Standard library and numpy
-only, so the prompt loader checks a dataset's files without importing transformers.
+autoregressive family plays (diffrl/models/causal_lm/audio.py turns them into the model's features). Standard library
+and numpy only, so the prompt loader checks a dataset's files without importing transformers.
 
 Supported: uncompressed PCM WAV, 16 bits a sample, any number of channels (averaged to mono). Legend: S samples.
 """

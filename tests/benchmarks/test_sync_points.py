@@ -23,7 +23,7 @@ BACKWARD = (
     (f"{VENV}/torch/_tensor.py", 40, "__bool__"),
 )
 DIFFUSERS = (
-    ("/x/diffrl/models/qwen_image.py", 205, "velocity"),
+    ("/x/diffrl/models/qwen_image/adapter.py", 205, "velocity"),
     (f"{VENV}/diffusers/models/transformers/transformer_qwenimage.py", 934, "forward"),
     (f"{VENV}/torch/nn/modules/module.py", 1700, "_call_impl"),
 )
@@ -36,7 +36,7 @@ def test_call_sites_name_the_caller_outside_torch_and_the_line_diffrl_can_change
     )
     assert sp.call_sites(DIFFUSERS) == (
         "diffusers/models/transformers/transformer_qwenimage.py:934 (forward)",
-        "diffrl/models/qwen_image.py:205 (velocity)",
+        "diffrl/models/qwen_image/adapter.py:205 (velocity)",
     )
     assert sp.call_sites(((f"{VENV}/torch/x.py", 1, "f"),)) == ("-", "-")
 

@@ -15,7 +15,7 @@ from diffrl.engines.reward.multi import MultiReward
 from diffrl.engines.rollout.tokens import TokenSampling, TransformersTokenEngine
 from diffrl.engines.store.tokens import TokenStore
 from diffrl.engines.token_trajectories import TokenTrajectories
-from diffrl.models.janus import JanusImagePolicy
+from diffrl.models.janus.policy import JanusImagePolicy
 
 # a test config: the tiny random Janus (tests/configs)
 JANUS_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "janus_shapes_grpo.yaml")

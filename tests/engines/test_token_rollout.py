@@ -12,7 +12,7 @@ from PIL import Image
 
 from diffrl.engines.rollout.tokens import TokenSampling, TransformersTokenEngine
 from diffrl.engines.store.tokens import TokenStore
-from diffrl.models.causal_lm import CausalLMPolicy
+from diffrl.models.causal_lm.policy import CausalLMPolicy
 from diffrl.models.tiny import build_tiny
 
 

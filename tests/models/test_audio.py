@@ -1,5 +1,5 @@
-"""Audio features (diffrl.models.audio): the <|audio_pad|> count of a clip against its closed form, features of a clip
-independent of the other clips of a batch, and the clips it refuses."""
+"""Audio features (diffrl.models.causal_lm.audio): the <|audio_pad|> count of a clip against its closed form, features
+of a clip independent of the other clips of a batch, and the clips it refuses."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from diffrl.models.audio import audio_features, audio_tokens, feature_extractor
+from diffrl.models.causal_lm.audio import audio_features, audio_tokens, feature_extractor
 
 
 def test_audio_tokens_are_13_per_second_window_plus_the_rest_halved_three_times():

@@ -1,4 +1,4 @@
-"""The autoregressive policy adapter (diffrl.models.causal_lm) on the tiny Qwen3-Omni Thinker (real transformers
+"""The autoregressive policy adapter (diffrl.models.causal_lm.policy) on the tiny Qwen3-Omni Thinker (real transformers
 classes, random weights, built offline): sampled per-token log-probs equal a teacher-forced recompute, with images,
 n samples per prompt, stop strings and max_tokens."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from diffrl.models.causal_lm import CausalLMPolicy, SamplingParams, TokenPrompt
+from diffrl.models.causal_lm.policy import CausalLMPolicy, SamplingParams, TokenPrompt
 from diffrl.models.tiny import build_tiny
 
 

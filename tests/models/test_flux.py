@@ -14,7 +14,7 @@ from diffusers import FluxPipeline
 from peft import LoraConfig
 
 from diffrl.models.base import SampleShape, load_adapter
-from diffrl.models.flux import FluxAdapter
+from diffrl.models.flux.adapter import FluxAdapter
 
 SHAPE = SampleShape(64, 64)
 GUIDANCE = 3.5

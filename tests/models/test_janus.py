@@ -1,7 +1,7 @@
-"""Janus-Pro image generation as a token policy (diffrl.models.janus) on the tiny random Janus folder: sampling equals
-transformers' own `generate(..., generation_mode="image")` for a seed, the recorded log-probs are those of the guided
-distribution and the teacher-forced replay reproduces them, decoding equals JanusImageProcessor's postprocess, and
-LoRA reaches only the language model."""
+"""Janus-Pro image generation as a token policy (diffrl.models.janus.policy) on the tiny random Janus folder: sampling
+equals transformers' own `generate(..., generation_mode="image")` for a seed, the recorded log-probs are those of the
+guided distribution and the teacher-forced replay reproduces them, decoding equals JanusImageProcessor's postprocess,
+and LoRA reaches only the language model."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from transformers.models.janus.image_processing_pil_janus import JanusImageProce
 
 from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.setup import add_lora
-from diffrl.models.causal_lm import SamplingParams, TokenPrompt
-from diffrl.models.janus import JanusImagePolicy, is_janus_folder
+from diffrl.models.causal_lm.policy import SamplingParams, TokenPrompt
+from diffrl.models.janus.policy import JanusImagePolicy, is_janus_folder
 
 PROMPTS = [TokenPrompt("a red circle"), TokenPrompt("two blue squares above a green triangle")]
 

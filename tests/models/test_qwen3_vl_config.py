@@ -1,5 +1,5 @@
-"""The config-only Qwen3-VL-8B judge folder (diffrl/models/qwen3_vl_config.py) that benchmarks/vllm_judge.py serves
-with vLLM's dummy weights: transformers reads it as the published architecture (parameters counted on the meta
+"""The config-only Qwen3-VL-8B judge folder (diffrl/models/causal_lm/realsize_qwen3_vl.py) that benchmarks/vllm_judge.py
+serves with vLLM's dummy weights: transformers reads it as the published architecture (parameters counted on the meta
 device against the model card's 8.77 B), and its tokenizer renders image turns with Qwen3-VL's tokens."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoTokenizer, Qwen3VLForConditionalGeneration
 
-from diffrl.models.qwen3_vl_config import PARAMETERS_8B, VL_SPECIALS, write_config_folder
+from diffrl.models.causal_lm.realsize_qwen3_vl import PARAMETERS_8B, VL_SPECIALS, write_config_folder
 
 
 @pytest.fixture(scope="module")

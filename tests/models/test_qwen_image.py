@@ -11,7 +11,7 @@ from diffusers import QwenImagePipeline
 from peft import LoraConfig
 
 from diffrl.models.base import SampleShape, load_adapter
-from diffrl.models.qwen_image import QwenImageAdapter, true_cfg
+from diffrl.models.qwen_image.adapter import QwenImageAdapter, true_cfg
 
 SHAPE = SampleShape(64, 64)
 TRUE_CFG = 4.0

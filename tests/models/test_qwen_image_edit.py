@@ -11,7 +11,7 @@ from peft import LoraConfig
 from PIL import Image
 
 from diffrl.models.base import SampleShape, detect_architecture
-from diffrl.models.qwen_image_edit import QwenImageEditAdapter
+from diffrl.models.qwen_image.adapter_edit import QwenImageEditAdapter
 from diffrl.shapes.edits import shapes_edit_prompts
 
 SHAPE = SampleShape(64, 64)

@@ -14,7 +14,7 @@ from diffusers import StableDiffusion3Pipeline
 from peft import LoraConfig
 
 from diffrl.models.base import SampleShape, images_to_uint8, load_adapter
-from diffrl.models.sd3 import SD3Adapter
+from diffrl.models.sd3.adapter import SD3Adapter
 
 SHAPE = SampleShape(64, 64)
 GUIDANCE = 4.5

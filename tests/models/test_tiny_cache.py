@@ -1,4 +1,4 @@
-"""The tiny-model cache (diffrl/models/tiny/cache.py) when two processes of one torch.distributed group ask for the
+"""The tiny-model cache (diffrl/models/tiny.py) when two processes of one torch.distributed group ask for the
 same model at once, as the engine replicas of a run do: one complete folder, byte for byte what build_tiny writes."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import sys
 
 import pytest
 
-from diffrl.models.tiny import build_tiny
-from diffrl.models.tiny.cache import cached_tiny, missing_parts
+from diffrl.models.tiny import build_tiny, cached_tiny, missing_parts
 
 WORKER = os.path.join(os.path.dirname(__file__), "tiny_cache_worker.py")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import AutoTokenizer, CLIPTokenizer, T5TokenizerFast
 
-from diffrl.models.tiny.tokenizers import clip_tokenizer, t5_tokenizer
+from diffrl.models.tokenizers import clip_tokenizer, t5_tokenizer
 
 
 def test_clip_tokenizer_specials_and_padding():

@@ -13,7 +13,7 @@ from diffusers import UniPCMultistepScheduler, WanPipeline
 from peft import LoraConfig
 
 from diffrl.models.base import SampleShape, load_adapter
-from diffrl.models.wan import WanAdapter
+from diffrl.models.wan.adapter import WanAdapter
 
 SHAPE = SampleShape(64, 64, num_frames=5)
 SMALL = SampleShape(32, 32, num_frames=5)  # for the extra parity checks: the 2-core CI budget is tight

@@ -11,7 +11,7 @@ from diffusers import ZImagePipeline
 from peft import LoraConfig
 
 from diffrl.models.base import SampleShape, load_adapter
-from diffrl.models.z_image import ZImageAdapter, z_image_cfg
+from diffrl.models.z_image.adapter import ZImageAdapter, z_image_cfg
 
 SHAPE = SampleShape(64, 64)
 GUIDANCE = 4.0

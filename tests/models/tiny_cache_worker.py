@@ -14,7 +14,7 @@ import time
 
 import torch.distributed as dist
 
-from diffrl.models.tiny.cache import cached_tiny
+from diffrl.models.tiny import cached_tiny
 
 
 def _wait_until_locked(lock_path: str, built: str, timeout_s: float = 120.0) -> None:

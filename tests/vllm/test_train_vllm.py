@@ -26,7 +26,7 @@ from diffrl.engines import cluster
 from diffrl.engines.vllm_launch import process_group
 from diffrl.flows.build import resolve_model_path
 from diffrl.flows.train import train
-from diffrl.models.causal_lm import CausalLMPolicy
+from diffrl.models.causal_lm.policy import CausalLMPolicy
 
 pytestmark = pytest.mark.slow
 RUN = "vllm-tokens"

@@ -18,7 +18,7 @@ from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.policy_loss import lora_disabled
 from diffrl.engines.train.setup import add_lora
 from diffrl.engines.vllm_server import VllmServerError
-from diffrl.models.causal_lm import CausalLMPolicy, TokenPrompt
+from diffrl.models.causal_lm.policy import CausalLMPolicy, TokenPrompt
 from diffrl.models.tiny import build_tiny
 
 pytestmark = pytest.mark.slow

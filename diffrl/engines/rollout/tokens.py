@@ -16,8 +16,8 @@ import torch
 
 from diffrl.engines.rollout.config import TokenSampling  # re-exported: defined with the other sampling settings
 from diffrl.engines.token_trajectories import TokenTrajectories
-from diffrl.models.causal_lm import CausalLMPolicy, SamplingParams, TokenPrompt
-from diffrl.models.janus import JanusImagePolicy
+from diffrl.models.causal_lm.policy import CausalLMPolicy, SamplingParams, TokenPrompt
+from diffrl.models.janus.policy import JanusImagePolicy
 
 
 class TokenRolloutEngine(Protocol):

@@ -41,7 +41,7 @@ from diffrl.engines.rollout.tokens import TokenSampling
 from diffrl.engines.rollout.vllm_weights import save_full, save_lora
 from diffrl.engines.token_trajectories import TokenTrajectories
 from diffrl.engines.vllm_server import VllmRolloutOptions, VllmServer, VllmServerError
-from diffrl.models.causal_lm import CausalLMPolicy, TokenPrompt
+from diffrl.models.causal_lm.policy import CausalLMPolicy, TokenPrompt
 
 logger = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@ PolicyTrainer does for the diffusion family (`algorithm.needs` says what to prep
 computes a micro-batch's loss; no algorithm is named here).
 
 The shared helpers build and save it: LoRA or full fine-tuning, optimizer and LR schedule (engines/train/setup.py),
-checkpoints (engines/train/checkpoint.py), the finite-weights check. The policy (diffrl/models/causal_lm.py) answers
-what those helpers ask of an adapter.
+checkpoints (engines/train/checkpoint.py), the finite-weights check. The policy (diffrl/models/causal_lm/policy.py)
+answers what those helpers ask of an adapter.
 
 Legend: B samples of a step, M = mini_batch_prompts x group_size samples per optimizer step (mini_batch_prompts pairs
 for pair algorithms), b samples of a micro-batch, T response tokens (right-padded).
@@ -34,7 +34,7 @@ from diffrl.engines.train.policy_loss import correction_weights, lora_disabled
 from diffrl.engines.train.preference import training_units
 from diffrl.engines.train.setup import build_optimizer, build_scheduler, check_offload, prepare_denoiser, world
 from diffrl.engines.train.trainer import _accumulate, _add_gap, _reduce_metrics
-from diffrl.models.causal_lm import CausalLMPolicy
+from diffrl.models.causal_lm.policy import CausalLMPolicy
 
 
 class TokenTrainer(TrainerBase):

@@ -73,7 +73,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Builds and saves the real-size pipeline; prints the folder; returns the exit code."""
-    from diffrl.engines.realsize import DTYPES, build_random
+    from diffrl.models.realsize import DTYPES, build_random
 
     try:
         if os.path.isfile(args.out_dir):

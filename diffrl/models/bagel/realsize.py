@@ -5,8 +5,8 @@ llm_config.json carries Qwen2.5-7B-Instruct's shape, as BAGEL-7B-MoT's does (28 
 query / 4 key-value heads, vocabulary 152064, RoPE theta 1e6; vLLM's BAGEL config.json quotes the same llm_config),
 with BAGEL's qk_norm / layer_module entries; vit_config.json SigLIP so400m's (not built: no ViT for text-to-image).
 The VAE is the FLUX one of BAGEL's load_ae and max_latent_size 64 (layout.py). The tokenizer is the offline Qwen2
-BPE of diffrl/models/tiny (the real 151k-token vocabulary is not available offline): prompts split into more tokens
-than Qwen's own tokenizer would make, the ids stay inside the vocabulary. Parameters built (meta-device count):
+BPE of diffrl/models/tokenizers.py (the real 151k-token vocabulary is not available offline): prompts split into more
+tokens than Qwen's own tokenizer would make, the ids stay inside the vocabulary. Parameters built (meta-device count):
 13.61 B, of which 6.53 B in the generation expert (lm_head and the ViT are not built); the FLUX VAE 0.084 B.
 """
 
@@ -56,8 +56,8 @@ SIGLIP_SO400M = {
 def write_config_folder(out_dir: str, *, size: str = "7b-mot", layers: int | None = None) -> str:
     """Write llm_config.json, vit_config.json and the tokenizer (no weights) into out_dir; size "7b-mot" or "tiny"
     (the tiny folder's configs); layers cuts the decoder (a smaller GPU probe)."""
-    from diffrl.models.tiny.bagel import tiny_llm_config
-    from diffrl.models.tiny.qwen import qwen_tokenizer
+    from diffrl.models.bagel.tiny import tiny_llm_config
+    from diffrl.models.tokenizers import qwen_tokenizer
 
     if size not in ("7b-mot", "tiny"):
         raise ValueError(f"size must be '7b-mot' or 'tiny'; got {size!r}")

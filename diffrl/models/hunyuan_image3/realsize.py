@@ -88,8 +88,8 @@ RELEASED = {
 def write_config_folder(out_dir: str, *, size: str = "80b", layers: int | None = None) -> str:
     """Write config.json, generation_config.json and tokenizer.json (no weights) into out_dir; size "80b" or
     "tiny" (the tiny folder's configs); layers cuts the decoder (a smaller GPU probe)."""
-    from diffrl.models.tiny.hunyuan_image3 import BASE_SIZE, added_tokens, tiny_config
-    from diffrl.models.tiny.qwen import qwen_tokenizer
+    from diffrl.models.hunyuan_image3.tiny import BASE_SIZE, added_tokens, tiny_config
+    from diffrl.models.tokenizers import qwen_tokenizer
 
     if size not in ("80b", "tiny"):
         raise ValueError(f"size must be '80b' or 'tiny'; got {size!r}")

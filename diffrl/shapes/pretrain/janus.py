@@ -14,8 +14,8 @@ Two stages, as Janus-Pro's generation path is built (Chen et al., 2025; the VQ t
    re-seeded from the batch's encoder outputs (dead-code restart), since a 512-entry codebook collapses otherwise;
    training runs on random `--vq-crop` crops (the VQ is convolutional; 4x cheaper on the CPU).
 2. Language model (Llama, `--layers` x `--hidden`): teacher-forced cross-entropy of the 64 image tokens of a scene
-   after Janus' generation prompt (diffrl/models/janus.py renders it), through the generation embeddings, aligner and
-   head. A caption is dropped `--caption-dropout` of the time into exactly the unconditional row the policy samples
+   after Janus' generation prompt (diffrl/models/janus/policy.py renders it), through the generation embeddings, aligner
+   and head. A caption is dropped `--caption-dropout` of the time into exactly the unconditional row the policy samples
    with (every token but BOS and begin-of-image replaced by pad), so classifier-free guidance works.
 Then greedy sampling (CFG `--guidance-scale`) of the held-out prompts, scored by geneval_lite's strict accuracy per
 category, as `JanusImagePolicy` samples for validation. Stopped early on purpose (RL needs room).
@@ -41,9 +41,9 @@ from transformers import JanusConfig, JanusForConditionalGeneration
 
 from diffrl.engines.reward.base import build_reward
 from diffrl.engines.store.prompts import PromptDataset
-from diffrl.models.causal_lm import SamplingParams, TokenPrompt
-from diffrl.models.janus import JanusImagePolicy
-from diffrl.models.tiny.janus import JANUS_SPECIALS, janus_generation_config, janus_tokenizer, save_janus_folder
+from diffrl.models.causal_lm.policy import SamplingParams, TokenPrompt
+from diffrl.models.janus.policy import JanusImagePolicy
+from diffrl.models.janus.tiny import JANUS_SPECIALS, janus_generation_config, janus_tokenizer, save_janus_folder
 from diffrl.shapes.scenes import TAGS, scene_pairs, target_json
 
 IMAGE_SIZE = 64

@@ -2,15 +2,15 @@
 
     python -m diffrl.shapes.pretrain.sd3 --out DIR --steps N --device cpu|cuda --seed S
 
-What it builds (sd3_model.py: a `StableDiffusion3Pipeline`, so diffrl/models/sd3.py, the rollout, the trainer and
-`diffrl sample/train` load it unchanged):
+What it builds (sd3_model.py: a `StableDiffusion3Pipeline`, so diffrl/models/sd3/adapter.py, the rollout, the
+trainer and `diffrl sample/train` load it unchanged):
 - VAE: an `AutoencoderKL` with ONE level (vae_scale_factor 1, latents 4 x 64 x 64; `--vae-levels 2` halves
   the side once: latents 4 x 32 x 32, the CPU-sized model), trained first for
   `--vae-steps` to reconstruct the scenes (it is close to identity, so it trains in seconds and its
   decoded colours stay exact enough for the rule-based reward); shift/scaling factors are then set
   from the latents' mean and std, as SD3's are.
 - text: two small CLIP text encoders with projection (CLIP-L / CLIP-G roles) on the in-memory
-  tokenizers of diffrl/models/tiny/tokenizers.py, and a one-layer T5 encoder (the pipeline's from_pretrained
+  tokenizers of diffrl/models/tokenizers.py, and a one-layer T5 encoder (the pipeline's from_pretrained
   needs a text_encoder_3) whose final RMS norm weight is 0: it outputs exact zeros, frozen, so the T5
   slot is `max_sequence_length` zero tokens, as the pipeline itself feeds when it has no T5. Training
   cycles the number of those tokens through `--zero-tokens` so the model is indifferent to the

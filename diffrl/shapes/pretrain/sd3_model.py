@@ -13,7 +13,7 @@ import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-from diffrl.models.tiny.tokenizers import clip_tokenizer, t5_tokenizer
+from diffrl.models.tokenizers import clip_tokenizer, t5_tokenizer
 
 IMAGE_SIZE = 64
 LATENT_CHANNELS = 4

@@ -3,7 +3,7 @@ questions about the shapes scenes (diffrl/shapes/questions.py), so that RL has s
 
     python -m diffrl.shapes.pretrain.thinker --out diffrl/models/reference/shapes-thinker --steps 150
 
-What it builds: `Qwen3OmniMoeThinkerForConditionalGeneration` at tiny size (diffrl/models/tiny/qwen3_omni.py: MoE
+What it builds: `Qwen3OmniMoeThinkerForConditionalGeneration` at tiny size (diffrl/models/causal_lm/tiny_thinker.py: MoE
 text model of `--hidden-size`, vision and audio towers) with a byte-level BPE tokenizer trained in memory on the
 task's words, random weights from `--seed`. Then `--steps` AdamW steps of teacher-forced cross-entropy on the answer
 and its end token (`<answer><|im_end|>`) of `--batch` questions each, drawn from `--num-train` questions of the text
@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from diffrl.models.causal_lm import CausalLMPolicy, SamplingParams, TokenPrompt
-from diffrl.models.tiny.qwen3_omni import save_thinker_folder, tiny_thinker
+from diffrl.models.causal_lm.policy import CausalLMPolicy, SamplingParams, TokenPrompt
+from diffrl.models.causal_lm.tiny_thinker import save_thinker_folder, tiny_thinker
 from diffrl.shapes.questions import HELDOUT_SEED, HELDOUT_SIZE, answer_vocabulary, scene_questions
 
 SAVE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}

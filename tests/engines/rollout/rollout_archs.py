@@ -17,8 +17,8 @@ class ArchCase:
     """How to sample one arch in tests: the engine's settings and the same call to the pipeline."""
 
     arch: str
-    adapter_file: str  # diffrl/models/<file>.py
-    tiny_file: str  # diffrl/models/tiny/<file>.py
+    adapter_file: str  # diffrl/models/<arch folder>/<file>.py
+    tiny_file: str  # diffrl/models/<arch folder>/<file>.py
     guidance_scale: float
     negative_prompt: str = ""
     pipeline_kwargs: dict = field(default_factory=dict)  # guidance knob etc. for the pipeline call
@@ -28,19 +28,28 @@ class ArchCase:
 
 
 CASES = [
-    ArchCase("sd3", "sd3.py", "sd3.py", 4.5, pipeline_kwargs={"guidance_scale": 4.5, "negative_prompt": ""}),
+    ArchCase(
+        "sd3", "sd3/adapter.py", "sd3/tiny.py", 4.5, pipeline_kwargs={"guidance_scale": 4.5, "negative_prompt": ""}
+    ),
     ArchCase(
         "qwen_image",
-        "qwen_image.py",
-        "qwen.py",
+        "qwen_image/adapter.py",
+        "qwen_image/tiny.py",
         4.0,
         negative_prompt=" ",
         pipeline_kwargs={"true_cfg_scale": 4.0, "negative_prompt": " "},
     ),
-    ArchCase("flux", "flux.py", "flux.py", 3.5, pipeline_kwargs={"guidance_scale": 3.5}),
-    ArchCase("z_image", "z_image.py", "qwen.py", 4.0, pipeline_kwargs={"guidance_scale": 4.0}),
+    ArchCase("flux", "flux/adapter.py", "flux/tiny.py", 3.5, pipeline_kwargs={"guidance_scale": 3.5}),
+    ArchCase("z_image", "z_image/adapter.py", "z_image/tiny.py", 4.0, pipeline_kwargs={"guidance_scale": 4.0}),
     ArchCase(
-        "wan", "wan.py", "wan.py", 5.0, pipeline_kwargs={"guidance_scale": 5.0}, height=32, width=32, num_frames=5
+        "wan",
+        "wan/adapter.py",
+        "wan/tiny.py",
+        5.0,
+        pipeline_kwargs={"guidance_scale": 5.0},
+        height=32,
+        width=32,
+        num_frames=5,
     ),
 ]
 
@@ -54,7 +63,7 @@ def arch_params(archs: list[str] | None = None) -> list:
             continue
         missing = [
             p
-            for p in (f"diffrl/models/{case.adapter_file}", f"diffrl/models/tiny/{case.tiny_file}")
+            for p in (f"diffrl/models/{case.adapter_file}", f"diffrl/models/{case.tiny_file}")
             if not os.path.isfile(os.path.join(_ROOT, p))
         ]
         marks = [pytest.mark.skip(reason=f"{case.arch}: {', '.join(missing)} not in the repository")] if missing else []

@@ -15,7 +15,7 @@ from PIL import Image
 from diffrl.algorithms.windows import WindowPolicy
 from diffrl.engines.rollout import RolloutEngine, SamplingConfig
 from diffrl.models.base import SampleShape
-from diffrl.models.qwen_image_edit import QwenImageEditAdapter, load_processor
+from diffrl.models.qwen_image.adapter_edit import QwenImageEditAdapter, load_processor
 from diffrl.shapes.edits import shapes_edit_prompts
 
 STEPS = 4

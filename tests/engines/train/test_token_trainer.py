@@ -16,8 +16,8 @@ from diffrl.engines.rollout.tokens import TokenSampling, TransformersTokenEngine
 from diffrl.engines.step.update import training_rows
 from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.tokens import TokenTrainer
-from diffrl.models.causal_lm import CausalLMPolicy
-from diffrl.models.tiny.qwen3_omni import tiny_thinker
+from diffrl.models.causal_lm.policy import CausalLMPolicy
+from diffrl.models.causal_lm.tiny_thinker import tiny_thinker
 
 SAMPLING = TokenSampling(max_new_tokens=4, temperature=1.0, batch_size=8)
 PROMPTS = ["red circle. how many circles?", "blue square. what color is the square?"]

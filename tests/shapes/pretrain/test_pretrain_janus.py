@@ -12,7 +12,7 @@ import torch
 
 from diffrl.engines.store.prompts import PromptDataset
 from diffrl.flows.build import resolve_model_path
-from diffrl.models.janus import JanusImagePolicy
+from diffrl.models.janus.policy import JanusImagePolicy
 from diffrl.shapes.pretrain.janus import HELDOUT, JanusPretrainConfig, evaluate, pretrain, quantize
 
 

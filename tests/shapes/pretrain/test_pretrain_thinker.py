@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 from diffrl.flows.build import resolve_model_path
-from diffrl.models.causal_lm import CausalLMPolicy
+from diffrl.models.causal_lm.policy import CausalLMPolicy
 from diffrl.shapes.pretrain.thinker import PretrainConfig, greedy_accuracy, pretrain
 from diffrl.shapes.questions import HELDOUT_SEED, HELDOUT_SIZE, scene_questions
 
