@@ -81,6 +81,7 @@ HOW_IT_RUNS = """## How it runs
   probe is one 10-minute call (four groups of start-up plus 60 s). With `--deadline-s 540` and 300 s budgets a call
   runs about one wave of K runs, so K also sets how many calls the 18 runs take.
 
+<!-- skip: gpu -->
 ```bash
 python benchmarks/leaderboard.py probe --parallel 1 2 3 4 --seconds 60 \\
   --out benchmarks/results/leaderboard_probe_h200.json

@@ -153,7 +153,7 @@ def test_a_replica_lost_mid_step_stops_the_run_in_one_line_and_the_command_resum
     found = re.fullmatch(
         r"diffrl train: error: run 'lost': engine replica lost/engine-1 on node \S+ \(Ray node (\w{8})\) "
         r"died while the run waited for its (\w+) of step 2; its other replicas are stopped .* rerun the same command: "
-        r"it resumes from the last checkpoint, every committed row kept",
+        r"it resumes from the last checkpoint, every committed row kept \(traceback: runs/lost/diffrl\.log\)",
         line,
     )
     assert found, line

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import lance
+import pytest
 from e2e_settings import TINY
 from mlflow.tracking import MlflowClient
 
@@ -89,7 +90,17 @@ def test_verbose_names_prefect_s_runs_and_shows_a_failure_s_traceback_once(workd
     assert [lines[i + 1].startswith("Traceback") for i in failed] == [True, False, False], lines[-80:]
 
 
-def test_verbose_restores_the_libraries_levels(monkeypatch):
+@pytest.fixture
+def own_environment():
+    """quiet_libraries sets variables of its own (DIFFRL_VERBOSE, HF_HUB_DISABLE_PROGRESS_BARS...): the environment is
+    put back whole after the test, or a later test of this process (and the processes it starts) would inherit -v."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_verbose_restores_the_libraries_levels(monkeypatch, own_environment):
     for key in ("PREFECT_LOGGING_LEVEL", "MLFLOW_LOGGING_LEVEL", "TRANSFORMERS_VERBOSITY", "DIFFRL_VERBOSE"):
         monkeypatch.delenv(key, raising=False)
     quiet_libraries(verbose=True)
