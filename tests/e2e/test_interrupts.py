@@ -31,7 +31,8 @@ AT = r"at step \d+( \(\w+\))?"  # where the run was: "at step 3 (generate)"
 
 def _start(workdir, run_name: str) -> tuple[subprocess.Popen, str]:
     """`diffrl train` of 100 steps in its own process group (the test cleans the group up whatever happens); returns it
-    once it has finished a step and started the next, with the path of its stderr."""
+    once it has finished a step, committed its checkpoint (so a rerun resumes whatever the interrupt catches) and
+    started the next, with the path of its stderr."""
     err = str(workdir / f"stderr-{time.monotonic_ns()}.txt")
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # its own temporary server
     env["PREFECT_HOME"] = str(workdir / "prefect-home")  # a database of its own: the test reads the flow run's state
@@ -47,7 +48,8 @@ def _start(workdir, run_name: str) -> tuple[subprocess.Popen, str]:
             start_new_session=True,
         )
     deadline = time.monotonic() + CAP_S
-    while not re.search(r"^\[diffrl\] step \d+/100:", open(err).read(), re.M):  # a step done, the next one started
+    pointer = workdir / "runs" / run_name / "checkpoints" / "latest.json"
+    while not (re.search(r"^\[diffrl\] step \d+/100:", open(err).read(), re.M) and pointer.exists()):
         assert proc.poll() is None and time.monotonic() < deadline, open(err).read()[-3000:]
         time.sleep(0.1)
     return proc, err
