@@ -14,6 +14,18 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
+@pytest.fixture(autouse=True)
+def _own_environment():
+    """Each test gets the environment as it was before it and leaves it so: an in-process `diffrl` command sets
+    variables for the libraries it quiets (DIFFRL_VERBOSE, PREFECT_LOGGING_LOGGERS_*, HF_HUB_DISABLE_PROGRESS_BARS) and
+    its start time, which would reach the later tests of this worker and every process they start (a Prefect worker
+    whose flow run then logged no traceback, a startup measured from another test's command)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 # Tests that share one process-wide resource run on one pytest-xdist worker (`make test` runs two, `--dist
 # loadgroup`): the Ray cluster tests (one local cluster, its fake GPUs and named actors) and the vLLM tests (one
 # cached venv, CPU-heavy servers); every other test file is one unit too, so that its module fixtures are set up once.
