@@ -18,17 +18,13 @@ import json
 import os
 import re
 import statistics
-import sys
 import time
 from typing import Callable
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from diffrl.models.qwen_image.realsize import QWEN_IMAGE_SCHEDULER, QWEN_IMAGE_TRANSFORMER  # noqa: E402
-from diffrl.models.sd3.realsize import SD35M_SCHEDULER, SD35M_TRANSFORMER, SD35M_VAE  # noqa: E402
+from diffrl.models.qwen_image.realsize import QWEN_IMAGE_SCHEDULER, QWEN_IMAGE_TRANSFORMER
+from diffrl.models.sd3.realsize import SD35M_SCHEDULER, SD35M_TRANSFORMER, SD35M_VAE
 
 QWEN_VAE: dict = {}  # Qwen/Qwen-Image vae/config.json equals AutoencoderKLQwenImage's defaults
 

@@ -19,8 +19,8 @@ per image and step, rollout N x c x F, training T x c x 2F (LoRA: forward + inpu
 reference T x c x F when KL > 0, old-log-prob recompute T x c x F when on, plus one VAE decode; c = 2
 with CFG. Checkpointing recompute is not counted (it is overhead, not model work).
 
-    python benchmarks/rl_step.py --recipe qwen_image_ocr_lora --quick      # GPU -> benchmarks/results/...json
-    python benchmarks/rl_step.py --recipe sd35m_flow_grpo --tiny --device cpu --out /tmp/x.json  # smoke test
+    python -m benchmarks.rl_step --recipe qwen_image_ocr_lora --quick      # GPU -> benchmarks/results/...json
+    python -m benchmarks.rl_step --recipe sd35m_flow_grpo --tiny --device cpu --out /tmp/x.json  # smoke test
 """
 
 from __future__ import annotations
@@ -35,24 +35,20 @@ from dataclasses import dataclass
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (also puts the repository root on sys.path)
-import kernel_profile  # noqa: E402
-import sync_points  # noqa: E402
-
-from diffrl.algorithms.catalog import Algorithm, get_algorithm  # noqa: E402
-from diffrl.configs.schema import DataConfig, ExperimentConfig, RolloutConfig, RunConfig  # noqa: E402
-from diffrl.engines import cluster  # noqa: E402
-from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig  # noqa: E402
-from diffrl.engines.rollout import RolloutEngine  # noqa: E402
-from diffrl.engines.rollout.config import OdeShortcut, RolloutWeights  # noqa: E402
-from diffrl.engines.step.memory import StepMemory  # noqa: E402
-from diffrl.engines.step.run import DirectStages, StepClock, run_step  # noqa: E402
-from diffrl.engines.store.prompts import PromptDataset, PromptRecord, PromptSampler  # noqa: E402
-from diffrl.engines.train.config import TrainConfig  # noqa: E402
-from diffrl.engines.train.setup import apply_lora_compute  # noqa: E402
-from diffrl.engines.train.trainer import PolicyTrainer  # noqa: E402
-from diffrl.models.base import SampleShape, pad_and_cat, set_tf32  # noqa: E402
+from benchmarks import common, kernel_profile, sync_points
+from diffrl.algorithms.catalog import Algorithm, get_algorithm
+from diffrl.configs.schema import DataConfig, ExperimentConfig, RolloutConfig, RunConfig
+from diffrl.engines import cluster
+from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig
+from diffrl.engines.rollout import RolloutEngine
+from diffrl.engines.rollout.config import OdeShortcut, RolloutWeights
+from diffrl.engines.step.memory import StepMemory
+from diffrl.engines.step.run import DirectStages, StepClock, run_step
+from diffrl.engines.store.prompts import PromptDataset, PromptRecord, PromptSampler
+from diffrl.engines.train.config import TrainConfig
+from diffrl.engines.train.setup import apply_lora_compute
+from diffrl.engines.train.trainer import PolicyTrainer
+from diffrl.models.base import SampleShape, pad_and_cat, set_tf32
 
 DATASHEET_TFLOPS = 989.4  # H100/H200 SXM dense bf16 (datasheet); the measured matmul rate is recorded too
 PUBLISHED = {
@@ -680,7 +676,7 @@ def main(argv: list[str] | None = None) -> dict:
         "tiny": args.tiny,
         "torch": torch.__version__,
         "diffusers": diffusers.__version__,
-        "command": " ".join(["python", "benchmarks/rl_step.py", *(argv or sys.argv[1:])]),
+        "command": " ".join(["python", "-m", "benchmarks.rl_step", *(argv or sys.argv[1:])]),
         "settings": {
             k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
             for k, v in dataclasses.asdict(recipe).items()

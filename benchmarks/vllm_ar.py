@@ -1,8 +1,8 @@
 """GSPO with the vLLM rollout engine engines only: a vLLM server samples, diffrl's TokenTrainer
 updates a LoRA, the adapter of each new policy version is loaded into the server, the next step samples it.
 
-    python benchmarks/vllm_ar.py --out benchmarks/results/vllm_ar_h200.json      # one GPU, see below
-    python benchmarks/vllm_ar.py --smoke --out /tmp/vllm_ar_cpu.json             # CPU: tiny Qwen3, 2 steps
+    python -m benchmarks.vllm_ar --out benchmarks/results/vllm_ar_h200.json      # one GPU, see below
+    python -m benchmarks.vllm_ar --smoke --out /tmp/vllm_ar_cpu.json             # CPU: tiny Qwen3, 2 steps
 
 GPU: the Qwen3-Omni-30B-A3B Thinker's text backbone (a Qwen3-MoE: 48 layers, hidden 2048, 32 heads / 4 KV heads of
 128, 128 experts with 8 active of 768, vocab 152064; diffrl/models/causal_lm/realsize.py size 30b-a3b-text) from its
@@ -29,25 +29,21 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import common  # noqa: E402, F401  (puts the repository root on sys.path)
-import torch  # noqa: E402
+import torch
 
-from diffrl.algorithms.advantages import group_advantages  # noqa: E402
-from diffrl.algorithms.catalog import get_algorithm  # noqa: E402
-from diffrl.engines.rollout.tokens import TokenSampling  # noqa: E402
-from diffrl.engines.rollout.vllm_tokens import VllmTokenEngine  # noqa: E402
-from diffrl.engines.train.config import TrainConfig  # noqa: E402
-from diffrl.engines.train.tokens import TokenTrainer  # noqa: E402
-from diffrl.engines.vllm_env import vllm_python  # noqa: E402
-from diffrl.engines.vllm_server import VllmRolloutOptions  # noqa: E402
-from diffrl.models.causal_lm.policy import CausalLMPolicy  # noqa: E402
-from diffrl.models.causal_lm.realsize import write_config_folder  # noqa: E402
+from diffrl.algorithms.advantages import group_advantages
+from diffrl.algorithms.catalog import get_algorithm
+from diffrl.engines.rollout.tokens import TokenSampling
+from diffrl.engines.rollout.vllm_tokens import VllmTokenEngine
+from diffrl.engines.train.config import TrainConfig
+from diffrl.engines.train.tokens import TokenTrainer
+from diffrl.engines.vllm_env import vllm_python
+from diffrl.engines.vllm_server import VllmRolloutOptions
+from diffrl.models.causal_lm.policy import CausalLMPolicy
+from diffrl.models.causal_lm.realsize import write_config_folder
 
 PROMPTS = [
     "how many red circles are there?",
