@@ -79,9 +79,9 @@ def recipe(folder: str, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def summary(steps: list[dict]) -> dict:
-    """Means over the steps after the first (warm-up; all of them when there is one)."""
-    measured = steps[1:] or steps
+def summary(steps: list[dict], warmup: int = 1) -> dict:
+    """Means over the steps after the first `warmup` (all of them when there are no more)."""
+    measured = steps[warmup:] or steps
     mean = {key: statistics.fmean(s[key] for s in measured) for key in measured[0]}
     return {
         "rollout_tokens_per_s": mean["response_tokens"] / mean["timing_s/generate"],
