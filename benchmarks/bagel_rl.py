@@ -8,9 +8,9 @@ with random weights in memory on the device (`model.path: random:<folder>`), so 
 recipe is diffrl/configs/bagel_flow_grpo.yaml (VeRL-Omni's BAGEL OCR LoRA settings) at 512x512, 10 steps, group 16,
 with the jpeg_compressibility reward (a CPU rule: the GPU figures are the model's, not an OCR model's).
 
-    python benchmarks/bagel_rl.py                       # GPU: BAGEL-7B-MoT, bf16, 4 prompts x 16, 3 steps
-    python benchmarks/bagel_rl.py --prompts 2 --layers 14 --tag half   # a smaller cut
-    python benchmarks/bagel_rl.py --smoke               # CPU: the tiny BAGEL configs, 2 steps (numbers meaningless)
+    python -m benchmarks.bagel_rl                       # GPU: BAGEL-7B-MoT, bf16, 4 prompts x 16, 3 steps
+    python -m benchmarks.bagel_rl --prompts 2 --layers 14 --tag half   # a smaller cut
+    python -m benchmarks.bagel_rl --smoke               # CPU: the tiny BAGEL configs, 2 steps (numbers meaningless)
 
 Per step: timing_s/generate and /update_actor, perf/throughput (images/GPU/s: images / step seconds), the rollout /
 replay log-prob gap, peak memory. The first step is warm-up and left out of the means. Writes
@@ -22,19 +22,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from common import record_steps  # noqa: E402  (benchmarks/common.py, beside this script)
-
-from diffrl.configs.schema import load_experiment  # noqa: E402
-from diffrl.flows.build import build_engines  # noqa: E402
-from diffrl.models.bagel.realsize import write_config_folder  # noqa: E402
+from benchmarks.common import record_steps
+from diffrl.configs.schema import load_experiment
+from diffrl.flows.build import build_engines
+from diffrl.models.bagel.realsize import write_config_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEPT = (

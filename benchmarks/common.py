@@ -1,12 +1,11 @@
 """Shared pieces of the GPU benchmarks: real-size pipelines with random weights, and measurement helpers.
 
 Compute does not depend on weight values, so a pipeline built from the published configs with random
-weights costs what the real one costs. Text encoders are left out (text encoding is excluded from the
-figures): the engines read random prompt embeddings of the real shapes through their persistent
-embedding-cache path (`PrecomputedEmbeddings`), exactly as a run does once its prompts are cached.
-
-The published configs of the two pipelines come from their model folders (diffrl/models/sd3/realsize.py,
-diffrl/models/qwen_image/realsize.py).
+weights costs what the real one costs. `random_model_folder` writes the configs-only folder `diffrl random-model ARCH
+DIR --configs-only` writes, less its text encoders, and `model.path: random:DIR` builds it through the product's loader
+(build_engines). Text encoding is excluded from the figures: the engines read random prompt embeddings of the real
+shapes through their persistent embedding-cache path (`RandomEmbeddings`), exactly as a run does once its prompts are
+cached.
 
 Legend: B batch, T text tokens, D text hidden size, P pooled size.
 """
@@ -17,109 +16,100 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import statistics
-import sys
+import tempfile
 import time
+import zlib
 from typing import Callable
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from diffrl.models.kind import RANDOM
 
-from diffrl.models.qwen_image.realsize import QWEN_IMAGE_SCHEDULER, QWEN_IMAGE_TRANSFORMER  # noqa: E402
-from diffrl.models.sd3.realsize import SD35M_SCHEDULER, SD35M_TRANSFORMER, SD35M_VAE  # noqa: E402
+PLANS = {"sd3": "sd35m", "qwen_image": "qwen_image"}  # adapter arch -> `diffrl random-model` plan
+# --tiny: the same classes at smoke-test size (numbers are meaningless); the widths the pipeline joins still agree
+TINY_SCALES = {
+    "sd3": {
+        "transformer": dict(
+            num_layers=2,
+            attention_head_dim=8,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            caption_projection_dim=16,
+            pooled_projection_dim=24,
+            sample_size=32,
+            pos_embed_max_size=64,
+            dual_attention_layers=(0,),
+        ),
+        "vae": dict(block_out_channels=(8, 16, 16, 16), layers_per_block=1, norm_num_groups=4),
+        # configs only (their folders are dropped): sized so that the plan's width checks pass
+        "text_encoder": dict(
+            hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, projection_dim=12
+        ),
+        "text_encoder_2": dict(
+            hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, projection_dim=12
+        ),
+        "text_encoder_3": dict(
+            d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4, relative_attention_num_buckets=8
+        ),
+    },
+    "qwen_image": {
+        "transformer": dict(
+            num_layers=2, num_attention_heads=2, attention_head_dim=16, joint_attention_dim=32, axes_dims_rope=(4, 6, 6)
+        ),
+        "vae": dict(base_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1),
+        "text_encoder": {
+            "text_config": dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                rope_parameters=dict(mrope_section=[2, 3, 3]),
+            ),
+            "vision_config": dict(
+                depth=1,
+                hidden_size=16,
+                intermediate_size=16,
+                num_heads=2,
+                out_hidden_size=32,
+                fullatt_block_indexes=[0],
+            ),
+        },
+    },
+}
 
-QWEN_VAE: dict = {}  # Qwen/Qwen-Image vae/config.json equals AutoencoderKLQwenImage's defaults
 
-# --tiny: the same classes at smoke-test size (numbers are meaningless).
-TINY_SD3 = dict(
-    SD35M_TRANSFORMER,
-    num_layers=2,
-    attention_head_dim=8,
-    num_attention_heads=2,
-    joint_attention_dim=32,
-    caption_projection_dim=16,
-    pooled_projection_dim=24,
-    sample_size=32,
-    pos_embed_max_size=64,
-    dual_attention_layers=(0,),
-)
-TINY_SD3_VAE = dict(SD35M_VAE, block_out_channels=(8, 16, 16, 16), layers_per_block=1, norm_num_groups=4)
-TINY_QWEN = dict(
-    QWEN_IMAGE_TRANSFORMER,
-    num_layers=2,
-    num_attention_heads=2,
-    attention_head_dim=16,
-    joint_attention_dim=32,
-    axes_dims_rope=(4, 6, 6),
-)
-TINY_QWEN_VAE = dict(base_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
+def random_model_folder(arch: str, out_dir: str, *, tiny: bool) -> str:
+    """A configs-only pipeline folder of `arch` ("sd3": SD3.5-Medium, "qwen_image": Qwen-Image) at real size (or tiny)
+    without its text encoders, for `model.path: random:<out_dir>`; returns out_dir.
+
+    It is what `diffrl random-model PLAN OUT_DIR --configs-only` writes (diffrl/models/realsize.py), with each text
+    encoder an absent component: the benchmarks read random prompt embeddings instead (`RandomEmbeddings`)."""
+    from diffrl.models.realsize import build_random
+
+    if arch not in PLANS:
+        raise ValueError(f"arch must be one of {sorted(PLANS)}; got {arch!r}")
+    build_random(PLANS[arch], out_dir, device="cpu", weights=False, scale=TINY_SCALES[arch] if tiny else None)
+    index_path = os.path.join(out_dir, "model_index.json")
+    with open(index_path) as f:
+        index = json.load(f)
+    for name in [k for k in index if k.startswith("text_encoder")]:
+        index[name] = [None, None]
+        shutil.rmtree(os.path.join(out_dir, name))
+    with open(index_path, "w") as f:
+        json.dump(index, f, indent=2, sort_keys=True)
+    return out_dir
 
 
 def build_adapter(arch: str, *, tiny: bool, device: str, dtype: torch.dtype):
-    """A ModelAdapter ("sd3" or "qwen_image") over a pipeline without text encoders, random weights, on `device`.
+    """A ModelAdapter ("sd3" or "qwen_image") over a pipeline without text encoders, random weights, on `device`,
+    loaded as a run loads `model.path: random:<folder>` (the weights are initialised on the device in `dtype`)."""
+    from diffrl.models.base import load_adapter
 
-    Weights are initialised directly on the device in `dtype` (a 20 B model in fp32 on the host would
-    take minutes and 80 GB); the VAE is built in fp32 and cast.
-    """
-    from diffusers import (
-        AutoencoderKL,
-        AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
-        QwenImagePipeline,
-        QwenImageTransformer2DModel,
-        SD3Transformer2DModel,
-        StableDiffusion3Pipeline,
-    )
-
-    from diffrl.models.qwen_image.adapter import QwenImageAdapter
-    from diffrl.models.sd3.adapter import SD3Adapter
-
-    if arch not in ("sd3", "qwen_image"):
-        raise ValueError(f"arch must be one of ['sd3', 'qwen_image']; got {arch!r}")
-    torch.manual_seed(0)
-    previous = torch.get_default_dtype()
-    with torch.device(device):
-        torch.set_default_dtype(dtype)
-        try:
-            transformer = (
-                SD3Transformer2DModel(**(TINY_SD3 if tiny else SD35M_TRANSFORMER))
-                if arch == "sd3"
-                else QwenImageTransformer2DModel(**(TINY_QWEN if tiny else QWEN_IMAGE_TRANSFORMER))
-            )
-        finally:
-            torch.set_default_dtype(previous)
-        if arch == "sd3":
-            vae = AutoencoderKL(**(TINY_SD3_VAE if tiny else SD35M_VAE))
-        else:
-            vae = AutoencoderKLQwenImage(**(TINY_QWEN_VAE if tiny else QWEN_VAE))
-    vae.to(dtype=dtype)
-    if arch == "sd3":
-        pipe = StableDiffusion3Pipeline(
-            transformer=transformer,
-            scheduler=FlowMatchEulerDiscreteScheduler(**SD35M_SCHEDULER),
-            vae=vae,
-            text_encoder=None,
-            tokenizer=None,
-            text_encoder_2=None,
-            tokenizer_2=None,
-            text_encoder_3=None,
-            tokenizer_3=None,
-        )
-        adapter = SD3Adapter(pipe, device=device, dtype=dtype)
-    else:
-        pipe = QwenImagePipeline(
-            scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER),
-            vae=vae,
-            text_encoder=None,
-            tokenizer=None,
-            transformer=transformer,
-        )
-        adapter = QwenImageAdapter(pipe, device=device, dtype=dtype)
-    pipe.set_progress_bar_config(disable=True)
-    adapter.source = f"random-{arch}{'-tiny' if tiny else ''}"
-    return adapter
+    folder = random_model_folder(arch, os.path.join(tempfile.mkdtemp(prefix=f"random_{arch}_"), "model"), tiny=tiny)
+    return load_adapter(RANDOM + folder, device=device, dtype=dtype)
 
 
 def random_encoding(adapter, tokens: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -152,6 +142,29 @@ class PrecomputedEmbeddings:
             f"prompts {sorted(encodings)[:3]} have no precomputed embedding: the benchmark does not "
             "encode text; add them to the table"
         )
+
+
+class RandomEmbeddings:
+    """A prompt-embedding cache (RolloutEngine's EmbeddingCacheLike) that holds an encoding of every prompt: random
+    values of `adapter`'s real text shapes, `tokens` tokens (`tokens_of[prompt]` for the prompts it names, e.g. the
+    negative prompt), the same for the same prompt and seed."""
+
+    def __init__(self, adapter, tokens: int, tokens_of: dict[str, int] | None = None, seed: int = 1):
+        self.adapter, self.tokens, self.tokens_of, self.seed = adapter, tokens, dict(tokens_of or {}), seed
+        self.table: dict[str, dict[str, torch.Tensor]] = {}
+
+    def encoding(self, prompt: str) -> dict[str, torch.Tensor]:
+        if prompt not in self.table:
+            generator = torch.Generator().manual_seed(self.seed * 2**32 + zlib.crc32(prompt.encode()))
+            tokens = self.tokens_of.get(prompt, self.tokens)
+            self.table[prompt] = random_encoding(self.adapter, tokens, generator)
+        return self.table[prompt]
+
+    def get(self, fingerprint: str, prompts: list[str]) -> dict:
+        return {p: self.encoding(p) for p in prompts}
+
+    def put(self, fingerprint: str, encodings: dict) -> None:
+        raise ValueError(f"prompts {sorted(encodings)[:3]} were encoded: every prompt has a random encoding here")
 
 
 def device_slug(device: str) -> str:

@@ -12,8 +12,8 @@ pass without any learning. `--control` also runs the config with lr 1e-12 (no le
 and reports the paired statistic: d = reward(trained) - reward(control) per sample, gain of d between
 the first and the last quarter, and its standard error. val/reward (fixed prompts and seeds) is recorded too.
 
-    python benchmarks/dp_learning.py --control                    # quick_dpo and quick_nft, 24 steps each
-    python benchmarks/dp_learning.py --configs tests/configs/quick_nft.yaml --steps 12 --out /tmp/nft.json
+    python -m benchmarks.dp_learning --control                    # quick_dpo and quick_nft, 24 steps each
+    python -m benchmarks.dp_learning --configs tests/configs/quick_nft.yaml --steps 12 --out /tmp/nft.json
 """
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ import argparse
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 def quarter_gain(per_step: list[list[float]]) -> dict:

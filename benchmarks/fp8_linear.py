@@ -8,24 +8,19 @@ Reports per shape: ms, TFLOP/s and speed-up of each path, the max/mean relative 
 one, and of ``torch._scaled_mm`` vs the emulated path (the same quantized operands). On the CPU (or a GPU below
 compute capability 8.9) only the emulated path runs, at a tiny shape: a smoke test, not a speed figure.
 
-  python benchmarks/fp8_linear.py --out benchmarks/results/fp8_linear_h200.json
-  python benchmarks/fp8_linear.py --device cpu --shapes 64x32x48 --repeats 2   # smoke test
+  python -m benchmarks.fp8_linear --out benchmarks/results/fp8_linear_h200.json
+  python -m benchmarks.fp8_linear --device cpu --shapes 64x32x48 --repeats 2   # smoke test
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import common  # noqa: E402
-
-from diffrl.engines.rollout.fast_weights import fp8_linear, quantize_rows, scaled_mm_supported  # noqa: E402
+from benchmarks import common
+from diffrl.engines.rollout.fast_weights import fp8_linear, quantize_rows, scaled_mm_supported
 
 # Qwen-Image (hidden 3072, MLP 12288) at 32768 tokens; SD3.5-Medium (hidden 1536, MLP 6144) at 49152 tokens
 DEFAULT_SHAPES = "32768x3072x3072,32768x3072x12288,32768x12288x3072,49152x1536x1536,49152x1536x6144,49152x6144x1536"
@@ -105,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "device": device_name,
         "torch": torch.__version__,
-        "command": " ".join(["python", "benchmarks/fp8_linear.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python", "-m", "benchmarks.fp8_linear", *(sys.argv[1:] if argv is None else argv)]),
         "shapes": [],
     }
     for m, k, n in shapes:

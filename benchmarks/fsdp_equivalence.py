@@ -11,8 +11,8 @@ same update with only the order of its gradient sums changed -- the noise floor 
 `--floor-factor` x that floor (weights: relative norm of the LoRA B difference; metrics: relative). In
 fp32 the bar is absolute: `--atol` (1e-5, the CPU test's).
 
-    python benchmarks/fsdp_equivalence.py --out benchmarks/results/fsdp_equivalence_h200x2.json              # bf16
-    python benchmarks/fsdp_equivalence.py --dtype fp32 --out benchmarks/results/fsdp_equivalence_fp32_h200x2.json
+    python -m benchmarks.fsdp_equivalence --out benchmarks/results/fsdp_equivalence_h200x2.json              # bf16
+    python -m benchmarks.fsdp_equivalence --dtype fp32 --out benchmarks/results/fsdp_equivalence_fp32_h200x2.json
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from safetensors.torch import load_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "engines", "train", "fsdp_worker.py")
-sys.path.insert(0, REPO)
 
 METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/ratio_mean")
 
@@ -144,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
         backend="nccl" if args.device == "cuda" else "gloo",
         dtype=args.dtype,
         torch=torch.__version__,
-        command=" ".join(["python", "benchmarks/fsdp_equivalence.py", *(argv or sys.argv[1:])]),
+        command=" ".join(["python", "-m", "benchmarks.fsdp_equivalence", *(argv or sys.argv[1:])]),
     )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

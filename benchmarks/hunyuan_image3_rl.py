@@ -10,10 +10,10 @@ image head, embeddings and VAE are outside the layers). The recipe is diffrl/con
 at 1024x1024 (the model's 1:1 bucket), 10 steps, with the jpeg_compressibility reward (a CPU rule: the GPU figures
 are the model's).
 
-    python benchmarks/hunyuan_image3_rl.py                         # GPU: 4 layers, bf16, 2 prompts x 4, 3 steps
-    python benchmarks/hunyuan_image3_rl.py --layers 8 --tag l8     # a larger cut
-    python benchmarks/hunyuan_image3_rl.py --set "algorithm={name: mix_grpo}"   # another algorithm
-    python benchmarks/hunyuan_image3_rl.py --smoke                 # CPU: tiny configs, 2 steps (numbers meaningless)
+    python -m benchmarks.hunyuan_image3_rl                         # GPU: 4 layers, bf16, 2 prompts x 4, 3 steps
+    python -m benchmarks.hunyuan_image3_rl --layers 8 --tag l8     # a larger cut
+    python -m benchmarks.hunyuan_image3_rl --set "algorithm={name: mix_grpo}"   # another algorithm
+    python -m benchmarks.hunyuan_image3_rl --smoke                 # CPU: tiny configs, 2 steps (numbers meaningless)
 
 Per step: timing_s/generate and /update_actor, perf/throughput (images/GPU/s), the rollout / replay log-prob gap,
 peak memory. The first step is warm-up and left out of the means. Writes
@@ -25,15 +25,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bagel_rl import train_steps  # noqa: E402  (benchmarks/bagel_rl.py, beside this script)
-
-from diffrl.configs.schema import load_experiment  # noqa: E402
-from diffrl.models.hunyuan_image3.realsize import write_config_folder  # noqa: E402
+from benchmarks.bagel_rl import train_steps
+from diffrl.configs.schema import load_experiment
+from diffrl.models.hunyuan_image3.realsize import write_config_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -12,9 +12,9 @@ vocabulary 102400, SigLIP-L vision tower at 384 px, VQ-VAE with a 16384-entry co
 check them against a real config.json before quoting the figures. The tokenizer is diffrl's tiny BPE with Janus'
 specials (prompt lengths therefore differ from the real tokenizer's; image tokens are what costs).
 
-    python benchmarks/janus_rl.py                       # GPU: Janus-Pro-7B shapes, bf16, LoRA r32, 8 prompts x 8
-    python benchmarks/janus_rl.py --size 1b --prompts 16
-    python benchmarks/janus_rl.py --smoke               # CPU: tiny:janus's config, 2 steps (numbers meaningless)
+    python -m benchmarks.janus_rl                       # GPU: Janus-Pro-7B shapes, bf16, LoRA r32, 8 prompts x 8
+    python -m benchmarks.janus_rl --size 1b --prompts 16
+    python -m benchmarks.janus_rl --smoke               # CPU: tiny:janus's config, 2 steps (numbers meaningless)
 
 Per step: timing_s/generate and /update_actor, image tokens (samples x 576), rollout and update image tokens/s,
 samples/GPU/s, the rollout/trainer log-prob gap (same numerics in one process: < 1e-3 expected in bf16). The first
@@ -25,20 +25,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from common import record_steps  # noqa: E402  (benchmarks/common.py, beside this script)
-from omni_rl import keep_token_metrics, summary  # noqa: E402  (the same per-step record and means)
-
-from diffrl.configs.schema import load_experiment  # noqa: E402
-from diffrl.flows.build import build_engines  # noqa: E402
-from diffrl.models.janus.tiny import build_janus, janus_tokenizer, tiny_janus_config  # noqa: E402
+from benchmarks.common import record_steps
+from benchmarks.omni_rl import keep_token_metrics, summary
+from diffrl.configs.schema import load_experiment
+from diffrl.flows.build import build_engines
+from diffrl.models.janus.tiny import build_janus, janus_tokenizer, tiny_janus_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = {  # Llama language models of Janus-Pro (hidden, layers, heads, MLP)

@@ -3,22 +3,22 @@ geneval_lite reward and the same prompts, for an equal budget of training second
 
 Each run drives the step core the `rl_step` flow runs (diffrl/engines/step/run.py run_step, engines only, as
 benchmarks/shapes_rl.py does) on `--config` (default: the GPU recipe diffrl/configs/shapes_flow_grpo.yaml) with its
-row's overrides (ROWS below: each row's settings and where they come from). Training stops at the first step that
-ends past `--budget-s` seconds of training (evaluation excluded). Held-out strict accuracy on data/shapes_heldout.jsonl
-(the config's data.val, ODE samples, per category) is measured before training and every `--eval-every-s` seconds
-of training, with the images seen so far. One JSON per run goes to `--out-dir` (default
+row's overrides (ROWS in leaderboard_rows.py: each row's settings and where they come from). Training stops at the
+first step that ends past `--budget-s` seconds of training (evaluation excluded). Held-out strict accuracy on
+data/shapes_heldout.jsonl (the config's data.val, ODE samples, per category) is measured before training and every
+`--eval-every-s` seconds of training, with the images seen so far. One JSON per run goes to `--out-dir` (default
 benchmarks/results/leaderboard/), rewritten after each evaluation; a run whose JSON says "finished" is skipped, so
 a series of calls shorter than the whole leaderboard finishes it (`--deadline-s`: start no run that would end past
 it). `--parallel K` runs up to K of them at once on the one GPU, each in its own child process
 (benchmarks/leaderboard_parallel.py), and `probe` measures how much of its solo speed a run keeps at each K.
 
-    python benchmarks/leaderboard.py run --seeds 0 1 --budget-s 300 --deadline-s 560   # GPU: the next runs
-    python benchmarks/leaderboard.py probe --parallel 1 2 3 4 --seconds 60 --out probe.json   # GPU: choose K
-    python benchmarks/leaderboard.py run --seeds 0 1 --budget-s 300 --parallel 3 --deadline-s 540   # K at once
-    python benchmarks/leaderboard.py run --algorithms flow_grpo dpo --seeds 2            # some rows only
-    python benchmarks/leaderboard.py report      # docs/leaderboard.md's table + docs/images/leaderboard_*.png
-    python benchmarks/leaderboard.py run --miniature --out-dir /tmp/lb   # CPU: 2 rows, 1 seed, ~1 minute
-    python benchmarks/leaderboard.py report --results /tmp/lb --doc /tmp/lb/leaderboard.md --images /tmp/lb
+    python -m benchmarks.leaderboard run --seeds 0 1 --budget-s 300 --deadline-s 560   # GPU: the next runs
+    python -m benchmarks.leaderboard probe --parallel 1 2 3 4 --seconds 60 --out probe.json   # GPU: choose K
+    python -m benchmarks.leaderboard run --seeds 0 1 --budget-s 300 --parallel 3 --deadline-s 540   # K at once
+    python -m benchmarks.leaderboard run --algorithms flow_grpo dpo --seeds 2            # some rows only
+    python -m benchmarks.leaderboard report      # docs/leaderboard.md's table + docs/images/leaderboard_*.png
+    python -m benchmarks.leaderboard run --miniature --out-dir /tmp/lb   # CPU: 2 rows, 1 seed, ~1 minute
+    python -m benchmarks.leaderboard report --results /tmp/lb --doc /tmp/lb/leaderboard.md --images /tmp/lb
 """
 
 from __future__ import annotations
@@ -26,120 +26,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
-import sys
 import time
-from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from common import write_json  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results", "leaderboard")
-GPU_CONFIG = "diffrl/configs/shapes_flow_grpo.yaml"
-GAIN = 0.10  # "time to +10 points" of held-out strict accuracy
-
-
-@dataclass(frozen=True)
-class Row:
-    """One leaderboard entry: a catalog algorithm with the overrides it runs under, and where they come from."""
-
-    name: str
-    overrides: tuple[str, ...]
-    source: str
-
-
-# The base config is the FlowGRPO recipe that learns most here (shapes_flow_grpo.yaml: 4-step CFG-free sampling,
-# 32 prompts x 16 samples, LoRA r32, lr 3e-4 on a cosine over 600 steps). Every row keeps its sampling, batch and
-# reward, so every row is evaluated at the same sampling setting; KL to the reference is 0 for the policy-gradient
-# rows (the recipe measured best without it), so none of them pays a reference forward the others do not.
-ROWS = (
-    Row(
-        "flow_grpo",
-        ("algorithm={name: flow_grpo, kl_coef: 0.0, clip_ratio: 0.2, noise_level: 0.7}",),
-        "Flow-GRPO (arXiv:2505.05470): SDE noise a=0.7, clip 0.2, group 16; KL 0 as the shipped recipe measured",
-    ),
-    Row(
-        "flow_grpo_fast",
-        ("algorithm={name: flow_grpo_fast, kl_coef: 0.0, window: {kind: random_start, size: 2, start_range: [0, 2]}}",),
-        "Flow-GRPO-Fast (flow_grpo repo): SDE on a 2-step window with a random start among the early steps, noise 0.8,"
-        " its clip 1e-5; scaled: window 2 of 4 steps, start in {0, 1}",
-    ),
-    Row(
-        "mix_grpo",
-        (
-            "algorithm={name: mix_grpo, kl_coef: 0.0, noise_level: 0.7, window: {kind: mix_progressive, size: 2, "
-            "iters_per_group: 50}}",
-        ),
-        "MixGRPO (arXiv:2507.21802): a sliding SDE window (progressive), ODE elsewhere; paper: window 4 of 25 steps"
-        " moved every 25 iterations; scaled: window 2 of 4 steps moved every 50 steps",
-    ),
-    Row(
-        "grpo_guard",
-        ("algorithm={name: grpo_guard, kl_coef: 0.0, noise_level: 0.7}",),
-        "GRPO-Guard (arXiv:2510.22319): Flow-GRPO with ratio normalisation and gradient reweighting; the Flow-GRPO"
-        " row's noise and clip",
-    ),
-    Row(
-        "dance_grpo",
-        ("algorithm={name: dance_grpo}",),
-        "DanceGRPO (arXiv:2505.07818): every step SDE at eta 0.3, 60 % of the timesteps trained per sample, advantages"
-        " per group (std ddof 1); the catalog bundle as is",
-    ),
-    Row(
-        "flow_dppo",
-        ("algorithm={name: flow_dppo, noise_level: 0.7}",),
-        "Flow-DPPO: the catalog bundle (KL-threshold trust region 1e-5), the Flow-GRPO row's noise",
-    ),
-    Row(
-        "dpo",
-        ("algorithm={name: dpo, beta: 5000.0, window: {kind: final, size: 1}}",),
-        "Diffusion-DPO (arXiv:2311.12908) online: best vs worst sample of each group of the step, beta 5000 (the"
-        " paper's SD1.5 value, in diffrl's flow-matching form)",
-    ),
-    Row(
-        "diffusion_nft",
-        (
-            "algorithm={name: diffusion_nft, noise_level: 0.5, window: {kind: random_start, size: 4, "
-            "start_range: [0, 1]}, ref_coef: 0.0, old_policy_decay_ramp: 0.02, old_policy_decay_max: 0.8}",
-        ),
-        "DiffusionNFT (arXiv:2509.16117): CFG-free, rollouts from an EMA old policy; the quickstart's measured settings"
-        " (noise 0.5, decay min(0.02 step, 0.8), no reference term)",
-    ),
-    Row(
-        "awm",
-        ("algorithm={name: awm, ref_coef: 0.1, awm_weighting: uniform, window: {kind: final, size: 1}}",),
-        "AWM (advantage-weighted matching): the catalog's reference coefficient 0.1, uniform timestep weighting",
-    ),
+from benchmarks.common import write_json
+from benchmarks.leaderboard_parallel import probe, run_parallel
+from benchmarks.leaderboard_report import write_report
+from benchmarks.leaderboard_rows import (
+    GPU_CONFIG,
+    MINIATURE,
+    REPO,
+    RESULTS,
+    ROW_NAMES,
+    Plan,
+    Row,
+    finished_run,
+    run_path,
 )
-ROW_NAMES = tuple(r.name for r in ROWS)
-
-# The CPU miniature (tests/benchmarks/test_leaderboard_smoke.py): the CPU model and config, two rows, one seed.
-MINIATURE = {
-    "config": "shapes_quick",
-    "algorithms": ("flow_grpo", "diffusion_nft"),
-    "budget_s": 8.0,
-    "eval_every_s": 4.0,
-    "overrides": (
-        "rollout.prompts_per_step=2",
-        "rollout.group_size=4",
-        "rollout.batch_size=8",
-        "rollout.chunk_size=8",
-        "train.mini_batch_prompts=2",
-        "train.micro_batch_size=8",
-        "data.num_val_prompts=12",
-        "data.val_samples_per_prompt=1",
-    ),
-}
-
-
-def run_path(out_dir: str, row: str, seed: int, device_name: str) -> str:
-    """Where a run's record goes: <row>_seed<k>_<device>.json ("NVIDIA H200" -> h200, "cpu")."""
-    words = device_name.lower().replace("nvidia", "").split() or ["gpu"]
-    return os.path.join(out_dir, f"{row}_seed{seed}_{re.sub(r'[^a-z0-9]+', '_', words[0])}.json")
 
 
 def run_one(
@@ -161,8 +64,8 @@ def run_one(
     `concurrent_runs` is how many runs the parent started together on this device (recorded: the budget is seconds
     of a shared GPU); with `barrier` (a folder), training starts only once that many runs have reached it."""
     import torch
-    from shapes_rl import evaluate
 
+    from benchmarks.shapes_rl import evaluate
     from diffrl.configs.schema import load_experiment
     from diffrl.engines.step.run import DirectStages, StepClock, run_step
     from diffrl.flows.build import build_engines
@@ -237,30 +140,6 @@ def run_one(
     return record
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What a `run` or `probe` call trains: the base config, the rows and seeds, the budget and every run's overrides
-    (`--miniature` resolved)."""
-
-    config: str
-    names: tuple[str, ...]
-    seeds: tuple[int, ...]
-    budget_s: float
-    eval_every_s: float
-    extra: tuple[str, ...]
-
-    def rows(self) -> list[Row]:
-        return [r for r in ROWS if r.name in self.names]
-
-    def child_argv(self, row: Row, seed: int, out_dir: str, concurrent: int, barrier: str | None = None) -> list[str]:
-        """The command line of a child process training one (row, seed) of this plan (overrides first: `--seeds`
-        and `--algorithms` take every word after them)."""
-        argv = [sys.executable, os.path.abspath(__file__), "run", *self.extra, "--algorithms", row.name]
-        argv += ["--seeds", str(seed), "--config", self.config, "--budget-s", str(self.budget_s)]
-        argv += ["--eval-every-s", str(self.eval_every_s), "--out-dir", out_dir, "--concurrent", str(concurrent)]
-        return argv + (["--barrier", barrier] if barrier else [])
-
-
 def plan_of(args: argparse.Namespace) -> Plan:
     """The Plan of a `run` or `probe` call, checked."""
     config, extra = args.config, list(args.overrides)
@@ -286,13 +165,11 @@ def run(args: argparse.Namespace) -> list[dict]:
         raise SystemExit(f"--parallel must be >= 1, got {args.parallel}")
     os.makedirs(args.out_dir, exist_ok=True)
     if args.parallel > 1:
-        from leaderboard_parallel import run_parallel
-
         return run_parallel(plan, args.out_dir, args.parallel, args.deadline_s)
     started, done, last_s = time.monotonic(), [], None
     for seed in plan.seeds:
         for row in plan.rows():
-            existing = _finished(args.out_dir, row.name, seed)
+            existing = finished_run(args.out_dir, row.name, seed)
             if existing:
                 print(f"{row.name} seed {seed}: finished earlier ({existing}), skipped", flush=True)
                 continue
@@ -304,7 +181,8 @@ def run(args: argparse.Namespace) -> list[dict]:
             command = " ".join(
                 [
                     "python",
-                    "benchmarks/leaderboard.py",
+                    "-m",
+                    "benchmarks.leaderboard",
                     "run",
                     *plan.extra,
                     "--algorithms",
@@ -351,17 +229,6 @@ def wait_at_barrier(folder: str, parties: int, timeout_s: float = 900.0) -> None
         time.sleep(0.05)
 
 
-def _finished(out_dir: str, row: str, seed: int) -> str | None:
-    """The file name of a finished run of (row, seed) in out_dir, on any device, or None."""
-    pattern = re.compile(rf"{re.escape(row)}_seed{seed}_[a-z0-9_]+\.json")
-    for name in sorted(os.listdir(out_dir)):
-        if pattern.fullmatch(name):
-            with open(os.path.join(out_dir, name)) as f:
-                if json.load(f).get("finished"):
-                    return name
-    return None
-
-
 def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="dotted overrides for every run, as `diffrl train` takes them")
     parser.add_argument("--config", default=GPU_CONFIG)
@@ -396,11 +263,7 @@ def main(argv: list[str] | None = None):
     if args.command == "run":
         return run(args)
     if args.command == "probe":
-        from leaderboard_parallel import probe
-
         return probe(args)
-    from leaderboard_report import write_report
-
     return write_report(args.results, args.doc, args.images)
 
 

@@ -17,16 +17,13 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from functools import lru_cache
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from common import write_json  # noqa: E402
-from leaderboard import MINIATURE, REPO, ROWS, Plan, Row, _finished, run_path  # noqa: E402
+from benchmarks.common import write_json
+from benchmarks.leaderboard_rows import MINIATURE, REPO, ROWS, Plan, Row, finished_run, run_path
 
 # The probe measures training throughput: its runs evaluate one held-out prompt once (before and after), not 204.
 PROBE_OVERRIDES = ("data.num_val_prompts=1", "data.val_samples_per_prompt=1")
@@ -146,7 +143,7 @@ def run_parallel(plan: Plan, out_dir: str, parallel: int, deadline_s: float | No
     pending = []
     for seed in plan.seeds:
         for row in plan.rows():
-            existing = _finished(out_dir, row.name, seed)
+            existing = finished_run(out_dir, row.name, seed)
             if existing:
                 print(f"{row.name} seed {seed}: finished earlier ({existing}), skipped", flush=True)
             else:

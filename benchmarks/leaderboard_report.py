@@ -20,11 +20,8 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from leaderboard import GAIN, ROWS  # noqa: E402
-
-from diffrl.shapes.scenes import TAGS  # noqa: E402
+from benchmarks.leaderboard_rows import GAIN, ROWS
+from diffrl.shapes.scenes import TAGS
 
 # Below this mean gain an algorithm counts as not improving: one evaluation (204 prompts x 4 images) at ~6 % accuracy
 # has a binomial standard error of ~0.8 points, so a gain under 2 points over a few seeds is within noise.
@@ -50,8 +47,8 @@ HOW_IT_RUNS = """## How it runs
 
 - The base config is `diffrl/configs/shapes_flow_grpo.yaml` (4-step CFG-free sampling, 32 prompts x 16 samples a
   step, LoRA r32, lr 3e-4 on a cosine over 600 steps, half-strict geneval_lite). Each row overrides only the
-  algorithm (`ROWS` in the script: its settings and the paper they come from, scaled to this model). Every row samples
-  and is evaluated the same way.
+  algorithm (`ROWS` in `benchmarks/leaderboard_rows.py`: its settings and the paper they come from, scaled to this
+  model). Every row samples and is evaluated the same way.
 - A run trains through the step core (`run_step`, engines only, as `benchmarks/shapes_rl.py`) until the first step
   that ends past `--budget-s` seconds of training (default 300 s); held-out strict accuracy on the 204 prompts of
   `data/shapes_heldout.jsonl` (4 ODE samples each, per GenEval category) is measured before training and at the
@@ -83,13 +80,13 @@ HOW_IT_RUNS = """## How it runs
 
 <!-- skip: gpu -->
 ```bash
-python benchmarks/leaderboard.py probe --parallel 1 2 3 4 --seconds 60 \\
+python -m benchmarks.leaderboard probe --parallel 1 2 3 4 --seconds 60 \\
   --out benchmarks/results/leaderboard_probe_h200.json
-python benchmarks/leaderboard.py run --seeds 0 1 --budget-s 300 --parallel K --deadline-s 540   # repeat until done
-python benchmarks/leaderboard.py report      # this page, docs/images/leaderboard_{seconds,images}.png
-python benchmarks/leaderboard.py run --miniature --out-dir /tmp/lb   # the CPU miniature (2 rows, 1 seed, 8 s each)
-python benchmarks/leaderboard.py run --miniature --parallel 2 --out-dir /tmp/lb2   # the same, both at once
-python benchmarks/leaderboard.py probe --miniature --parallel 1 2 --seconds 3   # the probe on the CPU
+python -m benchmarks.leaderboard run --seeds 0 1 --budget-s 300 --parallel K --deadline-s 540   # repeat until done
+python -m benchmarks.leaderboard report      # this page, docs/images/leaderboard_{seconds,images}.png
+python -m benchmarks.leaderboard run --miniature --out-dir /tmp/lb   # the CPU miniature (2 rows, 1 seed, 8 s each)
+python -m benchmarks.leaderboard run --miniature --parallel 2 --out-dir /tmp/lb2   # the same, both at once
+python -m benchmarks.leaderboard probe --miniature --parallel 1 2 --seconds 3   # the probe on the CPU
 ```
 
 - The report gives, per algorithm: accuracy before and at the end (mean ± sample s.d. over seeds), the gain, the

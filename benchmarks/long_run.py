@@ -6,8 +6,8 @@ run's alone). Every `--every` seconds the watcher records the step the console r
 `diffrl train` process and of its Prefect server, the size of PREFECT_HOME's database and of the run folder. Growth
 per step is the least-squares slope over the steps after `--warmup`.
 
-    python benchmarks/long_run.py --steps 500 --out benchmarks/results/long_run_cpu.json
-    python benchmarks/long_run.py --config diffrl/configs/shapes_flow_grpo.yaml --steps 500 model.device=cuda
+    python -m benchmarks.long_run --steps 500 --out benchmarks/results/long_run_cpu.json
+    python -m benchmarks.long_run --config diffrl/configs/shapes_flow_grpo.yaml --steps 500 model.device=cuda
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     run = watch(args, workdir)
     result = {
         "benchmark": "long_run",
-        "command": " ".join(["python", "benchmarks/long_run.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python", "-m", "benchmarks.long_run", *(argv if argv is not None else sys.argv[1:])]),
         "device": f"cpu ({os.cpu_count()} cores)" if "model.device=cuda" not in args.overrides else "cuda",
         "steps": args.steps,
         **summary(run, args.warmup),

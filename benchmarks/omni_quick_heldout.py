@@ -7,7 +7,7 @@ start's. `val/reward` counts every held-out question; this script also reports t
 It decodes greedily as the run's validation does (diffrl/engines/step/plan.validation_rollout), with the warm start
 (before) and with the policy of the run's latest checkpoint (after), on the same questions.
 
-    python benchmarks/omni_quick_heldout.py --root /tmp/runs omni-quick-s0 omni-quick-s1 omni-quick-s2
+    python -m benchmarks.omni_quick_heldout --root /tmp/runs omni-quick-s0 omni-quick-s1 omni-quick-s2
 """
 
 from __future__ import annotations
@@ -15,16 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from diffrl.configs.schema import load_experiment  # noqa: E402
-from diffrl.engines.step.plan import validation_rollout  # noqa: E402
-from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint  # noqa: E402
-from diffrl.flows.build import build_engines  # noqa: E402
-from diffrl.shapes.pretrain.thinker import TRAIN_SEED  # noqa: E402
-from diffrl.shapes.questions import scene_questions  # noqa: E402
+from diffrl.configs.schema import load_experiment
+from diffrl.engines.step.plan import validation_rollout
+from diffrl.engines.step.update import checkpoint_dir, latest_checkpoint
+from diffrl.flows.build import build_engines
+from diffrl.shapes.pretrain.thinker import TRAIN_SEED
+from diffrl.shapes.questions import scene_questions
 
 
 def answers(engines) -> tuple[list[str], list[str], list[float]]:

@@ -9,10 +9,10 @@ the real-size 30B-A3B Thinker needs no weights on disk. Random weights never emi
 `--max-new-tokens` long, the length the figures are quoted at. The in-process transformers rollout (`generate`) is
 what is measured; the vLLM engine has its own benchmark (benchmarks/vllm_ar.py).
 
-    python benchmarks/omni_rl.py                      # GPU: 30B-A3B Thinker, bf16, LoRA r32 on attention, GSPO,
+    python -m benchmarks.omni_rl                      # GPU: 30B-A3B Thinker, bf16, LoRA r32 on attention, GSPO,
                                                       # group 8, 1024-token responses
-    python benchmarks/omni_rl.py --layers 24 --prompts 4 --max-new-tokens 512     # a smaller cut
-    python benchmarks/omni_rl.py --smoke              # CPU: the tiny Thinker config, 2 steps (numbers meaningless)
+    python -m benchmarks.omni_rl --layers 24 --prompts 4 --max-new-tokens 512     # a smaller cut
+    python -m benchmarks.omni_rl --smoke              # CPU: the tiny Thinker config, 2 steps (numbers meaningless)
 
 Per step: timing_s/generate and /update_actor, response tokens (samples x mean length), rollout tokens/s = response
 tokens / generate seconds, update tokens/s = response tokens / update seconds (one forward + backward of every
@@ -27,19 +27,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from common import record_steps  # noqa: E402  (benchmarks/common.py, beside this script)
-
-from diffrl.configs.schema import load_experiment  # noqa: E402
-from diffrl.flows.build import build_engines  # noqa: E402
-from diffrl.models.causal_lm.realsize import write_config_folder  # noqa: E402
+from benchmarks.common import record_steps
+from diffrl.configs.schema import load_experiment
+from diffrl.flows.build import build_engines
+from diffrl.models.causal_lm.realsize import write_config_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEPT = (
@@ -83,9 +79,9 @@ def recipe(folder: str, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def summary(steps: list[dict]) -> dict:
-    """Means over the steps after the first (warm-up; all of them when there is one)."""
-    measured = steps[1:] or steps
+def summary(steps: list[dict], warmup: int = 1) -> dict:
+    """Means over the steps after the first `warmup` (all of them when there are no more)."""
+    measured = steps[warmup:] or steps
     mean = {key: statistics.fmean(s[key] for s in measured) for key in measured[0]}
     return {
         "rollout_tokens_per_s": mean["response_tokens"] / mean["timing_s/generate"],

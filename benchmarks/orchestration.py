@@ -10,14 +10,14 @@ i.e. everything a step costs besides the model and reward compute: the rl_step s
 task runs, Lance writes and reads (PNG encoding included), advantages, the checkpoint commit, weight
 sync bookkeeping and the rollout-image logging (MLflow's metric write itself is after the timer).
 
-    python benchmarks/orchestration.py --steps 12 --out benchmarks/results/orchestration_cpu.json
+    python -m benchmarks.orchestration --steps 12 --out benchmarks/results/orchestration_cpu.json
 
 Over a long run it also reports the mean step time of each block of --block steps, which shows whether the
 per-step cost grows with the step number (it does without compaction: every Lance append adds a fragment that
 later reads open; the flow compacts every run.compact_every steps):
 
-    python benchmarks/orchestration.py --steps 80 --block 10 --out benchmarks/results/orchestration_80_cpu.json
-    python benchmarks/orchestration.py --steps 80 --block 10 run.compact_every=0   # without compaction
+    python -m benchmarks.orchestration --steps 80 --block 10 --out benchmarks/results/orchestration_80_cpu.json
+    python -m benchmarks.orchestration --steps 80 --block 10 run.compact_every=0   # without compaction
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.block > 0
             else {}
         ),
-        "command": "python benchmarks/orchestration.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.orchestration " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     print(json.dumps(result, indent=2))
     if out:

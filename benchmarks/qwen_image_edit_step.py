@@ -12,23 +12,19 @@ encoding is cached); one CFG forward of the rollout at batch --batch (cond + unc
 runs it) for the edit and for the same batch of text-to-image Qwen-Image; one LoRA forward + backward of a training
 micro-batch (--micro-batch, conditional only, gradient checkpointing on every block). Peak memory is recorded.
 
-    python benchmarks/qwen_image_edit_step.py --device cuda --out benchmarks/results/qwen_image_edit_step_h200.json
-    python benchmarks/qwen_image_edit_step.py --tiny --device cpu --out /tmp/edit.json   # smoke test (meaningless)
+    python -m benchmarks.qwen_image_edit_step --device cuda --out benchmarks/results/qwen_image_edit_step_h200.json
+    python -m benchmarks.qwen_image_edit_step --tiny --device cpu --out /tmp/edit.json   # smoke test (meaningless)
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (also puts the repository root on sys.path)
-
-from diffrl.models.base import SampleShape  # noqa: E402
-from diffrl.models.qwen_image.adapter_edit import QwenImageEditAdapter  # noqa: E402
+from benchmarks import common
+from diffrl.models.base import SampleShape
+from diffrl.models.qwen_image.adapter_edit import QwenImageEditAdapter
 
 VISION_TOKENS = 37 * 37  # Qwen2.5-VL, 1024x1024 input, patch 14, merge 2, default max_pixels
 INSTRUCTION_TOKENS = 24

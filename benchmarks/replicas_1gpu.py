@@ -13,8 +13,8 @@ from MLflow, medians over the steps after --warmup, then the median over a mode'
 and highest). `gpus1_over_colocated` = gpus1 / colocated; `gpus1_replicas` lists the actors each gpus1 run held (read
 from the Ray cluster before they are stopped): the run went through the replica actor.
 
-    python benchmarks/replicas_1gpu.py --steps 30 --warmup 3     # GPU: benchmarks/results/replicas_1gpu_<device>.json
-    python benchmarks/replicas_1gpu.py --config diffrl/configs/shapes_quick.yaml --steps 6 --warmup 2 \\
+    python -m benchmarks.replicas_1gpu --steps 30 --warmup 3     # GPU: benchmarks/results/replicas_1gpu_<device>.json
+    python -m benchmarks.replicas_1gpu --config diffrl/configs/shapes_quick.yaml --steps 6 --warmup 2 \\
         model.device=cpu data.num_val_prompts=0 --out benchmarks/results/replicas_1gpu_cpu.json     # CPU
 """
 
@@ -28,13 +28,10 @@ import subprocess
 import sys
 import tempfile
 
+from benchmarks import common
+from benchmarks.train_e2e import run_flow
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(REPO, "tests", "cluster"))
-import common  # noqa: E402  (also puts the repository root on sys.path)
-from servers import start_prefect_server  # noqa: E402  (the tests' loopback Prefect server)
-from train_e2e import run_flow  # noqa: E402
 
 MODES = {
     "colocated": [],
@@ -96,6 +93,8 @@ def main(argv: list[str] | None = None) -> dict:
     out = args.out or os.path.join(HERE, "results", f"replicas_1gpu_{short}.json")
     workdir = args.keep or tempfile.mkdtemp(prefix="replicas_1gpu_")
     os.makedirs(f"{workdir}/prefect", exist_ok=True)
+    from tests.cluster.servers import start_prefect_server  # the tests' loopback Prefect server
+
     server, url = start_prefect_server(f"{workdir}/prefect")
     os.environ["PREFECT_API_URL"] = url  # the runs (subprocesses) and the Ray workers report here
     os.environ.setdefault("DIFFRL_CACHE", f"{workdir}/cache")
@@ -103,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     header = dict(config=args.config, overrides=args.overrides, device=device, steps=args.steps, warmup=args.warmup)
     header.update(images_per_step=cfg.rollout.samples_per_step, order=[f"{m}#{r}" for m, r in order])
     header["command"] = " ".join(
-        ["python", "benchmarks/replicas_1gpu.py", *(argv if argv is not None else sys.argv[1:])]
+        ["python", "-m", "benchmarks.replicas_1gpu", *(argv if argv is not None else sys.argv[1:])]
     )
     try:
         os.environ["RAY_ADDRESS"] = start_ray(workdir)

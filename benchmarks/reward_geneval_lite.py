@@ -1,6 +1,6 @@
 """geneval_lite throughput on this machine's CPU: the batched scorer against one image at a time.
 
-    python benchmarks/reward_geneval_lite.py [--images 512] [--repeats 5] \
+    python -m benchmarks.reward_geneval_lite [--images 512] [--repeats 5] \
         [--out benchmarks/results/reward_geneval_lite_cpu.json]
 
 Images: rendered shape scenes (shapes.scenes.scene_pairs) with Gaussian pixel noise of std 20, as
@@ -18,8 +18,8 @@ import os
 import platform
 
 import numpy as np
-from common import time_median, write_json  # benchmarks/common.py, beside this script
 
+from benchmarks.common import time_median, write_json
 from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig
 from diffrl.shapes.geneval_lite import GenevalLiteOptions, detect, parse_target, score_detections
 from diffrl.shapes.scenes import scene_pairs, target_json
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
             "python": platform.python_version(),
             "load_average_1min_at_start": round(os.getloadavg()[0], 2),
         },
-        "command": "python benchmarks/reward_geneval_lite.py " + f"--images {args.images} --repeats {args.repeats}",
+        "command": "python -m benchmarks.reward_geneval_lite " + f"--images {args.images} --repeats {args.repeats}",
         "runs": [measure(args.images, 64, args.repeats), measure(max(1, args.images // 16), 256, args.repeats)],
     }
     print(json.dumps(results, indent=2))

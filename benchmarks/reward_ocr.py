@@ -1,6 +1,6 @@
 """OCR reward throughput on this machine's CPU.
 
-    python benchmarks/reward_ocr.py [--images 16] [--out benchmarks/results/reward_ocr_cpu.json]
+    python -m benchmarks.reward_ocr [--images 16] [--out benchmarks/results/reward_ocr_cpu.json]
 
 512x512 rendered-text images scored by the `ocr` reward (a MultiReward, as the run's reward role holds it) in
 batches of 4, with onnxruntime on all cores and on 1 thread. Reported as images/s after a warm-up batch.

@@ -1,8 +1,10 @@
 """GPU RL-step benchmark: images/GPU/s of a whole policy-gradient step at real model size.
 
-Builds the recipe's pipeline with random weights at real size on the device (benchmarks/common.py: real
-transformer and VAE; no text encoder -- random prompt embeddings of the real shapes are read through the
-engine's persistent embedding-cache path, as a run reads cached prompts), then runs `--warmup` + `--steps` RL
+Builds the recipe's run config (`experiment_config`) and its engines as `diffrl train` builds them (`build_engines(cfg,
+durable=False)`, diffrl/flows/build.py) on `model.path: random:<folder>`, the published configs with random weights at
+real size on the device (benchmarks/common.py: real transformer and VAE; no text encoder -- random prompt embeddings of
+the real shapes are read through the engine's persistent embedding-cache path, as a run reads cached prompts), then
+runs `--warmup` + `--steps` RL
 steps through the step core the `rl_step` flow runs (diffrl/engines/step/run.py run_step, stages called directly, no
 trajectory store): generate (rollout, VAE decode) -> score (jpeg_compressibility, a CPU rule reward streamed
 behind the rollout) -> advantages -> update_actor (replay + loss + backward + optimizer steps) -> sync_weights.
@@ -19,8 +21,8 @@ per image and step, rollout N x c x F, training T x c x 2F (LoRA: forward + inpu
 reference T x c x F when KL > 0, old-log-prob recompute T x c x F when on, plus one VAE decode; c = 2
 with CFG. Checkpointing recompute is not counted (it is overhead, not model work).
 
-    python benchmarks/rl_step.py --recipe qwen_image_ocr_lora --quick      # GPU -> benchmarks/results/...json
-    python benchmarks/rl_step.py --recipe sd35m_flow_grpo --tiny --device cpu --out /tmp/x.json  # smoke test
+    python -m benchmarks.rl_step --recipe qwen_image_ocr_lora --quick      # GPU -> benchmarks/results/...json
+    python -m benchmarks.rl_step --recipe sd35m_flow_grpo --tiny --device cpu --out /tmp/x.json  # smoke test
 """
 
 from __future__ import annotations
@@ -29,30 +31,25 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (also puts the repository root on sys.path)
-import kernel_profile  # noqa: E402
-import sync_points  # noqa: E402
-
-from diffrl.algorithms.catalog import Algorithm, get_algorithm  # noqa: E402
-from diffrl.configs.schema import DataConfig, ExperimentConfig, RolloutConfig, RunConfig  # noqa: E402
-from diffrl.engines import cluster  # noqa: E402
-from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig  # noqa: E402
-from diffrl.engines.rollout import RolloutEngine  # noqa: E402
-from diffrl.engines.rollout.config import OdeShortcut, RolloutWeights  # noqa: E402
-from diffrl.engines.step.memory import StepMemory  # noqa: E402
-from diffrl.engines.step.run import DirectStages, StepClock, run_step  # noqa: E402
-from diffrl.engines.store.prompts import PromptDataset, PromptRecord, PromptSampler  # noqa: E402
-from diffrl.engines.train.config import TrainConfig  # noqa: E402
-from diffrl.engines.train.setup import apply_lora_compute  # noqa: E402
-from diffrl.engines.train.trainer import PolicyTrainer  # noqa: E402
-from diffrl.models.base import SampleShape, pad_and_cat, set_tf32  # noqa: E402
+from benchmarks import common, kernel_profile, sync_points
+from diffrl.algorithms.catalog import Algorithm, get_algorithm
+from diffrl.configs.schema import DataConfig, ExperimentConfig, ModelConfig, RolloutConfig, RunConfig
+from diffrl.engines.reward.multi import RewardComponent, RewardConfig
+from diffrl.engines.rollout.config import OdeShortcut, RolloutWeights
+from diffrl.engines.step.run import DirectStages, StepClock, run_step
+from diffrl.engines.train.config import TrainConfig
+from diffrl.engines.train.setup import apply_lora_compute
+from diffrl.flows.build import build_engines
+from diffrl.models.base import SampleShape, pad_and_cat, set_tf32
+from diffrl.models.kind import RANDOM
 
 DATASHEET_TFLOPS = 989.4  # H100/H200 SXM dense bf16 (datasheet); the measured matmul rate is recorded too
 PUBLISHED = {
@@ -190,63 +187,54 @@ def rollout_weights(text: str) -> RolloutWeights:
     return RolloutWeights(kind, steps or "all")
 
 
-class Bench:
-    """Owns the engines of one benchmark run (the step core's Engines, without a store) and applies levers
-    between phases."""
-
-    def __init__(self, recipe: Recipe, args):
-        self.recipe, self.args, self.device = recipe, args, args.device
-        dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-        self.adapter = common.build_adapter(recipe.arch, tiny=args.tiny, device=args.device, dtype=dtype)
-        self.prompts = [f"prompt {i}" for i in range(recipe.prompts_per_step)]
-        gen = torch.Generator().manual_seed(1)
-        table = {p: common.random_encoding(self.adapter, recipe.text_tokens, gen) for p in self.prompts}
-        table[recipe.negative_prompt] = common.random_encoding(self.adapter, recipe.negative_tokens, gen)
-        self.table = table
-        self.engine = RolloutEngine(self.adapter, cache=common.PrecomputedEmbeddings(table), progress=False)
-        train = TrainConfig(
+def experiment_config(recipe: Recipe, args, *, model_path: str, root: str) -> ExperimentConfig:
+    """The run config of the recipe at the benchmark's size: what `diffrl train` would read from a YAML file."""
+    return ExperimentConfig(
+        run=RunConfig(name=f"bench-{args.recipe}", root=root, steps=10**6, validate_every=0, log_images=0),
+        model=ModelConfig(path=model_path, device=args.device, tf32=args.tf32),  # dtype auto: bf16 on CUDA
+        algorithm=recipe.algorithm,
+        train=TrainConfig(
             lora_rank=recipe.lora_rank,
             lora_alpha=recipe.lora_alpha,
             lr=recipe.lr,
             mini_batch_prompts=recipe.mini_batch_prompts,
             micro_batch_size=4,
             lora_compute=args.lora_compute,
-        )
-        self.config = ExperimentConfig(
-            run=RunConfig(name=f"bench-{args.recipe}", steps=10**6, validate_every=0, log_images=0),
-            algorithm=recipe.algorithm,
-            train=train,
-            rollout=RolloutConfig(
-                num_inference_steps=recipe.num_inference_steps,
-                height=recipe.resolution,
-                width=recipe.resolution,
-                guidance_scale=recipe.guidance_scale,
-                negative_prompt=recipe.negative_prompt,
-                batch_size=recipe.rollout_batch,
-                group_size=recipe.group_size,
-                prompts_per_step=recipe.prompts_per_step,
-                chunk_size=recipe.prompts_per_step * recipe.group_size,
-            ),
-            reward=RewardConfig(components=[RewardComponent(name="jpeg_compressibility")]),
-            data=DataConfig(val=None, num_val_prompts=0),
-        )
-        self.trainer = PolicyTrainer(
-            self.adapter, recipe.algorithm, train, self.config.sampling, group_size=recipe.group_size
-        )
-        records = PromptDataset([PromptRecord(uid=p, prompt=p) for p in self.prompts])
-        self.engines = cluster.Engines(
-            config=self.config,
-            adapter=self.adapter,
-            rollout=self.engine,
-            trainer=self.trainer,
-            reward=MultiReward(self.config.reward),
-            store=None,
-            prompts=PromptSampler(records, batch=recipe.prompts_per_step, seed=0),
-            memory=StepMemory(asynchronous=True),
-        )
+        ),
+        rollout=RolloutConfig(
+            num_inference_steps=recipe.num_inference_steps,
+            height=recipe.resolution,
+            width=recipe.resolution,
+            guidance_scale=recipe.guidance_scale,
+            negative_prompt=recipe.negative_prompt,
+            batch_size=recipe.rollout_batch,
+            group_size=recipe.group_size,
+            prompts_per_step=recipe.prompts_per_step,
+            chunk_size=recipe.prompts_per_step * recipe.group_size,
+        ),
+        reward=RewardConfig(components=[RewardComponent(name="jpeg_compressibility")]),
+        data=DataConfig(val=None, num_val_prompts=0),
+    )
+
+
+class Bench:
+    """Owns the engines of one benchmark run, built as a run builds them (`build_engines(cfg, durable=False)`: the step
+    core's engines without a store), and applies levers between phases."""
+
+    def __init__(self, recipe: Recipe, args, workdir: str):
+        self.recipe, self.args, self.device = recipe, args, args.device
+        folder = common.random_model_folder(recipe.arch, os.path.join(workdir, "model"), tiny=args.tiny)
+        self.config = experiment_config(recipe, args, model_path=RANDOM + folder, root=workdir)
+        self.engines = build_engines(self.config, durable=False)
+        self.adapter, self.engine, self.trainer = self.engines.adapter, self.engines.rollout, self.engines.trainer
+        # the text side: random encodings of the real shapes, read through the rollout's persistent-cache path as a
+        # run reads its cached prompts (no text encoder is built)
+        negative = {recipe.negative_prompt: recipe.negative_tokens}
+        self.embeddings = common.RandomEmbeddings(self.adapter, recipe.text_tokens, negative)
+        self.engine.cache = self.embeddings
+        self.prompts = [f"prompt {i}" for i in range(recipe.prompts_per_step)]  # the probes' inputs
         self.stages = DirectStages(self.engines)
         self.compiled = False
-        set_tf32(args.tf32)  # the probes run with the main measurement's setting
 
     @property
     def shape(self) -> SampleShape:
@@ -308,8 +296,8 @@ def _inputs(bench: Bench, batch: int):
     latents = adapter.prepare_latents(shape, [torch.Generator().manual_seed(i) for i in range(batch)])
     sigma = adapter.sigmas(bench.recipe.num_inference_steps, shape)[1].expand(batch).to(bench.device)
     prompts = [bench.prompts[i % len(bench.prompts)] for i in range(batch)]
-    positive = pad_and_cat([bench.table[p] for p in prompts])
-    negative = pad_and_cat([bench.table[bench.recipe.negative_prompt]] * batch)
+    positive = pad_and_cat([bench.embeddings.encoding(p) for p in prompts])
+    negative = pad_and_cat([bench.embeddings.encoding(bench.recipe.negative_prompt)] * batch)
     return latents.to(bench.device), sigma, positive, negative
 
 
@@ -680,7 +668,7 @@ def main(argv: list[str] | None = None) -> dict:
         "tiny": args.tiny,
         "torch": torch.__version__,
         "diffusers": diffusers.__version__,
-        "command": " ".join(["python", "benchmarks/rl_step.py", *(argv or sys.argv[1:])]),
+        "command": " ".join(["python", "-m", "benchmarks.rl_step", *(argv or sys.argv[1:])]),
         "settings": {
             k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
             for k, v in dataclasses.asdict(recipe).items()
@@ -690,7 +678,10 @@ def main(argv: list[str] | None = None) -> dict:
         "reward": "jpeg_compressibility (rule reward, CPU)",
         "published_images_per_gpu_s": PUBLISHED[args.recipe],
     }
-    bench = Bench(recipe, args)
+    workdir = tempfile.mkdtemp(prefix="rl_step_")  # the configs-only model folder, removed at the end
+    bench = Bench(recipe, args, workdir)
+    size = "tiny" if args.tiny else "real-size"
+    result["model"] = f"model.path random: {size} {common.PLANS[recipe.arch]} configs without text encoders"
     result["build_seconds"] = time.perf_counter() - started
     result["matmul_tflops_measured"] = common.matmul_tflops(args.device)
     probes = {"forward": probe_forwards(bench)}
@@ -732,6 +723,7 @@ def main(argv: list[str] | None = None) -> dict:
         _run_variant(bench, result, name, levers, main_phase, started)
         common.write_json(out, result)
     result["total_wall_seconds"] = time.perf_counter() - started
+    shutil.rmtree(workdir, ignore_errors=True)
     common.write_json(out, result)
     _print_summary(result)
     return result

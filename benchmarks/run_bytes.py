@@ -6,8 +6,8 @@ steps, deleting old versions), then measures the run folder. Bytes depend only o
 image size and content), not on the model's weights, so this runs on a CPU. Images are either smooth (8x8 colour
 blocks, compressing like drawn scenes) or noise (what a random-weight model decodes: PNG cannot compress it).
 
-    python benchmarks/run_bytes.py --layout shapes --out benchmarks/results/run_bytes_cpu.json
-    python benchmarks/run_bytes.py --layout qwen_image_512 --images noise
+    python -m benchmarks.run_bytes --layout shapes --out benchmarks/results/run_bytes_cpu.json
+    python -m benchmarks.run_bytes --layout qwen_image_512 --images noise
 """
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (also puts the repository root on sys.path)
-
-from diffrl.engines.step.retention import KEEP_VERSIONS_S, _retain  # noqa: E402
-from diffrl.engines.store.trajectories import TrajectoryStore  # noqa: E402
-from diffrl.engines.trajectories import Trajectories  # noqa: E402
+from benchmarks import common
+from diffrl.engines.step.retention import KEEP_VERSIONS_S, _retain
+from diffrl.engines.store.trajectories import TrajectoryStore
+from diffrl.engines.trajectories import Trajectories
 
 # (latent shape S of one sample, window W, image side): shapes_flow_grpo.yaml on reference:shapes (4 x 64 x 64
 # latents, 4 SDE steps); qwen_image_ocr_lora.yaml at 512x512 (1024 packed tokens x 64, a 2-step window).
@@ -104,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
         "image_side": LAYOUTS[args.layout][2],
         "before": measure(args.layout, args.samples, args.steps, -1, args.compact_every, args.images),
         "after": measure(args.layout, args.samples, args.steps, 2, args.compact_every, args.images),
-        "command": " ".join(["python", "benchmarks/run_bytes.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python", "-m", "benchmarks.run_bytes", *(argv if argv is not None else sys.argv[1:])]),
     }
     for when in ("before", "after"):
         r = result[when]

@@ -6,8 +6,8 @@ excluded: both sides get the same random prompt embeddings of the real shapes (C
 and decode to uint8/np images. Our engine is timed as the RL rollout runs it (SDE noise level 0.7 on
 every step but the last, log-probs, fp32 latents copied to CPU) and also at noise level 0.
 
-    python benchmarks/sampler_vs_diffusers.py                      # GPU: writes benchmarks/results/...json
-    python benchmarks/sampler_vs_diffusers.py --tiny --device cpu  # smoke check (nothing recorded)
+    python -m benchmarks.sampler_vs_diffusers                      # GPU: writes benchmarks/results/...json
+    python -m benchmarks.sampler_vs_diffusers --tiny --device cpu  # smoke check (nothing recorded)
 """
 
 from __future__ import annotations
@@ -21,20 +21,17 @@ import sys
 import time
 
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from common import PrecomputedEmbeddings  # noqa: E402  (benchmarks/common.py)
-from diffusers import (  # noqa: E402
+from diffusers import (
     AutoencoderKL,
     FlowMatchEulerDiscreteScheduler,
     SD3Transformer2DModel,
-    StableDiffusion3Pipeline,  # noqa: E402
+    StableDiffusion3Pipeline,
 )
 
-from diffrl.engines.rollout import RolloutEngine, SamplingConfig  # noqa: E402
-from diffrl.models.sd3.adapter import SD3Adapter  # noqa: E402
-from diffrl.models.sd3.realsize import SD35M_SCHEDULER, SD35M_TRANSFORMER, SD35M_VAE  # noqa: E402
+from benchmarks.common import PrecomputedEmbeddings
+from diffrl.engines.rollout import RolloutEngine, SamplingConfig
+from diffrl.models.sd3.adapter import SD3Adapter
+from diffrl.models.sd3.realsize import SD35M_SCHEDULER, SD35M_TRANSFORMER, SD35M_VAE
 
 # The published SD3.5-Medium configs (diffrl/models/sd3/realsize.py).
 SD35_MEDIUM_TRANSFORMER, SD3_VAE, SD3_SCHEDULER = SD35M_TRANSFORMER, SD35M_VAE, SD35M_SCHEDULER
@@ -213,7 +210,9 @@ def main(argv: list[str] | None = None) -> dict:
             if args.compile
             else {}
         ),
-        "command": " ".join(["python", *sys.argv]) if argv is None else " ".join(["python", __file__, *argv]),
+        "command": " ".join(
+            ["python", "-m", "benchmarks.sampler_vs_diffusers", *(sys.argv[1:] if argv is None else argv)]
+        ),
     }
     print(json.dumps(result, indent=2))
     if not args.tiny:

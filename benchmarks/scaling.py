@@ -9,11 +9,11 @@ and its peak CUDA memory, which show a straggler or a replica short of memory. `
 at 1 GPU, `efficiency` = speedup / N; `scaling` is the one figure to compare with a goal: the speedup at 2 GPUs on a
 two-GPU machine (goal >= 1.9), the efficiency at the largest N otherwise (goal >= 0.9 at 8).
 
-    python benchmarks/scaling.py --config qwen_image_ocr_lora --gpus 1,2,4,8 --steps 6 --warmup 2 \\
+    python -m benchmarks.scaling --config qwen_image_ocr_lora --gpus 1,2,4,8 --steps 6 --warmup 2 \\
         model.path=random:/tmp/qi "reward.components=[{name: jpeg_compressibility}]" data.num_val_prompts=0
     # writes benchmarks/results/scaling_qwen_image_ocr_lora_h200x8.json on an 8-GPU H200 machine
 
-    python benchmarks/scaling.py --config diffrl/configs/shapes_flow_grpo.yaml --gpus 1,2,4,8 --steps 5 --warmup 2 \\
+    python -m benchmarks.scaling --config diffrl/configs/shapes_flow_grpo.yaml --gpus 1,2,4,8 --steps 5 --warmup 2 \\
         model.device=cpu model.path=reference:shapes-small data.num_val_prompts=0 rollout.prompts_per_step=8 \\
         rollout.chunk_size=16 rollout.batch_size=16 train.mini_batch_prompts=8 train.micro_batch_size=16 \\
         --out benchmarks/results/scaling_shapes_small_cpu.json   # CPU: fake GPUs, the placement and exchange are real
@@ -38,13 +38,12 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import common  # noqa: E402  (also puts the repository root on sys.path)
-from replicas_1gpu import start_ray  # noqa: E402
-from train_e2e import run_flow  # noqa: E402
+from benchmarks import common
+from benchmarks.replicas_1gpu import start_ray
+from benchmarks.train_e2e import run_flow
+from diffrl.tasks.common import check_result
 
-from diffrl.tasks.common import check_result  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 # per replica: the stage record field (or metric) that is its own time in the stage
 REPLICA_SECONDS = {
@@ -188,14 +187,14 @@ def main(argv: list[str] | None = None) -> dict:
     out = args.out or os.path.join(HERE, "results", f"scaling_{recipe_slug(args.config)}_{short}.json")
     workdir = args.keep or tempfile.mkdtemp(prefix="scaling_")
     os.makedirs(f"{workdir}/prefect", exist_ok=True)
-    from servers import start_prefect_server  # tests/cluster (replicas_1gpu put it on sys.path)
+    from tests.cluster.servers import start_prefect_server  # the tests' loopback Prefect server
 
     server, url = start_prefect_server(f"{workdir}/prefect")
     os.environ["PREFECT_API_URL"] = url  # the runs (subprocesses) and the Ray workers report here
     os.environ.setdefault("DIFFRL_CACHE", f"{workdir}/cache")
     header = dict(config=args.config, overrides=args.overrides, device=device, machine_gpus=machine_gpus)
     header.update(gpus=counts, steps=args.steps, warmup=args.warmup, images_per_step=cfg.rollout.samples_per_step)
-    header["command"] = " ".join(["python", "benchmarks/scaling.py", *(argv if argv is not None else sys.argv[1:])])
+    header["command"] = " ".join(["python", "-m", "benchmarks.scaling", *(argv if argv is not None else sys.argv[1:])])
     runs: dict[int, dict] = {}
     try:
         # fake GPUs on a CPU machine, and logical CPUs for the N collective tasks (half a Ray CPU each) and the

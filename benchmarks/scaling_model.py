@@ -23,7 +23,7 @@ behind the stages, the next step run ahead of the flow's tasks. One step of one 
 Weight sync: 0 bytes (LoRA replicas sample with the trainer's module). images/s = B / (sum of the above).
 Weak scaling (each replica keeps the recipe's whole batch, the global batch grows N-fold) is predicted beside it.
 
-    python benchmarks/scaling_model.py --out benchmarks/results/scaling_model.json
+    python -m benchmarks.scaling_model --out benchmarks/results/scaling_model.json
 """
 
 from __future__ import annotations
@@ -32,14 +32,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
+
+from benchmarks import common
+from diffrl.models.qwen_image.realsize import QWEN_IMAGE_TRANSFORMER
+from diffrl.models.sd3.realsize import SD35M_TRANSFORMER
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import common  # noqa: E402  (also puts the repository root on sys.path)
-
-from diffrl.models.qwen_image.realsize import QWEN_IMAGE_TRANSFORMER  # noqa: E402
-from diffrl.models.sd3.realsize import SD35M_TRANSFORMER  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
 REAL_SIZE = {"sd3": SD35M_TRANSFORMER, "qwen_image": QWEN_IMAGE_TRANSFORMER}  # the published transformer configs

@@ -8,8 +8,8 @@ Evaluation is the flow's validation: ODE (noise level 0) samples of the fixed he
 (`data.val`, the first `data.num_val_prompts`), scored by the config's reward; strict accuracy per
 GenEval category from `geneval_lite`'s info.
 
-    python benchmarks/shapes_rl.py --config diffrl/configs/shapes_flow_grpo.yaml          # GPU
-    python benchmarks/shapes_rl.py --config diffrl/configs/shapes_flow_grpo.yaml model.device=cpu run.steps=2 \
+    python -m benchmarks.shapes_rl --config diffrl/configs/shapes_flow_grpo.yaml          # GPU
+    python -m benchmarks.shapes_rl --config diffrl/configs/shapes_flow_grpo.yaml model.device=cpu run.steps=2 \
         rollout.prompts_per_step=2 train.mini_batch_prompts=2 data.num_val_prompts=8  # CPU smoke run
     ... algorithm.name=diffusion_nft algorithm.noise_level=0 --max-minutes 6 --tag nft   # a sweep entry
     ... --eval-also num_inference_steps=10 guidance_scale=1   # also held-out accuracy at other sampling settings
@@ -27,23 +27,19 @@ import argparse
 import json
 import os
 import re
-import sys
 import time
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from common import write_json  # noqa: E402  (benchmarks/common.py, beside this script)
-
-from diffrl.configs.schema import ExperimentConfig, load_experiment  # noqa: E402
-from diffrl.engines.reward.multi import MultiReward  # noqa: E402
-from diffrl.engines.rollout import RolloutEngine  # noqa: E402
-from diffrl.engines.step.plan import validation_rollout  # noqa: E402
-from diffrl.engines.step.run import DirectStages, StepClock, add_perf, run_step  # noqa: E402
-from diffrl.flows.build import build_engines  # noqa: E402
-from diffrl.shapes.scenes import TAGS  # noqa: E402
+from benchmarks.common import write_json
+from diffrl.configs.schema import ExperimentConfig, load_experiment
+from diffrl.engines.reward.multi import MultiReward
+from diffrl.engines.rollout import RolloutEngine
+from diffrl.engines.step.plan import validation_rollout
+from diffrl.engines.step.run import DirectStages, StepClock, add_perf, run_step
+from diffrl.flows.build import build_engines
+from diffrl.shapes.scenes import TAGS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Trainer metrics kept per step in the result (besides the step's train reward, strict accuracy and timings).
@@ -145,7 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
             "command": " ".join(
                 [
                     "python",
-                    "benchmarks/shapes_rl.py",
+                    "-m",
+                    "benchmarks.shapes_rl",
                     "--config",
                     args.config,
                     *args.overrides,

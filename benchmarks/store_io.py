@@ -3,7 +3,7 @@
 Writes the step as 8 chunks of 64 (as the rollout does), reads it back whole and as 1 of 8 rank
 shards, and times PNG encode/decode of 512x512 images separately (that cost is per image and
 runs in the rollout worker). Run:
-    .venv/bin/python benchmarks/store_io.py --out benchmarks/results/store_io_cpu.json
+    .venv/bin/python -m benchmarks.store_io --out benchmarks/results/store_io_cpu.json
 """
 
 from __future__ import annotations
@@ -19,11 +19,9 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from diffrl.engines.store.records import decode_images, encode_images  # noqa: E402
-from diffrl.engines.store.synthetic import random_trajectories  # noqa: E402
-from diffrl.engines.store.trajectories import TrajectoryStore  # noqa: E402
+from diffrl.engines.store.records import decode_images, encode_images
+from diffrl.engines.store.synthetic import random_trajectories
+from diffrl.engines.store.trajectories import TrajectoryStore
 
 
 def timed(fn):

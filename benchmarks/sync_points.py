@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-import kernel_profile
+from benchmarks import kernel_profile
 
 MESSAGE = "called a synchronizing CUDA operation"  # what torch's sync debug mode warns with
 _OURS = (os.sep + "diffrl" + os.sep, os.sep + "benchmarks" + os.sep)

@@ -12,9 +12,9 @@
 flow_over_engine = median seconds per step of 1 / median of 2, over the steps after --warmup (of every pair, with
 --repeats N: flow, engines, flow, engines, ...).
 
-    python benchmarks/train_e2e.py --config diffrl/configs/shapes_flow_grpo.yaml --steps 30 \\
+    python -m benchmarks.train_e2e --config diffrl/configs/shapes_flow_grpo.yaml --steps 30 \\
         --out benchmarks/results/train_e2e_shapes_h200.json
-    python benchmarks/train_e2e.py --config diffrl/configs/shapes_quick.yaml --steps 4 --warmup 1 model.device=cpu \\
+    python -m benchmarks.train_e2e --config diffrl/configs/shapes_quick.yaml --steps 4 --warmup 1 model.device=cpu \\
         --out /tmp/e2e.json     # CPU smoke run
 
 A model too large for both runs in one 10-minute device call (Qwen-Image at real size) runs them in two calls with the
@@ -41,8 +41,7 @@ import tempfile
 import time
 from typing import Callable
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (also puts the repository root on sys.path)
+from benchmarks import common
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Per-step metrics both runs record (medians in the result).
@@ -335,7 +334,7 @@ def main(argv: list[str] | None = None) -> dict:
         "flow_stages_each": {k: [v.get(s) for s in range(1, args.steps + 1)] for k, v in flow["per_step"].items()},
         "engine_stages_each": {k: [e.get(k) for e in engines["per_step"]] for k in STAGE_KEYS},
         "flow_log_tail": flow["log_tail"],
-        "command": " ".join(["python", "benchmarks/train_e2e.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python", "-m", "benchmarks.train_e2e", *(argv if argv is not None else sys.argv[1:])]),
     }
     common.write_json(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if not k.endswith("_each") and k != "flow_log_tail"}, indent=1))
@@ -423,7 +422,7 @@ def engines_json(args, cfg, engines: dict, trace_path: str | None, argv, *, comp
         "engine_trace_s": trace_seconds(trace_path, len(per_step)) if trace_path and per_step else None,
         "engine_seconds_each": [e["perf/time_per_step"] for e in per_step],
         "engine_stages_each": {k: [e.get(k) for e in per_step] for k in STAGE_KEYS},
-        "command": " ".join(["python", "benchmarks/train_e2e.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python", "-m", "benchmarks.train_e2e", *(argv if argv is not None else sys.argv[1:])]),
     }
 
 
@@ -468,7 +467,7 @@ def flow_only_result(args, flow: dict, config: str, overrides: list[str], workdi
         "flow_wall_seconds": flow["wall_seconds"],
         "run_folder_bytes": folder_bytes(os.path.join(workdir, "runs", "train-e2e")),
         "flow_log_tail": flow["log_tail"],
-        "command": " ".join(["python", "benchmarks/train_e2e.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python", "-m", "benchmarks.train_e2e", *(argv if argv is not None else sys.argv[1:])]),
     }
     common.write_json(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if not k.endswith("_each") and k != "flow_log_tail"}, indent=1))

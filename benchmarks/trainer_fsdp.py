@@ -7,11 +7,11 @@ times LoRA optimizer steps of one micro-batch each (forward + backward of a flow
 latents/text embeddings at 512x512 + clip + step). Text encoders and VAE are excluded.
 
 Run (the lead, on nvidia-h200-x2):
-    python benchmarks/trainer_fsdp.py --world 1 --out benchmarks/results/trainer_fsdp_1gpu.json
-    torchrun --standalone --nproc_per_node 2 benchmarks/trainer_fsdp.py --world 2 \\
+    python -m benchmarks.trainer_fsdp --world 1 --out benchmarks/results/trainer_fsdp_1gpu.json
+    torchrun --standalone --nproc_per_node 2 -m benchmarks.trainer_fsdp --world 2 \\
         --single benchmarks/results/trainer_fsdp_1gpu.json --out benchmarks/results/trainer_fsdp_h200x2.json
 The 2-GPU run reads the 1-GPU JSON and records scaling efficiency = 2-GPU images/s / (2 x 1-GPU images/s).
-Smoke test on CPU: python benchmarks/trainer_fsdp.py --tiny --device cpu --out /tmp/trainer_fsdp_tiny.json
+Smoke test on CPU: python -m benchmarks.trainer_fsdp --tiny --device cpu --out /tmp/trainer_fsdp_tiny.json
 """
 
 from __future__ import annotations
@@ -25,12 +25,10 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
-
-from diffrl.engines.train.config import TrainConfig  # noqa: E402
-from diffrl.engines.train.setup import build_optimizer, prepare_denoiser, shard, world  # noqa: E402
-from diffrl.models.qwen_image.realsize import QWEN_IMAGE_TRANSFORMER  # noqa: E402
-from diffrl.models.sd3.realsize import SD35M_TRANSFORMER  # noqa: E402
+from diffrl.engines.train.config import TrainConfig
+from diffrl.engines.train.setup import build_optimizer, prepare_denoiser, shard, world
+from diffrl.models.qwen_image.realsize import QWEN_IMAGE_TRANSFORMER
+from diffrl.models.sd3.realsize import SD35M_TRANSFORMER
 
 SD3_LORA = (
     "attn.add_k_proj",

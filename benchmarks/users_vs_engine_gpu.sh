@@ -19,14 +19,14 @@ T0=$SECONDS
 python3 -m diffrl.flows.cli random-model "$ARCH" "/tmp/$ARCH" --configs-only > "$OUT/random_model.log" 2>&1 || exit 1
 # the product: the recipe's YAML as shipped, at one prompt a step (its levers: compile, TF32, bf16 LoRA compute, cuDNN
 # attention, its micro-batch; Qwen-Image's ODE tail and sorted rows)
-timeout 330 python3 benchmarks/train_e2e.py --config $CONFIG --steps 4 --warmup 2 --timeout 320 --flow-only \
+timeout 330 python3 -m benchmarks.train_e2e --config $CONFIG --steps 4 --warmup 2 --timeout 320 --flow-only \
   --keep "/tmp/e2e_$ARCH" model.path=random:/tmp/$ARCH rollout.prompts_per_step=1 train.mini_batch_prompts=1 \
   rollout.chunk_size=$ROWS "reward.components=[{name: jpeg_compressibility}]" data.num_val_prompts=0 \
   --out "$OUT/train_e2e_${ARCH}_users_h200.json" > "$OUT/flow.log" 2>&1
 echo "flow done rc=$? at $((SECONDS - T0)) s"; tail -n 4 "$OUT/flow.log"
 # the engines' benchmark on the YAML's levers (SD3.5-M: the micro-batch rl_step's probe picks on an H200, 24; the YAML
 # keeps 12, which an 80 GB H100 holds), then the profiled steady-state step
-timeout $((590 - (SECONDS - T0))) python3 benchmarks/rl_step.py --recipe $RECIPE --quick --sdpa cudnn --compile \
+timeout $((590 - (SECONDS - T0))) python3 -m benchmarks.rl_step --recipe $RECIPE --quick --sdpa cudnn --compile \
   --micro-batch $MB --checkpointing 0 --warmup 2 --steps 2 --tf32 --lora-compute base --variants "" --profile --sync-points \
   --out "$OUT/${RECIPE}_users_h200.json" > "$OUT/rl_step.log" 2>&1
 echo "rl_step done rc=$? at $((SECONDS - T0)) s"; tail -n 30 "$OUT/rl_step.log"

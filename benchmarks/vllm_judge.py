@@ -1,9 +1,9 @@
 """The vLLM judge's throughput at real size: images scored per second by the `vlm_judge` reward,
 at the OCR recipe's step, against a Qwen3-VL-8B-Instruct-class judge that vLLM serves with dummy weights.
 
-    python benchmarks/vllm_judge.py --out benchmarks/results/vllm_judge_h200.json        # one GPU, see below
-    python benchmarks/vllm_judge.py --smoke --out /tmp/vllm_judge_cpu.json               # CPU: tiny LLaVA judge
-    python benchmarks/vllm_judge.py --smoke --judge qwen3-vl-tiny --out /tmp/j.json      # CPU: tiny Qwen3-VL, dummy
+    python -m benchmarks.vllm_judge --out benchmarks/results/vllm_judge_h200.json        # one GPU, see below
+    python -m benchmarks.vllm_judge --smoke --out /tmp/vllm_judge_cpu.json               # CPU: tiny LLaVA judge
+    python -m benchmarks.vllm_judge --smoke --judge qwen3-vl-tiny --out /tmp/j.json      # CPU: tiny Qwen3-VL, dummy
 
 The judge: diffrl/models/causal_lm/realsize_qwen3_vl.py writes Qwen/Qwen3-VL-8B-Instruct's config.json (8.77 B
 parameters), an offline tokenizer with Qwen3-VL's specials and chat template, and the published processor configs, no
@@ -42,16 +42,16 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-import numpy as np  # noqa: E402
+import numpy as np
 
-from diffrl.engines.reward.base import build_reward, iter_batches  # noqa: E402
-from diffrl.engines.reward.http_client import encode_image  # noqa: E402
-from diffrl.engines.reward.multi import score_in_batches  # noqa: E402
-from diffrl.engines.store.prompts import ocr_prompts  # noqa: E402
-from diffrl.engines.vllm_env import vllm_python  # noqa: E402
-from diffrl.engines.vllm_server import VllmServer, VllmServerOptions  # noqa: E402
+from diffrl.engines.reward.base import build_reward, iter_batches
+from diffrl.engines.reward.http_client import encode_image
+from diffrl.engines.reward.multi import score_in_batches
+from diffrl.engines.store.prompts import ocr_prompts
+from diffrl.engines.vllm_env import vllm_python
+from diffrl.engines.vllm_server import VllmServer, VllmServerOptions
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 JUDGES = ("qwen3-vl-8b", "qwen3-vl-tiny", "llava-tiny")
 
@@ -266,7 +266,7 @@ def main() -> None:
     print(f"starting the {name} judge ({load_format} weights): {' '.join(server.command())}", flush=True)
     result = {
         "benchmark": "vllm_judge",
-        "command": " ".join([sys.executable, *sys.argv]),
+        "command": " ".join(["python", "-m", "benchmarks.vllm_judge", *sys.argv[1:]]),
         "env": {k: os.environ.get(k) for k in ("DIFFRL_VLLM_PYTHON", "DIFFRL_VLLM_PYTHONPATH")},
         "args": vars(args),
         "measured_how": (

@@ -7,7 +7,7 @@ platform).
     mkdir -p /tmp/vsite && cat /tmp/pieces/vllm.tar.xz.* | tar -C /tmp/vsite -xJ
     mkdir -p /tmp/omni-site && cat /tmp/pieces/omni.tar.xz.* | tar -C /tmp/omni-site -xJ
     export DIFFRL_VLLM_OMNI_PYTHON=python3 DIFFRL_VLLM_OMNI_PYTHONPATH=/tmp/omni-site:/tmp/vsite  # omni first
-    python benchmarks/vllm_omni_rollout.py --out benchmarks/results/vllm_omni_rollout_h200.json
+    python -m benchmarks.vllm_omni_rollout --out benchmarks/results/vllm_omni_rollout_h200.json
 
 1. diffrl writes SD3.5-Medium at real size with random weights (`diffrl random-model sd35m`, 16 GB) unless
    --model names a folder (Qwen-Image's 58 GB nearly fill the GPU machine's 64 GB disk).

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-
-import fp8_linear  # noqa: E402
+from benchmarks import fp8_linear
 
 
 def test_fp8_linear_tiny_cpu_writes_result(tmp_path):
@@ -18,7 +14,7 @@ def test_fp8_linear_tiny_cpu_writes_result(tmp_path):
     argv = ["--device", "cpu", "--shapes", "64x32x48", "--repeats", "2", "--warmup", "1", "--no-compile"]
     result = fp8_linear.main([*argv, "--out", str(out)])
     recorded = json.loads(out.read_text())
-    assert recorded["device"] == "cpu" and recorded["command"].startswith("python benchmarks/fp8_linear.py")
+    assert recorded["device"] == "cpu" and recorded["command"].startswith("python -m benchmarks.fp8_linear")
     row = recorded["shapes"][0]
     assert (row["M"], row["K"], row["N"], row["scaled_mm"]) == (64, 32, 48, False)
     assert set(row["paths"]) == {"linear_eager", "fp8_emulated_eager"}

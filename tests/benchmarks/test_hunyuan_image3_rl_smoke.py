@@ -4,14 +4,10 @@ core on a configs-only tiny folder built with random weights (`random:<folder>`)
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-
-import hunyuan_image3_rl  # noqa: E402
+from benchmarks import hunyuan_image3_rl
 
 
 def test_smoke_run_records_images_per_second_from_its_steps(tmp_path, monkeypatch):

@@ -4,15 +4,10 @@ are what it can check)."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-
-import kernel_profile as kp  # noqa: E402
+from benchmarks import kernel_profile as kp
 
 
 @pytest.mark.parametrize(

@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-
-import leaderboard  # noqa: E402
-import leaderboard_report  # noqa: E402
+from benchmarks import leaderboard, leaderboard_report
 
 REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 

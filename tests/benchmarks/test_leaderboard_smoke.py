@@ -6,17 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 
 import pytest
 from PIL import Image
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-
-import leaderboard  # noqa: E402
-import leaderboard_report  # noqa: E402
-
+from benchmarks import leaderboard, leaderboard_report
 from diffrl.shapes.scenes import TAGS  # noqa: E402
 
 

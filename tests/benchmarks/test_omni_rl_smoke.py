@@ -5,15 +5,11 @@ the CPU, and the figures it records."""
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-
-import omni_rl  # noqa: E402
+from benchmarks import omni_rl
 
 
 def test_smoke_run_records_token_rates_from_its_steps(tmp_path, monkeypatch):

@@ -4,14 +4,10 @@ the JSON it records is consistent."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-
-import reward_geneval_lite  # noqa: E402
+from benchmarks import reward_geneval_lite
 
 
 def test_reward_benchmark_records_both_paths(tmp_path):

@@ -4,16 +4,11 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 
+from benchmarks import rl_step
 from diffrl.configs.schema import load_experiment
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-
-import rl_step  # noqa: E402
 
 
 @pytest.mark.slow  # ~20 s of CPU time per recipe (longer wall time on a loaded machine)

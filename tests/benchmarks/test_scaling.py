@@ -4,15 +4,11 @@ tests/cluster/test_replicas.py)."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
 pytest.importorskip("ray")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
-import scaling  # noqa: E402
+from benchmarks import scaling
 
 
 def _run(seconds: float, steps: int = 4) -> dict:

@@ -10,10 +10,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-
-import shapes_rl  # noqa: E402
-
+from benchmarks import shapes_rl
 from diffrl.shapes.scenes import TAGS  # noqa: E402
 
 
@@ -153,9 +150,10 @@ def test_a_run_killed_after_a_validation_keeps_its_record(tmp_path):
         "data.num_val_prompts=6",
         "data.val_samples_per_prompt=1",
     ]
-    script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "shapes_rl.py")
+    repo = os.path.join(os.path.dirname(__file__), "..", "..")
     run = subprocess.Popen(
-        [sys.executable, script, "--config", "shapes_quick", *tiny, "--out-dir", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks.shapes_rl", "--config", "shapes_quick", *tiny, "--out-dir", str(tmp_path)],
+        cwd=repo,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

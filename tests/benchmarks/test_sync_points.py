@@ -4,16 +4,12 @@ message, on the main thread and on a worker thread, as the run-ahead worker runs
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import warnings
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-
-import sync_points as sp  # noqa: E402
+from benchmarks import sync_points as sp
 
 VENV = "/x/.venv/lib/python3.11/site-packages"
 BACKWARD = (

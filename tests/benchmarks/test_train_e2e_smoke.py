@@ -6,14 +6,10 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-
-import run_bytes  # noqa: E402
-import train_e2e  # noqa: E402
+from benchmarks import run_bytes, train_e2e
 
 TINY = [  # the whole-flow tests' sizes (tests/e2e/e2e_settings.py), FlowGRPO
     "model.path=tiny:sd3",

@@ -4,16 +4,13 @@ and the settings that cannot be shared over replicas are refused when the config
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 from conftest import TINY
 from safetensors.torch import load_file
 
+from benchmarks import scaling  # what it reads of a replicated run
+
 ray = pytest.importorskip("ray")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-import scaling  # noqa: E402  (benchmarks/scaling.py: what it reads of a replicated run)
 
 RAY = ["cluster.mode=ray", "cluster.actor_timeout_s=120", "model.device=auto"]
 # Keys that must agree: sampling and rewards (same seeds, same weights), advantages over the whole step, the update.
