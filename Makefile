@@ -5,7 +5,10 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
+# --no-compile: pip would byte-compile every installed module (torch, mlflow, prefect...) up front, most of the
+# install's time on a 2-core machine; Python compiles the modules a command imports on first use instead
 PIP     = $(PY) -m pip
+PIP_INSTALL = $(PIP) install -q --no-compile
 TORCH  ?= torch==2.13.0
 # pytest-xdist workers for `make test` (the CI machine has 2 cores; each worker holds tiny models and servers: keep it
 # small); 1 runs the suite in one process. Ray and vLLM tests stay on one worker each (tests/conftest.py).
@@ -20,13 +23,13 @@ $(VENV)/bin/activate:
 $(VENV)/.installed: $(VENV)/bin/activate pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first: a CPU build when one is on the machine; the range in pyproject keeps it
-	$(PIP) install -q "$(TORCH)" || $(PIP) install -q "torch>=2.5,<2.14"
-	$(PIP) install -q -e .
+	$(PIP_INSTALL) "$(TORCH)" || $(PIP_INSTALL) "torch>=2.5,<2.14"
+	$(PIP_INSTALL) -e .
 	touch $@
 
 # the test tools on top of the lean install (pyproject's [test] extra, which includes Ray)
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) install -q -e ".[test]"
+	$(PIP_INSTALL) -e ".[test]"
 	touch $@
 
 install: $(VENV)/.installed
