@@ -15,6 +15,8 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+from diffrl.engines.store import fs
+
 
 class CommitLock(Protocol):
     """A lock shared by every process writing the run's tables, one per key (a table's URI)."""
@@ -38,6 +40,5 @@ def use_lock(root: str, lock: CommitLock | None) -> None:
 
 def lock_for(uri: str) -> CommitLock | None:
     """The lock `use_lock` gave the longest root holding `uri`, or None."""
-    uri = str(uri)
-    roots = [root for root in _LOCKS if uri == root or uri.startswith(root + "/")]
-    return _LOCKS[max(roots, key=len)] if roots else None
+    root = fs.longest_root(_LOCKS, uri)
+    return _LOCKS[root] if root is not None else None

@@ -18,7 +18,7 @@ import json
 import os
 import posixpath
 import shutil
-from typing import IO, Any
+from typing import IO, Any, Iterable
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -75,11 +75,21 @@ def use_options(root: str, storage_options: dict | None) -> None:
         _OPTIONS[str(root).rstrip("/")] = dict(storage_options)
 
 
+def longest_root(roots: Iterable[str], uri: str) -> str | None:
+    """The longest of `roots` that is `uri` or a folder holding it (None for none).
+
+    >>> longest_root(["s3://b/runs", "s3://b/runs/a"], "s3://b/runs/a/t.lance"), longest_root(["s3://b/r"], "s3://b/rx")
+    ('s3://b/runs/a', None)
+    """
+    uri = str(uri)
+    holding = [root for root in roots if uri == root or uri.startswith(root + "/")]
+    return max(holding, key=len) if holding else None
+
+
 def options_for(uri: str) -> dict:
     """The storage_options `use_options` gave the longest root holding `uri` ({} for none)."""
-    uri = str(uri)
-    roots = [root for root in _OPTIONS if uri == root or uri.startswith(root + "/")]
-    return dict(_OPTIONS[max(roots, key=len)]) if roots else {}
+    root = longest_root(_OPTIONS, uri)
+    return dict(_OPTIONS[root]) if root is not None else {}
 
 
 def s3fs_options(storage_options: dict) -> dict:

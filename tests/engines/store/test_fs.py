@@ -72,6 +72,14 @@ def test_a_root_s_options_serve_every_uri_under_it():
     assert fs.options_for("/local/runs/x") == {}
 
 
+def test_the_longest_root_holding_a_uri_wins_and_a_prefix_is_no_folder():
+    roots = ["s3://b/runs", "s3://b/runs/a", "s3://b/r"]
+    assert fs.longest_root(roots, "s3://b/runs/a/t.lance") == "s3://b/runs/a"
+    assert fs.longest_root(roots, "s3://b/runs/ab") == "s3://b/runs"
+    assert fs.longest_root(roots, "s3://b/runs") == "s3://b/runs"
+    assert fs.longest_root(roots, "s3://b/rx/t.lance") is None
+
+
 def test_a_checkpoint_is_on_the_disk_before_latest_json_names_it(tmp_path, monkeypatch):
     """A power cut must leave the previous checkpoint or the new one whole: every file of the staged folder, the
     folder holding the renamed step_<k> and latest.json itself are flushed (fsync) before the pointer is replaced.
