@@ -268,7 +268,8 @@ def _train(
                 )
         if start == 0 and "val/reward" not in tracker.before_training:
             val = validate(engines, tracker, 0)
-            _say(f"before training: {_fmt(val)}")
+            if val:  # data.num_val_prompts: 0 validates nothing
+                _say(f"before training: {_fmt(val)}")
             tracker.log_values(val, 0)
         startup.mark("validation")
         _say(startup.line())

@@ -10,6 +10,8 @@ a CPU machine cannot run out of GPU memory.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shutil
@@ -31,14 +33,24 @@ LOG = f"{RUN_DIR}/diffrl.log"
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory, diffrl_cache):
-    """A finished 1-step run, trained once for the module; the cases that need one damage a copy of it."""
+    """A finished 1-step run, trained once for the module; the cases that need one damage a copy of it. What it
+    printed is in its console.txt."""
     folder = tmp_path_factory.mktemp("finished")
-    with pytest.MonkeyPatch.context() as patch:
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(printed):
         patch.chdir(folder)
         patch.delenv("MLFLOW_TRACKING_URI", raising=False)
         patch.delenv("DIFFRL_INJECT_FAULT", raising=False)
         train(config=None, overrides=RUN)
+    (folder / "console.txt").write_text(printed.getvalue())
     return folder
+
+
+def test_a_run_without_validation_prompts_prints_no_validation_line(finished_run):
+    """data.num_val_prompts: 0 validates nothing, so there is no "before training" figure to show."""
+    lines = (finished_run / "console.txt").read_text().splitlines()
+    assert any(line.startswith("[diffrl] step 1/1: ") for line in lines), lines
+    assert not [line for line in lines if "before training" in line or "before -> after" in line], lines
 
 
 def _write(path: str, text: str) -> None:
