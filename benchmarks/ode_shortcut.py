@@ -35,10 +35,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (also puts the repository root on sys.path)
 
 from diffrl.algorithms.ode import grid_indices, integrate  # noqa: E402
+from diffrl.configs.rollout import OdeShortcut  # noqa: E402
 from diffrl.configs.schema import load_experiment  # noqa: E402
 from diffrl.engines.reward.multi import MultiReward  # noqa: E402
 from diffrl.engines.rollout import RolloutEngine  # noqa: E402
-from diffrl.engines.rollout.config import OdeShortcut  # noqa: E402
 from diffrl.engines.step.plan import validation_batch  # noqa: E402
 from diffrl.flows.build import load_prompts, resolve_model_path  # noqa: E402
 from diffrl.models.base import SampleShape, load_adapter  # noqa: E402

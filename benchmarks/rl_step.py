@@ -41,15 +41,16 @@ import kernel_profile  # noqa: E402
 import sync_points  # noqa: E402
 
 from diffrl.algorithms.catalog import Algorithm, get_algorithm  # noqa: E402
+from diffrl.configs.reward import RewardComponent, RewardConfig
+from diffrl.configs.rollout import OdeShortcut, RolloutWeights  # noqa: E402
 from diffrl.configs.schema import DataConfig, ExperimentConfig, RolloutConfig, RunConfig  # noqa: E402
+from diffrl.configs.train import TrainConfig  # noqa: E402
 from diffrl.engines import cluster  # noqa: E402
-from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig  # noqa: E402
+from diffrl.engines.reward.multi import MultiReward  # noqa: E402
 from diffrl.engines.rollout import RolloutEngine  # noqa: E402
-from diffrl.engines.rollout.config import OdeShortcut, RolloutWeights  # noqa: E402
 from diffrl.engines.step.memory import StepMemory  # noqa: E402
 from diffrl.engines.step.run import DirectStages, StepClock, run_step  # noqa: E402
 from diffrl.engines.store.prompts import PromptDataset, PromptRecord, PromptSampler  # noqa: E402
-from diffrl.engines.train.config import TrainConfig  # noqa: E402
 from diffrl.engines.train.setup import apply_lora_compute  # noqa: E402
 from diffrl.engines.train.trainer import PolicyTrainer  # noqa: E402
 from diffrl.models.base import SampleShape, pad_and_cat, set_tf32  # noqa: E402

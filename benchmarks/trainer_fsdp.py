@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
-from diffrl.engines.train.config import TrainConfig  # noqa: E402
+from diffrl.configs.train import TrainConfig  # noqa: E402
 from diffrl.engines.train.setup import build_optimizer, prepare_denoiser, shard, world  # noqa: E402
 from diffrl.models.qwen_image.realsize import QWEN_IMAGE_TRANSFORMER  # noqa: E402
 from diffrl.models.sd3.realsize import SD35M_TRANSFORMER  # noqa: E402

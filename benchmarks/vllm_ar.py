@@ -40,12 +40,12 @@ import torch  # noqa: E402
 
 from diffrl.algorithms.advantages import group_advantages  # noqa: E402
 from diffrl.algorithms.catalog import get_algorithm  # noqa: E402
+from diffrl.configs.train import TrainConfig  # noqa: E402
+from diffrl.configs.vllm import VllmRolloutOptions  # noqa: E402
 from diffrl.engines.rollout.tokens import TokenSampling  # noqa: E402
 from diffrl.engines.rollout.vllm_tokens import VllmTokenEngine  # noqa: E402
-from diffrl.engines.train.config import TrainConfig  # noqa: E402
 from diffrl.engines.train.tokens import TokenTrainer  # noqa: E402
 from diffrl.engines.vllm_env import vllm_python  # noqa: E402
-from diffrl.engines.vllm_server import VllmRolloutOptions  # noqa: E402
 from diffrl.models.causal_lm.policy import CausalLMPolicy  # noqa: E402
 from diffrl.models.causal_lm.realsize import write_config_folder  # noqa: E402
 

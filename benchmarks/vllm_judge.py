@@ -46,12 +46,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import numpy as np  # noqa: E402
 
+from diffrl.configs.vllm import VllmServerOptions  # noqa: E402
 from diffrl.engines.reward.base import build_reward, iter_batches  # noqa: E402
 from diffrl.engines.reward.http_client import encode_image  # noqa: E402
 from diffrl.engines.reward.multi import score_in_batches  # noqa: E402
 from diffrl.engines.store.prompts import ocr_prompts  # noqa: E402
 from diffrl.engines.vllm_env import vllm_python  # noqa: E402
-from diffrl.engines.vllm_server import VllmServer, VllmServerOptions  # noqa: E402
+from diffrl.engines.vllm_server import VllmServer  # noqa: E402
 
 JUDGES = ("qwen3-vl-8b", "qwen3-vl-tiny", "llava-tiny")
 

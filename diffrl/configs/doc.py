@@ -113,7 +113,7 @@ def _algorithm_docs(bundles: dict[str, Any], default_name: str) -> list[KeyDoc]:
 
 
 def _reward_docs(reward: Any) -> list[KeyDoc]:
-    from diffrl.engines.reward.multi import RewardComponent
+    from diffrl.configs.reward import RewardComponent
 
     docs = [
         KeyDoc(

@@ -9,8 +9,8 @@ import os
 import time
 from typing import Any
 
+from diffrl.configs.rollout import OdeShortcut, RolloutWeights
 from diffrl.engines.numbering import step_number
-from diffrl.engines.rollout.config import OdeShortcut, RolloutWeights
 from diffrl.engines.train.setup import world
 
 STALL_S = 5.0  # how long a `stall` fault point hangs before it kills the process
