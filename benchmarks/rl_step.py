@@ -45,7 +45,7 @@ from diffrl.configs.reward import RewardComponent, RewardConfig
 from diffrl.configs.rollout import OdeShortcut, RolloutWeights  # noqa: E402
 from diffrl.configs.schema import DataConfig, ExperimentConfig, RolloutConfig, RunConfig  # noqa: E402
 from diffrl.configs.train import TrainConfig  # noqa: E402
-from diffrl.engines import cluster  # noqa: E402
+from diffrl.engines.handle import Engines  # noqa: E402
 from diffrl.engines.reward.multi import MultiReward  # noqa: E402
 from diffrl.engines.rollout import RolloutEngine  # noqa: E402
 from diffrl.engines.step.memory import StepMemory  # noqa: E402
@@ -235,7 +235,7 @@ class Bench:
             self.adapter, recipe.algorithm, train, self.config.sampling, group_size=recipe.group_size
         )
         records = PromptDataset([PromptRecord(uid=p, prompt=p) for p in self.prompts])
-        self.engines = cluster.Engines(
+        self.engines = Engines(
             config=self.config,
             adapter=self.adapter,
             rollout=self.engine,
