@@ -20,7 +20,8 @@ import platform
 import numpy as np
 
 from benchmarks.common import time_median, write_json
-from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig
+from diffrl.configs.reward import RewardComponent, RewardConfig
+from diffrl.engines.reward.multi import MultiReward
 from diffrl.shapes.geneval_lite import GenevalLiteOptions, detect, parse_target, score_detections
 from diffrl.shapes.scenes import scene_pairs, target_json
 

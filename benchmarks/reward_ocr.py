@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig
+from diffrl.configs.reward import RewardComponent, RewardConfig
+from diffrl.engines.reward.multi import MultiReward
 
 WORDS = ["Hidden Trail", "Open Late", "Fresh Bread", "North Gate", "Quiet Zone", "Exit Only", "Sea View", "Blue Moon"]
 

@@ -41,11 +41,11 @@ import torch
 
 from benchmarks import common, kernel_profile, sync_points
 from diffrl.algorithms.catalog import Algorithm, get_algorithm
+from diffrl.configs.reward import RewardComponent, RewardConfig
+from diffrl.configs.rollout import OdeShortcut, RolloutWeights
 from diffrl.configs.schema import DataConfig, ExperimentConfig, ModelConfig, RolloutConfig, RunConfig
-from diffrl.engines.reward.multi import RewardComponent, RewardConfig
-from diffrl.engines.rollout.config import OdeShortcut, RolloutWeights
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.step.run import DirectStages, StepClock, run_step
-from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.setup import apply_lora_compute
 from diffrl.flows.build import build_engines
 from diffrl.models.base import SampleShape, pad_and_cat, set_tf32

@@ -53,7 +53,7 @@ def lora_params(arch: str, rank: int) -> int:
     import torch
     from diffusers import QwenImageTransformer2DModel, SD3Transformer2DModel
 
-    from diffrl.engines.train.config import TrainConfig
+    from diffrl.configs.train import TrainConfig
     from diffrl.engines.train.setup import lora_config
     from diffrl.flows.build import resolve_model_path
     from diffrl.models.base import adapter_class, load_adapter

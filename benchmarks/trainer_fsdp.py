@@ -25,7 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from diffrl.engines.train.config import TrainConfig
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.train.setup import build_optimizer, prepare_denoiser, shard, world
 from diffrl.models.qwen_image.realsize import QWEN_IMAGE_TRANSFORMER
 from diffrl.models.sd3.realsize import SD35M_TRANSFORMER

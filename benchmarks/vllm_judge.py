@@ -44,12 +44,13 @@ import time
 
 import numpy as np
 
+from diffrl.configs.vllm import VllmServerOptions
 from diffrl.engines.reward.base import build_reward, iter_batches
 from diffrl.engines.reward.http_client import encode_image
 from diffrl.engines.reward.multi import score_in_batches
 from diffrl.engines.store.prompts import ocr_prompts
 from diffrl.engines.vllm_env import vllm_python
-from diffrl.engines.vllm_server import VllmServer, VllmServerOptions
+from diffrl.engines.vllm_server import VllmServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -17,9 +17,9 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 @pytest.fixture(autouse=True)
 def _own_environment():
     """Each test gets the environment as it was before it and leaves it so: an in-process `diffrl` command sets
-    variables for the libraries it quiets (DIFFRL_VERBOSE, PREFECT_LOGGING_LOGGERS_*, HF_HUB_DISABLE_PROGRESS_BARS) and
-    its start time, which would reach the later tests of this worker and every process they start (a Prefect worker
-    whose flow run then logged no traceback, a startup measured from another test's command)."""
+    variables for the libraries it quiets (DIFFRL_VERBOSE, PREFECT_LOGGING_LOGGERS_*, HF_HUB_DISABLE_PROGRESS_BARS),
+    which would reach the later tests of this worker and every process they start (a Prefect worker whose flow run then
+    logged no traceback)."""
     saved = dict(os.environ)
     yield
     os.environ.clear()

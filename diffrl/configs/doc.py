@@ -113,7 +113,7 @@ def _algorithm_docs(bundles: dict[str, Any], default_name: str) -> list[KeyDoc]:
 
 
 def _reward_docs(reward: Any) -> list[KeyDoc]:
-    from diffrl.engines.reward.multi import RewardComponent
+    from diffrl.configs.reward import RewardComponent
 
     docs = [
         KeyDoc(
@@ -242,8 +242,8 @@ def render_markdown(docs: list[KeyDoc]) -> str:
         "# Configuration reference",
         "",
         "Every key of an experiment config: its type, its default, the values the schema accepts where it checks",
-        "them, and what it does. Generated from the schema (diffrl/configs/schema.py and the engines' config",
-        "dataclasses) by `diffrl config show --doc`; `diffrl config show CONFIG` prints a config's resolved values. A",
+        "them, and what it does. Generated from the schema (diffrl/configs/schema.py and the component configs",
+        "beside it) by `diffrl config show --doc`; `diffrl config show CONFIG` prints a config's resolved values. A",
         "key is set in the YAML file's section or as a dotted override (`diffrl train CONFIG train.lr=1e-4`). The",
         "algorithm section's defaults are those of the default bundle; each bundle sets its own (docs/algorithms.md).",
         "A key marked *fixed on resume* cannot change while a run that has stored data resumes; every other key can",

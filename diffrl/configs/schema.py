@@ -16,10 +16,10 @@ import torch
 
 from diffrl.algorithms.catalog import Algorithm, get_algorithm
 from diffrl.configs.loader import ConfigError, apply_overrides, build, coerce, parse_override, to_dict, yaml_problem
-from diffrl.engines.reward.multi import RewardComponent, RewardConfig
-from diffrl.engines.rollout.config import OdeShortcut, RolloutWeights, SamplingConfig, TokenSampling
-from diffrl.engines.train.config import TrainConfig
-from diffrl.engines.vllm_server import VllmRolloutOptions, check_rollout_options
+from diffrl.configs.reward import RewardComponent, RewardConfig
+from diffrl.configs.rollout import OdeShortcut, RolloutWeights, SamplingConfig, TokenSampling
+from diffrl.configs.train import TrainConfig
+from diffrl.configs.vllm import VllmRolloutOptions, check_rollout_options
 from diffrl.models.base import ATTENTION_BACKENDS
 from diffrl.models.kind import RANDOM, data_kind, model_kind
 

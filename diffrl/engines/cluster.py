@@ -1,14 +1,15 @@
 """Where the engines of a run live.
 
-Embedded default (`cluster.mode: local`): in-process objects in this registry, found by run name, so
-a Prefect task only carries (run, step, chunk) and runs its stage function on the warm engines here.
+Embedded default (`cluster.mode: local`): the run's `Engines` (diffrl/engines/handle.py), in-process objects in this
+registry, found by run name, so a Prefect task only carries (run, step, chunk) and runs its stage function on the warm
+engines here.
 
 Ray mode (`cluster.mode: ray`): the engines are named, detached Ray actors in the "diffrl"
 namespace, created once per run name and found again by later flow runs (warm models across steps
 and across runs). Each actor is one engine replica holding what the local run holds (model, rollout,
 trainer, reward pool, store and the step's memory with its background writer and run-ahead worker) and
 runs stage functions on them; callers wait at most `cluster.actor_timeout_s`, so a dead or stuck actor
-fails the caller with the actor's error instead of hanging. Both kinds of handle expose the same
+fails the caller with the actor's error instead of hanging. Both kinds of handle are an `EngineHandle`: the same
 `run(role, fn, *args)` and `run_one(role, index, fn, *args)`. The actor body is diffrl/engines/host.py.
 
     <run>/engine, <run>/engine-1 ... <run>/engine-{N-1} with cluster.gpus: N (one GPU each; the trainers are
@@ -21,28 +22,21 @@ the first (validation, logged examples) unless `run_one` picks one.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import threading
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-if TYPE_CHECKING:  # annotations only: this module stays importable without the model stack
+from diffrl.engines.actors import NAMESPACE, actor_name, actor_names
+from diffrl.engines.handle import EngineHandle, comparable, config_changes
+
+if TYPE_CHECKING:
     from diffrl.configs.schema import ExperimentConfig
-    from diffrl.engines.reward.multi import MultiReward
-    from diffrl.engines.rollout.engine import RolloutEngine
-    from diffrl.engines.step.memory import StepMemory
-    from diffrl.engines.store.preference import PreferenceCache
-    from diffrl.engines.store.prompts import PromptRecord, PromptSampler
     from diffrl.engines.store.trajectories import TrajectoryStore
-    from diffrl.engines.train.trainer import PolicyTrainer
-    from diffrl.models.base import ModelAdapter
 
 _LOCK = threading.Lock()
-_ENGINES: dict[str, Any] = {}
+_ENGINES: dict[str, EngineHandle] = {}
 
-NAMESPACE = "diffrl"
 ROLES = ("rollout", "trainer", "reward")
 # Environment the Ray side needs from the driver (tasks report to the same Prefect server).
 FORWARDED_ENV = (
@@ -62,53 +56,19 @@ class ReplicaLost(RuntimeError):
     replicas' process group is broken, so the run stops; the message names the replica, its node and the stage."""
 
 
-@dataclass
-class Engines:
-    """The warm state of one run (or of one actor's role): each stage function reads the fields it uses.
-
-    A field is None where the run has no such part (engines built without a store for the benchmarks have no
-    store). `run_uid` keys the run's Prefect task caches (set by the train flow); `model_path` is the resolved model
-    folder; `preferences` is offline DPO's pair cache.
-    """
-
-    config: ExperimentConfig
-    adapter: ModelAdapter | None
-    rollout: RolloutEngine | None
-    trainer: PolicyTrainer | None
-    reward: MultiReward | None
-    store: TrajectoryStore | None
-    prompts: PromptSampler | None
-    val_prompts: list[PromptRecord] = field(default_factory=list)
-    memory: StepMemory | None = None  # the step in flight and the background writer (one process only)
-    model_path: str = ""
-    run_uid: str = ""
-    preferences: PreferenceCache | None = None
-
-    def run(self, role: str, fn: Callable, *args: Any) -> Any:
-        """Run `fn(engines, *args)` here (every role lives in this process)."""
-        return fn(self, *args)
-
-    def run_one(self, role: str, index: int, fn: Callable, *args: Any) -> Any:
-        """Run `fn(engines, *args)` here: this process is the only replica of every role."""
-        return fn(self, *args)
-
-    def set_run_uid(self, uid: str) -> None:
-        """Key this run's task caches by `uid` (the tasks run in this process)."""
-        self.run_uid = uid
-
-    @property
-    def policy_version(self) -> int:
-        """The policy version the rollout samples with (the trainer's)."""
-        return self.trainer.policy_version if self.trainer is not None else 0
-
-
-def put(run_name: str, engines: Any) -> None:
+def put(run_name: str, engines: EngineHandle) -> None:
     """Register the engines (or the Ray handle) of a run in this process (replacing any previous ones)."""
     with _LOCK:
         _ENGINES[run_name] = engines
 
 
-def get(run_name: str) -> Any:
+def registered(run_name: str) -> EngineHandle | None:
+    """The engines registered under `run_name` in this process, or None."""
+    with _LOCK:
+        return _ENGINES.get(run_name)
+
+
+def get(run_name: str) -> EngineHandle:
     """The engines of a run: registered in this process, else (inside a Ray worker) its named actors."""
     with _LOCK:
         if run_name in _ENGINES:
@@ -137,26 +97,7 @@ def _in_ray_worker() -> bool:
 # ---- ray mode ------------------------------------------------------------------------------------
 
 
-def actor_name(run_name: str, actor: str) -> str:
-    return f"{run_name}/{actor}"
-
-
-def actor_names(config: Any) -> list[str]:
-    """The engine replicas of a run, rank order: "engine", then "engine-1" ... with cluster.gpus > 1."""
-    return ["engine"] + [f"engine-{rank}" for rank in range(1, config.cluster.data_parallel)]
-
-
-def actor_threads(config: Any, node_cpus: float) -> int:
-    """CPU threads torch uses in one of the run's actors: cluster.actor_threads, or with "auto" the CPUs Ray counts
-    on the actor's node shared by the run's actors (at least 1). Without it an actor keeps the one thread Ray gives
-    every worker (OMP_NUM_THREADS=1) while local mode uses every core."""
-    wanted = config.cluster.actor_threads
-    if wanted != "auto":
-        return int(wanted)
-    return max(1, int(node_cpus) // len(actor_names(config)))
-
-
-def gpus_seen(config: Any) -> int:
+def gpus_seen(config: ExperimentConfig) -> int:
     """`cluster.gpus: auto`: the GPUs of the connected Ray cluster."""
     import ray
 
@@ -198,7 +139,7 @@ def connect(address: str | None) -> None:
     warn_if_exposed()  # a cluster open to the network without a token: say so (diffrl/engines/ray_exposure.py)
 
 
-def _resources(config: Any, actors: list[str]) -> dict[str, float]:
+def _resources(config: ExperimentConfig, actors: list[str]) -> dict[str, float]:
     """GPUs each replica asks for: 1 when the cluster has GPUs and the model is not on CPU."""
     import ray
 
@@ -240,10 +181,10 @@ class RayEngines:
     def __init__(
         self,
         run_name: str,
-        config: Any,
+        config: ExperimentConfig,
         actors: dict[str, Any],
         run_uid: str = "",
-        store: Any = None,
+        store: TrajectoryStore | None = None,
         val_prompts: list | None = None,
     ):
         self.run_name, self.config, self.actors, self.run_uid = run_name, config, actors, run_uid
@@ -366,25 +307,7 @@ def _name(fn: Callable) -> str:
     return getattr(fn, "__name__", repr(fn))
 
 
-def comparable(config: Any) -> Any:
-    """The config minus what may change between flow runs of one run name (length, logging, timeouts)."""
-    run = dataclasses.replace(
-        config.run, steps=1, validate_every=0, log_images=0, checkpoint_every=1, keep_latents_steps=0
-    )
-    cluster = dataclasses.replace(config.cluster, actor_timeout_s=1.0, actor_threads="auto")
-    return dataclasses.replace(config, run=run, cluster=cluster)
-
-
-def config_changes(old: Any, new: Any) -> str:
-    """What differs between two configs of warm actors, by section ("cluster.gpus 2 -> 1", "model, train")."""
-    a, b = comparable(old), comparable(new)
-    changed = [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]
-    if old.cluster.gpus != new.cluster.gpus:
-        changed = [f"cluster.gpus {old.cluster.gpus} -> {new.cluster.gpus}"] + [c for c in changed if c != "cluster"]
-    return ", ".join(changed) or "nothing"
-
-
-def _check_warm(config: Any) -> None:
+def _check_warm(config: ExperimentConfig) -> None:
     """ValueError (one line, before any actor starts) when the run already has warm replicas built from another
     config: another number of GPUs, model or training setup."""
     import ray
@@ -415,7 +338,7 @@ def _run_actor_names(run_name: str | None = None) -> list[str]:
     ]
 
 
-def start_actors(config: Any, build: Callable, run_uid: str = "") -> RayEngines:
+def start_actors(config: ExperimentConfig, build: Callable, run_uid: str = "") -> RayEngines:
     """Create-or-get the run's named detached engine replicas on the connected cluster (model built once per actor)."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

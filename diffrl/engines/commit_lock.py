@@ -79,7 +79,7 @@ def serialise_commits(config: Any) -> None:
         return
     import ray
 
-    from diffrl.engines.cluster import NAMESPACE, actor_name
+    from diffrl.engines.actors import NAMESPACE, actor_name
 
     name = actor_name(config.run.name, "commits")
     service = (

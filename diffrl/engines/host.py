@@ -9,8 +9,9 @@ import os
 import time
 from typing import Any, Callable
 
-from diffrl.engines.cluster import Engines, actor_threads, comparable, config_changes
+from diffrl.engines.actors import actor_threads
 from diffrl.engines.commit_lock import serialise_commits
+from diffrl.engines.handle import Engines, comparable, config_changes
 
 _BUILDS = 0  # engine builds in this process (an actor process: 1 while it stays warm)
 

@@ -9,8 +9,8 @@ SIGTERM, which runs no atexit hook either) could not stop it, and a vLLM server 
 for a tiny Qwen3 on the CPU, most of a GPU on a GPU): this launcher watches its parent, and when the parent is gone
 (the launcher is re-parented) it stops the whole group: SIGTERM, then SIGKILL once the others have exited or after
 STOP_S, whichever comes first. A watching process, not PR_SET_PDEATHSIG: that signal fires when the *thread* that
-started the child ends, and diffrl may start the server from a short-lived thread (diffrl/flows/early.py builds the
-engines while Prefect's server boots).
+started the child ends, and diffrl may start the server from a short-lived thread (`diffrl train` builds the engines
+while Prefect's server boots: diffrl/flows/commands/train.py).
 
 The launcher exits with the server's exit code, which VllmServer reports when the server dies.
 """

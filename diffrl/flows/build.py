@@ -8,6 +8,7 @@ import sys
 
 from diffrl.configs.schema import DataConfig, ExperimentConfig
 from diffrl.engines import cluster
+from diffrl.engines.handle import Engines
 from diffrl.engines.reward.multi import MultiReward
 from diffrl.engines.rollout.engine import RolloutEngine
 from diffrl.engines.step.memory import StepMemory
@@ -102,9 +103,7 @@ def prompt_file(source: str) -> str:
     return source
 
 
-def build_engines(
-    cfg: ExperimentConfig, actor: str = "local", *, durable: bool = True
-) -> cluster.Engines | cluster.RayEngines:
+def build_engines(cfg: ExperimentConfig, actor: str = "local", *, durable: bool = True) -> Engines | cluster.RayEngines:
     """Load the model once and build the engines of the run; registered under the run name.
 
     `cluster.mode: ray` (called with actor="local" by the flow): the engines are built inside the run's
@@ -189,7 +188,7 @@ def build_engines(
     memory = StepMemory(asynchronous=True)
     if tokens and hasattr(rollout, "close"):  # a vLLM rollout's server ends with the run (the flow closes the memory)
         memory.close_with(rollout.close)
-    engines = cluster.Engines(
+    engines = Engines(
         config=cfg,
         adapter=adapter,
         rollout=rollout,

@@ -73,13 +73,13 @@ def version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # when the command started (a caller may set it earlier): `diffrl train` reports its startup from here
-    os.environ.setdefault("DIFFRL_COMMAND_AT", str(time.time()))
+    started_at = time.time()  # `diffrl train` reports its startup from here
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # the temporary Prefect server would try to send telemetry: this machine may have no network
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     parser, handlers = _parser()
     args = parser.parse_args(argv)
+    args.started_at = started_at
     quiet_libraries(verbose=args.verbose)
     if not logging.getLogger().handlers:
         from diffrl.flows.console import one_traceback

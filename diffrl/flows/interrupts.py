@@ -27,6 +27,7 @@ import threading
 import uuid
 from typing import Any, Iterator
 
+from diffrl.engines.handle import EngineHandle
 from diffrl.flows.errors import Interrupted
 
 log = logging.getLogger("diffrl")
@@ -112,7 +113,7 @@ def mark_cancelled() -> None:
         log.warning("could not mark flow run %s Cancelled: %s", flow_run_id, e)
 
 
-def stop_engines(engines: Any) -> None:
+def stop_engines(engines: EngineHandle) -> None:
     """Stop the run's engines after an interrupt without waiting for the step in flight (module docstring, 2)."""
     cfg = engines.config
     if cfg.cluster.mode == "ray":

@@ -26,6 +26,7 @@ from mlflow.entities import DatasetInput, InputTag, LoggedModelOutput, LoggedMod
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
+from diffrl.engines.handle import EngineHandle
 from diffrl.engines.numbering import step_number
 from diffrl.engines.redact import redact_text
 from diffrl.engines.step.update import checkpoint_dir
@@ -128,7 +129,7 @@ def base_model(cfg: Any) -> str:
     return os.path.abspath(path) if os.path.isdir(path) else path
 
 
-def prompt_inputs(engines: Any) -> list[DatasetInput]:
+def prompt_inputs(engines: EngineHandle) -> list[DatasetInput]:
     """The run's prompt sets as MLflow dataset inputs: the training prompts (online runs) and the validation
     prompts the run scores."""
     cfg = engines.config
@@ -145,7 +146,7 @@ def prompt_inputs(engines: Any) -> list[DatasetInput]:
     return inputs
 
 
-def log_final_weights(engines: Any, tracker: Any, step: int) -> None:
+def log_final_weights(engines: EngineHandle, tracker: Any, step: int) -> None:
     """The final weights into MLflow: a diffusion LoRA run's LoRA as the run's logged model "lora" (registrable, base
     model recorded); a full fine-tuning run's checkpoint folder (DCP shards), or an autoregressive LoRA run's (its
     PEFT adapter under lora/), as the artifact final_checkpoint."""

@@ -20,6 +20,7 @@ import yaml
 
 from diffrl.configs.changes import Change, config_changes
 from diffrl.configs.loader import to_dict
+from diffrl.engines.handle import EngineHandle
 from diffrl.engines.numbering import step_number
 from diffrl.engines.redact import redact, redact_text
 from diffrl.engines.store import fs
@@ -141,7 +142,7 @@ def good_checkpoint(run_dir: str) -> str:
     raise ValueError(f"run.init_from: no checkpoint of {run_dir} is whole ({'; '.join(problems)})")
 
 
-def init_from_run(engines: Any, tracker: Any) -> None:
+def init_from_run(engines: EngineHandle, tracker: Any) -> None:
     """Start a run without a checkpoint of its own from run.init_from's weights (every trainer rank), then bring the
     rollout to them; the optimizer, schedule and counters stay a new run's (step 0)."""
     from diffrl.engines.step.run import sync_engines

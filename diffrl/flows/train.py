@@ -7,7 +7,6 @@ and its committed Lance rows are reused. The loggers' runs continue (same run id
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -24,6 +23,7 @@ from diffrl.configs.changes import Change
 from diffrl.configs.loader import to_dict
 from diffrl.configs.schema import ExperimentConfig, check_logger_packages, load_experiment
 from diffrl.engines import cluster, trace
+from diffrl.engines.handle import EngineHandle, Engines
 from diffrl.engines.numbering import step_number
 from diffrl.engines.redact import redact_text
 from diffrl.engines.step.generate import rollout_examples
@@ -40,7 +40,7 @@ from diffrl.engines.step.update import (
 from diffrl.engines.store import fs
 from diffrl.engines.store.integrity import DamagedStore, check_stored
 from diffrl.engines.train.checkpoint import CorruptCheckpoint
-from diffrl.flows import early, interrupts
+from diffrl.flows import interrupts
 from diffrl.flows.build import build_engines
 from diffrl.flows.console import quiet_deployment_run
 from diffrl.flows.errors import DamagedRun, RunFailure, cause, chain, is_interrupt, report
@@ -82,12 +82,12 @@ def _run_state(cfg: ExperimentConfig) -> dict:
     return state
 
 
-def validation_samples(engines: cluster.Engines, step: int):
+def validation_samples(engines: Engines, step: int):
     """ODE samples (noise level 0) of the fixed validation prompts (runs where the rollout lives)."""
     return validation_rollout(engines.rollout, engines.config, engines.val_prompts, step=step)
 
 
-def validation_scores(engines: cluster.Engines, traj) -> tuple[dict, list[float]]:
+def validation_scores(engines: Engines, traj) -> tuple[dict, list[float]]:
     """val/reward and val/<component> of validation samples, and each sample's reward (NaN where excluded) (runs
     where the reward pool lives)."""
     out = engines.reward(traj.outputs, traj.prompts, traj.metadata)
@@ -112,24 +112,23 @@ def _per_sample_numbers(values, count: int) -> torch.Tensor | None:
     return None
 
 
-def validation_outputs(engines: cluster.Engines, step: int = 0) -> tuple:
+def validation_outputs(engines: EngineHandle, step: int = 0) -> tuple:
     """The validation samples at `step` and their (metrics, per-sample rewards)."""
     traj = engines.run("rollout", validation_samples, step)
     return (traj, *engines.run("reward", validation_scores, traj))
 
 
-def validate(engines: cluster.Engines, tracker: RunLoggers, step: int) -> dict:
-    """ODE sampling (noise level 0) on the fixed validation prompts; logs val/reward and a grid. Before training,
-    what `diffrl train` prepared while Prefect's server booted is used (diffrl/flows/early.py)."""
+def validate(engines: EngineHandle, tracker: RunLoggers, step: int, prepared: tuple | None = None) -> dict:
+    """ODE sampling (noise level 0) on the fixed validation prompts; logs val/reward and a grid. `prepared`: the
+    validation_outputs `diffrl train` made before the flow started (the validation before training), logged as made."""
     if not engines.config.data.num_val_prompts:
         return {}
-    prepared = early.take_validation(engines.config.run.name) if step == 0 else None
     traj, metrics, scores = prepared if prepared is not None else validation_outputs(engines, step)
     _log_samples(engines, tracker, traj.outputs, traj.prompts, scores, "validation", step)
     return metrics
 
 
-def _log_samples(engines: cluster.Engines, tracker: RunLoggers, outputs, prompts, rewards, key: str, step: int) -> None:
+def _log_samples(engines: EngineHandle, tracker: RunLoggers, outputs, prompts, rewards, key: str, step: int) -> None:
     """Up to 16 samples into the loggers: a captioned image grid, or a token run's responses as a text table."""
     shown = min(len(outputs), 16)
     # a token run's responses are texts, except those of an image-token policy (Janus): its outputs are images
@@ -141,7 +140,7 @@ def _log_samples(engines: cluster.Engines, tracker: RunLoggers, outputs, prompts
     tracker.log_images(images[:shown], captions, key, step)
 
 
-def _log_rollout_images(engines: cluster.Engines, tracker: RunLoggers, step: int) -> None:
+def _log_rollout_images(engines: EngineHandle, tracker: RunLoggers, step: int) -> None:
     n = engines.config.run.log_images
     if n <= 0:
         return
@@ -165,9 +164,20 @@ def train_run_name() -> str:
 
 
 @flow(name="train", flow_run_name=train_run_name, log_prints=False)
-def train(config: str | None = None, overrides: list[str] | None = None) -> dict:
-    """Train the experiment `config` (a shipped name or a YAML path; default: the quickstart)."""
-    startup = Startup()
+def train(
+    config: str | None = None,
+    overrides: list[str] | None = None,
+    command_started_at: float | None = None,
+    flow_called_at: float | None = None,
+    prepared_s: dict[str, float] | None = None,
+) -> dict:
+    """Train the experiment `config` (a shipped name or a YAML path; default: the quickstart).
+
+    `diffrl train` passes when it started and when it called the flow (Unix times), and the seconds it spent
+    preparing the run while Prefect's server booted, by part ("engines", "validation": the engines it registered
+    under the run name and their validation before training, which the flow then takes): the startup report's
+    parts. Without them (a deployment's run) the report counts from the flow's start and the flow builds its own."""
+    startup = Startup(command_started_at, flow_called_at, prepared_s or {})
     quiet_deployment_run()  # a Prefect worker's flow run: the console `diffrl train` gives itself
     cfg = load_experiment(config, overrides or [])
     check_logger_packages(cfg.run.loggers)  # a logger's missing package fails before any work
@@ -179,7 +189,7 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
         try:
             # a Cancel in the Prefect UI stops the run as Ctrl-C does (a worker's run: the worker sends SIGTERM)
             with interrupts.watch_cancel(flow_run.get_id() if deployment_name() is None else None):
-                return _train(cfg, startup, config, changes)
+                return _train(cfg, startup, config, changes, prepared="engines" in (prepared_s or {}))
         except BaseException as e:
             # whatever failed, before training too (a bad data path on a rerun of a killed run that MLflow still
             # shows RUNNING), the run's MLflow run says FAILED (KILLED when it was interrupted)
@@ -189,7 +199,12 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
 
 
 def _train(
-    cfg: ExperimentConfig, startup: Startup, config: str | None = None, changes: list[Change] | None = None
+    cfg: ExperimentConfig,
+    startup: Startup,
+    config: str | None = None,
+    changes: list[Change] | None = None,
+    *,
+    prepared: bool = False,
 ) -> dict:
     mark_started(cfg.run.name, None)  # no step yet (an earlier run of this name in this process has ended)
     _say(
@@ -200,7 +215,9 @@ def _train(
     with ThreadPoolExecutor(max_workers=1) as pool:  # MLflow's database opens (or is created) while the model loads
         store_ready = pool.submit(open_stores, cfg.run.loggers)
         # bad data, model or reward paths fail here, before any work; `diffrl train` may have built them already
-        engines = early.take_engines(cfg) or build_engines(cfg)
+        engines, validation = take_prepared(cfg) if prepared else (None, None)
+        if engines is None:
+            engines = build_engines(cfg)
         startup.mark("engines")
         store_ready.result()
     if cfg.run.trace:  # a timeline of the run's threads (diffrl/engines/trace.py)
@@ -267,7 +284,7 @@ def _train(
                     f"({len(dropped)} persisted results dropped)"
                 )
         if start == 0 and "val/reward" not in tracker.before_training:
-            val = validate(engines, tracker, 0)
+            val = validate(engines, tracker, 0, prepared=validation)
             if val:  # data.num_val_prompts: 0 validates nothing
                 _say(f"before training: {_fmt(val)}")
             tracker.log_values(val, 0)
@@ -315,6 +332,21 @@ def _train(
     return {"run": cfg.run.name, **run_ids, "last_step": step_number(final), **val}
 
 
+def take_prepared(cfg: ExperimentConfig) -> tuple[Engines | None, tuple | None]:
+    """The engines `diffrl train` built and registered under the run name while Prefect's server booted, with their
+    validation before training (taken once), when they were built from exactly this config; else (None, None), and
+    engines built from another config are closed (the flow builds its own, which replace them)."""
+    engines = cluster.registered(cfg.run.name)
+    if not isinstance(engines, Engines):
+        return None, None
+    if engines.config != cfg:
+        if engines.memory is not None:
+            engines.memory.close()  # its worker threads end
+        return None, None
+    validation, engines.validation_before_training = engines.validation_before_training, None
+    return engines, validation
+
+
 def resume_advice(cfg: ExperimentConfig) -> str:
     """What to do after a failed step: rerun the same command, or, for a deployment's flow run (whose command the
     worker ran), retry that flow run, which resumes the same way."""
@@ -327,7 +359,7 @@ def resume_advice(cfg: ExperimentConfig) -> str:
     )
 
 
-def _policy_version(engines: cluster.Engines) -> int:
+def _policy_version(engines: Engines) -> int:
     return engines.policy_version
 
 
@@ -351,7 +383,7 @@ def damaged_store(error: BaseException, cfg: ExperimentConfig) -> DamagedRun | N
     return None
 
 
-def load_good_checkpoint(engines: cluster.Engines, newest: int) -> int | None:
+def load_good_checkpoint(engines: EngineHandle, newest: int) -> int | None:
     """The trainer takes the newest kept checkpoint whose files match their checksums; returns its step. A damaged
     one (diffrl/engines/train/checkpoint.verify) is reported by path and moved aside to step_<k>.corrupt, and the one
     before it is tried; latest.json then names the checkpoint loaded (the steps after it are trained again, on
@@ -393,14 +425,13 @@ class Startup:
     """Seconds from the `diffrl` command to the first RL step, by part: imports (before the flow), Prefect (its
     temporary server and the flow run), engines (model load), loggers (run.loggers), validation before training."""
 
-    def __init__(self):
+    def __init__(self, command_started_at: float | None, flow_called_at: float | None, prepared_s: dict[str, float]):
         self._last = time.time()
-        command = float(os.environ.get("DIFFRL_COMMAND_AT", self._last))
-        called = float(os.environ.get("DIFFRL_FLOW_CALLED_AT", command))
-        # what `diffrl train` prepared while Prefect's server booted (diffrl/flows/early.py) counts as its own part
-        prepared = json.loads(os.environ.get("DIFFRL_PREPARED_S", "{}"))
-        imports = max(0.0, called - command - sum(prepared.values()))
-        self.parts = {"imports": imports, "prefect": max(0.0, self._last - called), **prepared}
+        command = self._last if command_started_at is None else command_started_at
+        called = command if flow_called_at is None else flow_called_at
+        # what `diffrl train` prepared while Prefect's server booted counts as its own parts, not as imports
+        imports = max(0.0, called - command - sum(prepared_s.values()))
+        self.parts = {"imports": imports, "prefect": max(0.0, self._last - called), **prepared_s}
 
     def mark(self, part: str) -> None:
         now = time.time()
@@ -444,7 +475,7 @@ def step_flow_settings():
     return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 
-def _train_steps(engines: cluster.Engines, tracker: RunLoggers, step_flow, start: int) -> dict:
+def _train_steps(engines: EngineHandle, tracker: RunLoggers, step_flow, start: int) -> dict:
     """Steps start..steps-1, each a subflow; validation, logging and retention after each. A step's time is the
     time between the ends of two steps, validation left out (diffrl/engines/step/run.StepClock): with the next step's
     rollout started right after a weight sync, that is what a step costs the run."""

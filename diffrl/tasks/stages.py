@@ -20,6 +20,7 @@ from typing import Any, Callable
 from prefect import task
 
 from diffrl.engines import cluster, trace
+from diffrl.engines.handle import EngineHandle
 from diffrl.engines.numbering import step_number
 from diffrl.engines.step.generate import step_chunks
 from diffrl.engines.step.records import as_record, from_record
@@ -179,7 +180,7 @@ class _Typed:
         self.future.add_done_callback(lambda _: fn(self))
 
 
-def check_step_results(engines: Any, step: int, results_dir: str) -> None:
+def check_step_results(engines: EngineHandle, step: int, results_dir: str) -> None:
     """Before `step` runs: every persisted result of its stages that a cache lookup would read is plain JSON data
     (else UntrustedResult naming the file: Prefect's lookup would skip it without a word)."""
     cfg, uid = engines.config, engines.run_uid
@@ -190,7 +191,7 @@ def check_step_results(engines: Any, step: int, results_dir: str) -> None:
     forget_partly_replicated(engines, step, results_dir)
 
 
-def forget_partly_replicated(engines: Any, step: int, results_dir: str) -> list[str]:
+def forget_partly_replicated(engines: EngineHandle, step: int, results_dir: str) -> list[str]:
     """Drop the persisted results of a stage every replica runs at once (advantages, update, weight sync) that only
     some replicas finished (a replica died before its result was written): Cached on some replicas and run on the
     others, the replicas would part ways (a weight sync bumping one policy version only, then an update with other
@@ -211,7 +212,7 @@ def forget_partly_replicated(engines: Any, step: int, results_dir: str) -> list[
 KEEP_RESULT_STEPS = 2  # the step just done and the one before: a retry from the UI reruns the step in flight
 
 
-def forget_old_results(engines: Any, step: int, results_dir: str) -> int:
+def forget_old_results(engines: EngineHandle, step: int, results_dir: str) -> int:
     """After `step` is done: remove the persisted stage results of the run's steps before the last KEEP_RESULT_STEPS
     (of every incarnation of the run: an older one's keys are never looked up again). A resume or a retry from the
     UI starts after the last checkpoint, so no cache lookup reads them; without this the folder grows by a file per
@@ -230,7 +231,7 @@ def forget_old_results(engines: Any, step: int, results_dir: str) -> int:
     return removed
 
 
-def last_persisted_step(engines: Any, results_dir: str) -> int | None:
+def last_persisted_step(engines: EngineHandle, results_dir: str) -> int | None:
     """The last step with a persisted stage result in `results_dir` (this run incarnation's keys). The step after the
     checkpoint being written may have run its first stages meanwhile: a crash then leaves their results without
     their rows, which forget_unfinished must see too."""
@@ -240,7 +241,7 @@ def last_persisted_step(engines: Any, results_dir: str) -> int | None:
     return max((int(m.group(1)) for m in map(pattern.match, names) if m), default=None)
 
 
-def forget_unfinished(engines: Any, step: int, results_dir: str) -> list[str]:
+def forget_unfinished(engines: EngineHandle, step: int, results_dir: str) -> list[str]:
     """Before `step` runs again (resume): drop the persisted results of its stages whose durable output is not on
     disk, so those stages run again instead of coming back Cached. The step core writes rows, rewards, advantages
     and the checkpoint behind the stages that made them, in that order; a crash can leave a stage Completed in

@@ -243,14 +243,14 @@ def test_settings_replicas_cannot_share_are_refused(overrides, message):
 def test_actor_threads_share_the_node_cpus_among_the_runs_actors():
     """Ray gives each worker one thread; "auto" gives each of the run's actors its share of the node's CPUs."""
     from diffrl.configs.schema import load_experiment
-    from diffrl.engines import cluster
+    from diffrl.engines.actors import actor_names, actor_threads
 
     one = load_experiment(None, TINY + RAY)  # one engine replica
-    assert cluster.actor_threads(one, 16.0) == 16 and cluster.actor_threads(one, 3.0) == 3
+    assert actor_threads(one, 16.0) == 16 and actor_threads(one, 3.0) == 3
     four = load_experiment(None, TINY + RAY + ["cluster.gpus=4", "rollout.chunk_size=2", "train.mini_batch_prompts=1"])
-    assert len(cluster.actor_names(four)) == 4 and cluster.actor_threads(four, 128.0) == 32
-    assert cluster.actor_threads(four, 2.0) == 1  # never 0
-    assert cluster.actor_threads(load_experiment(None, TINY + RAY + ["cluster.actor_threads=5"]), 2.0) == 5
+    assert len(actor_names(four)) == 4 and actor_threads(four, 128.0) == 32
+    assert actor_threads(four, 2.0) == 1  # never 0
+    assert actor_threads(load_experiment(None, TINY + RAY + ["cluster.actor_threads=5"]), 2.0) == 5
 
 
 def test_an_algorithm_sampling_with_its_old_adapter_needs_one_replica():

@@ -9,8 +9,9 @@ import os
 import numpy as np
 import pytest
 
+from diffrl.configs.reward import RewardConfig
 from diffrl.engines.cluster import forwarded_env
-from diffrl.engines.reward.multi import MultiReward, RewardConfig
+from diffrl.engines.reward.multi import MultiReward
 
 
 def test_a_ray_actor_scores_with_a_user_reward_from_the_drivers_pythonpath(ray_cluster, user_reward_modules):

@@ -47,8 +47,8 @@ def test_every_fixed_field_is_a_field_of_its_class():
 
     from diffrl.algorithms.catalog import algorithms
     from diffrl.configs import schema
-    from diffrl.engines.reward.multi import RewardComponent
-    from diffrl.engines.train.config import TrainConfig
+    from diffrl.configs.reward import RewardComponent
+    from diffrl.configs.train import TrainConfig
 
     classes = [schema.ModelConfig, schema.RolloutConfig, schema.DataConfig, schema.RunConfig, TrainConfig]
     classes += [RewardComponent, *{type(a) for a in algorithms().values()}]

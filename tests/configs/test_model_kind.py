@@ -10,8 +10,8 @@ import pytest
 from diffrl.algorithms.catalog import get_algorithm
 from diffrl.configs.loader import ConfigError
 from diffrl.configs.schema import load_experiment
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.rollout.tokens import TokenSampling
-from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.tokens import TokenTrainer
 from diffrl.models.kind import model_kind
 

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from misbehaving_server import ANSWER, FLOOD_BYTES, MisbehavingServer
 
+from diffrl.configs.vllm import VllmServerOptions
 from diffrl.engines.http_call import BROKEN, TIMEOUT, TOO_LARGE, HttpCallError, call, call_with_retries
 from diffrl.engines.reward.base import RewardError, build_reward
-from diffrl.engines.vllm_server import VllmServer, VllmServerError, VllmServerOptions
+from diffrl.engines.vllm_server import VllmServer, VllmServerError
 
 
 @pytest.fixture

@@ -13,15 +13,10 @@ import time
 import pytest
 
 from diffrl.configs.schema import RolloutConfig, load_experiment
+from diffrl.configs.vllm import VllmRolloutOptions, VllmServerOptions
 from diffrl.engines.vllm_env import VllmPins, _declared_requirements
 from diffrl.engines.vllm_launch import process_group
-from diffrl.engines.vllm_server import (
-    LAUNCHER,
-    VllmRolloutOptions,
-    VllmServer,
-    VllmServerError,
-    VllmServerOptions,
-)
+from diffrl.engines.vllm_server import LAUNCHER, VllmServer, VllmServerError
 
 
 def test_an_interpreter_without_vllm_fails_the_start_loudly(tmp_path):

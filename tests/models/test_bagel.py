@@ -12,8 +12,9 @@ import torch
 from bagel_reference import ReferenceBagel
 from safetensors.torch import load_file
 
-from diffrl.engines.rollout import RolloutEngine, SamplingConfig
-from diffrl.engines.train.config import TrainConfig
+from diffrl.configs.rollout import SamplingConfig
+from diffrl.configs.train import TrainConfig
+from diffrl.engines.rollout import RolloutEngine
 from diffrl.engines.train.setup import add_lora
 from diffrl.models.bagel import layout
 from diffrl.models.base import SampleShape, detect_architecture, load_adapter

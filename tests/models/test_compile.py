@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from diffrl.algorithms.catalog import get_algorithm
+from diffrl.configs.rollout import SamplingConfig
 from diffrl.configs.schema import load_experiment
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.rollout import RolloutEngine
-from diffrl.engines.rollout.config import SamplingConfig
-from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.models.base import load_adapter
 

@@ -13,8 +13,9 @@ import torch
 from hunyuan_image3_reference import ReferenceHunyuanImage3
 from safetensors.torch import load_file, save_file
 
-from diffrl.engines.rollout import RolloutEngine, SamplingConfig
-from diffrl.engines.train.config import TrainConfig
+from diffrl.configs.rollout import SamplingConfig
+from diffrl.configs.train import TrainConfig
+from diffrl.engines.rollout import RolloutEngine
 from diffrl.engines.train.setup import add_lora
 from diffrl.models.base import SampleShape, detect_architecture, load_adapter
 from diffrl.models.hunyuan_image3 import layout

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers.models.janus.image_processing_pil_janus import JanusImageProcessorPil
 
-from diffrl.engines.train.config import TrainConfig
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.train.setup import add_lora
 from diffrl.models.causal_lm.policy import SamplingParams, TokenPrompt
 from diffrl.models.janus.policy import JanusImagePolicy, is_janus_folder

@@ -34,7 +34,8 @@ def test_the_kits_rewards_are_built_by_name_where_only_the_engines_were_imported
     script = (
         "import sys\n"
         "from diffrl.engines.reward.base import build_reward\n"
-        "from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig\n"
+        "from diffrl.configs.reward import RewardComponent, RewardConfig\n"
+        "from diffrl.engines.reward.multi import MultiReward\n"
         "assert not [m for m in sys.modules if m.startswith('diffrl.shapes')], 'the engines imported the kit'\n"
         "print(type(build_reward('geneval_lite', {'strict_weight': 0.5})).__module__)\n"
         "pool = MultiReward(RewardConfig(components=[RewardComponent('shapes_edit')]))\n"

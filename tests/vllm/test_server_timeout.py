@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from diffrl.configs.vllm import VllmServerOptions
 from diffrl.engines.vllm_launch import process_group
-from diffrl.engines.vllm_server import VllmServer, VllmServerError, VllmServerOptions
+from diffrl.engines.vllm_server import VllmServer, VllmServerError
 from diffrl.models.tiny import build_tiny
 
 pytestmark = pytest.mark.slow

@@ -12,9 +12,9 @@ import signal
 import pytest
 import torch
 
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.rollout.tokens import TokenSampling
 from diffrl.engines.rollout.vllm_tokens import VllmRolloutOptions, VllmTokenEngine
-from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.policy_loss import lora_disabled
 from diffrl.engines.train.setup import add_lora
 from diffrl.engines.vllm_server import VllmServerError

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from diffrl import registry
+from diffrl.configs.reward import is_user_reward
 
 # Modules that register the built-in rewards; imported lazily on the first registry lookup.
 _BUILTIN_MODULES = (
@@ -147,7 +148,7 @@ def build_reward(name: str, options: dict | None = None) -> RewardFunction:
     values) fails here, at start-up, not mid-run. A `module:function` name is a user's Python reward, imported
     here (diffrl/engines/reward/user.py); its options are the function's keyword arguments.
     """
-    from diffrl.engines.reward.user import is_user_reward, user_reward  # here: user.py imports this module
+    from diffrl.engines.reward.user import user_reward  # here: user.py imports this module
 
     if is_user_reward(name):
         return user_reward(name, options or {})

@@ -21,7 +21,6 @@ from __future__ import annotations
 import difflib
 import importlib
 import math
-import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -29,24 +28,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from diffrl.configs.reward import check_spec
 from diffrl.engines.reward.base import RewardOutput, to_samples
-
-# module:attribute, both dotted Python names (an attribute path may name a method of a module-level object)
-_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-
-
-def is_user_reward(name: str) -> bool:
-    """Whether a component's name is a `module:function` (a user's reward) rather than a registered reward's name."""
-    return ":" in name
-
-
-def check_spec(name: str) -> None:
-    """ValueError unless `name` is spelled module:function (checked without importing anything)."""
-    if not _SPEC.fullmatch(name):
-        raise ValueError(
-            f"reward component {name!r}: a Python reward is named module:function, both dotted Python names "
-            "(e.g. mypkg.rewards:brightness)"
-        )
 
 
 def load_function(spec: str) -> Callable:

@@ -26,8 +26,8 @@ from tqdm.auto import tqdm
 
 from diffrl.algorithms.sde import SDEStep, check_sigmas
 from diffrl.algorithms.windows import Windows, sample_windows
+from diffrl.configs.rollout import OdeShortcut, SamplingConfig
 from diffrl.engines import trace
-from diffrl.engines.rollout.config import OdeShortcut, SamplingConfig
 from diffrl.engines.rollout.fast_weights import FastWeights, rollout_weights
 from diffrl.engines.rollout.shortcut import run_shortcut, shortcut_bounds
 from diffrl.engines.rollout.step import denoise_step

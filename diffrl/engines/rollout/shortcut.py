@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from diffrl.algorithms.ode import grid_indices, integrate
-from diffrl.engines.rollout.config import OdeShortcut, SamplingConfig
+from diffrl.configs.rollout import OdeShortcut, SamplingConfig
 from diffrl.models.base import Encoding, ModelAdapter, SampleShape
 
 

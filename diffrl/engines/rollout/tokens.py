@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from diffrl.engines.rollout.config import TokenSampling  # re-exported: defined with the other sampling settings
+from diffrl.configs.rollout import TokenSampling  # re-exported: defined with the other sampling settings
 from diffrl.engines.token_trajectories import TokenTrajectories
 from diffrl.models.causal_lm.policy import CausalLMPolicy, SamplingParams, TokenPrompt
 from diffrl.models.janus.policy import JanusImagePolicy

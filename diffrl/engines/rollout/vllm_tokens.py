@@ -37,10 +37,11 @@ from typing import Callable
 
 import torch
 
+from diffrl.configs.vllm import VllmRolloutOptions
 from diffrl.engines.rollout.tokens import TokenSampling
 from diffrl.engines.rollout.vllm_weights import save_full, save_lora
 from diffrl.engines.token_trajectories import TokenTrajectories
-from diffrl.engines.vllm_server import VllmRolloutOptions, VllmServer, VllmServerError
+from diffrl.engines.vllm_server import VllmServer, VllmServerError
 from diffrl.models.causal_lm.policy import CausalLMPolicy, TokenPrompt
 
 logger = logging.getLogger(__name__)

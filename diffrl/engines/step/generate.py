@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from diffrl.engines.handle import Engines
 from diffrl.engines.numbering import step_number
 from diffrl.engines.reward.base import concat_outputs, select_outputs
 from diffrl.engines.step.memory import ChunkRewards
@@ -44,7 +45,7 @@ def step_chunks(cfg: Any) -> int:
     return 1 if cfg.data.sample_source == "offline" else num_chunks(cfg)
 
 
-def store_call(engines: Any, step: int, what: str, fn, *args, **kwargs):
+def store_call(engines: Engines, step: int, what: str, fn, *args, **kwargs):
     """A store operation after every write made before it (the writer owns the store while a step runs)."""
     if engines.store is None:
         raise ValueError(f"{what}: this run keeps no trajectory store (engines-only), and the data is not in memory")
@@ -52,21 +53,21 @@ def store_call(engines: Any, step: int, what: str, fn, *args, **kwargs):
     return engines.memory.writer.call(step, what, functools.partial(fn, *args, **kwargs))
 
 
-def store_submit(engines: Any, step: int, what: str, fn, *args) -> None:
+def store_submit(engines: Engines, step: int, what: str, fn, *args) -> None:
     """A durable write, in order behind the writes before it (held until the update: StepMemory.queue_write);
     nothing when the run keeps no store."""
     if engines.store is not None:
         engines.memory.queue_write(step, what, fn, *args)
 
 
-def maybe_committed(engines: Any, step: int) -> bool:
+def maybe_committed(engines: Engines, step: int) -> bool:
     """Whether `step` may have rows from an earlier process (a resumed step, or Ray's other actors)."""
     memory = engines.memory
     return engines.store is not None and (not memory.asynchronous or step <= memory.first_step)
 
 
 # ---- generate -----------------------------------------------------------------------------------------
-def generate(engines: Any, step: int, chunk: int) -> Generated:
+def generate(engines: Engines, step: int, chunk: int) -> Generated:
     """Roll out one chunk (or take the rollout that ran ahead of this stage) and queue its rows for the store;
     a chunk already committed is not generated again."""
     memory, started = engines.memory, time.perf_counter()
@@ -81,7 +82,7 @@ def generate(engines: Any, step: int, chunk: int) -> Generated:
     return Generated(step, chunk, rows=len(traj), seconds=seconds, waited=time.perf_counter() - started, reused=False)
 
 
-def sample_chunk(engines: Any, step: int, chunk: int) -> Trajectories:
+def sample_chunk(engines: Engines, step: int, chunk: int) -> Trajectories:
     """The rollout of one chunk (on the rollout worker); streams each decoded sub-batch to the reward worker
     when the reward lives in this process, and samples DiffusionNFT's rollouts with its old adapter."""
     inject_fault("generate", step, chunk)
@@ -113,7 +114,7 @@ def sample_chunk(engines: Any, step: int, chunk: int) -> Trajectories:
         )
 
 
-def _rollout_policy(engines: Any):
+def _rollout_policy(engines: Engines):
     """The policy a rollout samples with: the trained one, or DiffusionNFT's old adapter (the trainer's module)."""
     if not uses_old_policy_rollout(engines.config.algorithm):
         return contextlib.nullcontext()
@@ -125,12 +126,12 @@ def _rollout_policy(engines: Any):
     return engines.trainer.old_policy()
 
 
-def _append(engines: Any, traj: Trajectories, step: int, chunk: int) -> None:
+def _append(engines: Engines, traj: Trajectories, step: int, chunk: int) -> None:
     inject_fault("write_rows", step, chunk)  # a crash before the rows land, after their stage completed
     engines.store.append(traj, run=engines.config.run.name, step=step, chunk=chunk)
 
 
-def prefetch(engines: Any, step: int) -> int:
+def prefetch(engines: Engines, step: int) -> int:
     """Start the rollout of every chunk of `step` on the rollout worker (right after the previous step's weight
     sync: the same weights, prompts and seeds as on demand); returns the chunks started. Not done for offline
     pairs, after the run's last step, before a validation (it samples on the same model), or when stages may
@@ -151,7 +152,7 @@ def prefetch(engines: Any, step: int) -> int:
 
 
 # ---- score --------------------------------------------------------------------------------------------
-def score(engines: Any, step: int, chunk: int) -> Scored:
+def score(engines: Engines, step: int, chunk: int) -> Scored:
     """The rewards of one chunk (streamed while it was sampled, or scored now) and their queued write."""
     inject_fault("score", step, chunk)
     memory = engines.memory
@@ -197,12 +198,12 @@ def score(engines: Any, step: int, chunk: int) -> Scored:
     return Scored(step, chunk, rows=len(traj), seconds=seconds, excluded=int((~out.valid).sum()))
 
 
-def _write_rewards(engines: Any, step: int, keys: Any, scores, components, valid) -> None:
+def _write_rewards(engines: Engines, step: int, keys: Any, scores, components, valid) -> None:
     engines.store.write_rewards(step, keys, scores, components, valid)
 
 
 # ---- offline pairs ------------------------------------------------------------------------------------
-def offline_pairs(engines: Any, step: int, chunk: int = 0) -> Generated:
+def offline_pairs(engines: Engines, step: int, chunk: int = 0) -> Generated:
     """Offline DPO: the step's preference pairs (from the VAE-latent cache) as chunk 0, with reward 1 for the
     chosen and 0 for the rejected image; a committed step is reused."""
     started = time.perf_counter()
@@ -236,7 +237,7 @@ def offline_pairs(engines: Any, step: int, chunk: int = 0) -> Generated:
     return Generated(step, 0, rows=len(traj), seconds=time.perf_counter() - started, waited=0.0, reused=reused)
 
 
-def _pair_trajectories(engines: Any, step: int) -> Trajectories:
+def _pair_trajectories(engines: Engines, step: int) -> Trajectories:
     """(2P) samples of the step's P pairs, chosen then rejected, as a one-step window ending at x0.
 
     Only the clean latent latents[:, -1] is trained on by the direct-preference trainer; an offline
@@ -272,7 +273,9 @@ def _pair_trajectories(engines: Any, step: int) -> Trajectories:
 
 
 # ---- what later stages and the flow read ----------------------------------------------------------------
-def step_trajectories(engines: Any, step: int, *, with_latents: bool = True, with_images: bool = False) -> Trajectories:
+def step_trajectories(
+    engines: Engines, step: int, *, with_latents: bool = True, with_images: bool = False
+) -> Trajectories:
     """The step's samples in (chunk, row) order: from memory, else from the store."""
     parts = engines.memory.chunks(step, step_chunks(engines.config))
     if parts is not None:
@@ -288,7 +291,7 @@ def step_trajectories(engines: Any, step: int, *, with_latents: bool = True, wit
     )
 
 
-def step_rewards(engines: Any, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+def step_rewards(engines: Engines, step: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
     """(rewards (B,), components {name: (B,)}, valid (B,)) of the step, aligned with step_trajectories: from memory
     (the whole step's as the replicas exchanged them, or every chunk's scored here), else from the store."""
     memory = engines.memory
@@ -300,7 +303,7 @@ def step_rewards(engines: Any, step: int) -> tuple[torch.Tensor, dict[str, torch
     return held
 
 
-def step_reward_info(engines: Any, step: int, kept: torch.Tensor) -> dict[str, float]:
+def step_reward_info(engines: Engines, step: int, kept: torch.Tensor) -> dict[str, float]:
     """reward/<key>: the mean over the `kept` samples of each per-sample number the reward reported besides its
     components' scores (e.g. reward/geneval_lite/accuracy), when the step was scored in this process."""
     parts = engines.memory.rewards(step, step_chunks(engines.config))
@@ -323,7 +326,7 @@ def step_reward_info(engines: Any, step: int, kept: torch.Tensor) -> dict[str, f
     return out
 
 
-def rollout_examples(engines: Any, step: int, count: int) -> tuple[Any, list[str], torch.Tensor]:
+def rollout_examples(engines: Engines, step: int, count: int) -> tuple[Any, list[str], torch.Tensor]:
     """The first `count` samples of a step's first chunk as (outputs: images, or a token rollout's response texts;
     prompts; rewards) (what the flow logs to MLflow): from memory while the step is held there, else from the store.
     A reward is NaN where excluded."""

@@ -9,8 +9,9 @@ import os
 import time
 from typing import Any
 
+from diffrl.configs.rollout import OdeShortcut, RolloutWeights
+from diffrl.engines.handle import Engines
 from diffrl.engines.numbering import step_number
-from diffrl.engines.rollout.config import OdeShortcut, RolloutWeights
 from diffrl.engines.train.setup import world
 
 STALL_S = 5.0  # how long a `stall` fault point hangs before it kills the process
@@ -47,7 +48,7 @@ def chunk_owner(cfg: Any, chunk: int) -> int:
     return chunk // (num_chunks(cfg) // cfg.cluster.replicas)
 
 
-def chunk_plan(engines: Any, step: int, chunk: int) -> dict:
+def chunk_plan(engines: Engines, step: int, chunk: int) -> dict:
     """Which samples chunk `chunk` of `step` holds: prompt-major order, group_size samples per prompt."""
     cfg = engines.config
     records = engines.prompts.sample(step)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from diffrl.engines.handle import Engines
 from diffrl.engines.step.generate import step_trajectories, store_call
 from diffrl.engines.step.memory import cat_rewards
 from diffrl.engines.step.plan import own_chunks
@@ -30,7 +31,7 @@ _TENSORS = ("sample_index", "seeds", "latents", "log_probs", "sigmas", "sigmas_p
 _LISTS = ("prompts", "group_ids", "embed_keys", "metadata")
 
 
-def training_samples(engines: Any, step: int) -> tuple[Trajectories, dict[str, float]]:
+def training_samples(engines: Engines, step: int) -> tuple[Trajectories, dict[str, float]]:
     """The step's samples for the update: gathered from the replicas (with `timing_s/exchange` and `exchange/bytes`,
     what this replica received), else from memory or the store."""
     started = time.perf_counter()
@@ -42,7 +43,7 @@ def training_samples(engines: Any, step: int) -> tuple[Trajectories, dict[str, f
     return traj, {"timing_s/exchange": time.perf_counter() - started, "exchange/bytes": received * (size - 1) / size}
 
 
-def gathered_step(engines: Any, step: int) -> Trajectories | None:
+def gathered_step(engines: Engines, step: int) -> Trajectories | None:
     """The whole step's samples in (chunk, row) order, gathered from every replica's memory; None with one process or
     when any replica lacks its chunks in memory (then the caller reads the store, on every replica)."""
     rank, size = world()
@@ -83,7 +84,7 @@ def _device() -> str:
     return "cuda" if dist.get_backend() == "nccl" else "cpu"
 
 
-def step_rewards_of_every_replica(engines: Any, step: int) -> tuple[list[tuple[str, int]], list[int], tuple] | None:
+def step_rewards_of_every_replica(engines: Engines, step: int) -> tuple[list[tuple[str, int]], list[int], tuple] | None:
     """Engine replicas: (this replica's samples' keys (group id, sample index), their rows in the whole step, the whole
     step's
     (rewards, components, valid, group_ids)) with the rewards exchanged over the process group; None with one
@@ -112,7 +113,7 @@ def step_rewards_of_every_replica(engines: Any, step: int) -> tuple[list[tuple[s
     return mine, list(range(first, first + len(mine))), whole
 
 
-def _every_replicas_writes_landed(engines: Any, step: int) -> None:
+def _every_replicas_writes_landed(engines: Engines, step: int) -> None:
     """Wait until this replica's queued writes of `step` landed, then for every other replica's (a collective)."""
     store_call(engines, step, f"writes of step {step}", lambda: None)
     dist.barrier()
@@ -123,7 +124,7 @@ def _keys(parts: list[Trajectories]) -> list[tuple[str, int]]:
     return [(g, int(i)) for t in parts for g, i in zip(t.group_ids, t.sample_index.tolist())]
 
 
-def _own_chunk(engines: Any, step: int, chunk: int) -> Trajectories:
+def _own_chunk(engines: Engines, step: int, chunk: int) -> Trajectories:
     """One of this replica's chunks: held in memory, or committed (a chunk an earlier process generated)."""
     held = engines.memory.chunk(step, chunk)
     if held is not None:

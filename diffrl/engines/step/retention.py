@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from diffrl.algorithms.windows import sample_windows
+from diffrl.engines.handle import Engines
 from diffrl.engines.numbering import step_number
 from diffrl.engines.train.setup import trained_module
 from diffrl.models.base import SampleShape
@@ -26,7 +27,7 @@ KEEP_VERSIONS_S = 10.0
 ROW_BYTES = 1024  # prompt, keys, log-probs, sigmas, metadata of one row (an upper estimate)
 
 
-def retain(engines: Any, step: int) -> None:
+def retain(engines: Engines, step: int) -> None:
     """After step `step` is done: every run.compact_every steps, drop latents older than run.keep_latents_steps,
     merge fragments and delete old versions (every step's drop when compact_every is 0). Queued on the background
     writer (after the step's checkpoint), which hands it to the janitor (runs where the engines live: this process, or
@@ -70,7 +71,7 @@ def _retain(store: Any, keep_latents_steps: int, step: int, compact: bool, compa
         store.cleanup(older_than_seconds=KEEP_VERSIONS_S)
 
 
-def compact_embeddings(engines: Any) -> None:
+def compact_embeddings(engines: Engines) -> None:
     """Merge the rollout's prompt-embedding cache, which gains a fragment for each step that meets new prompts
     (run where the rollout and its cache live: this process, or its Ray actor)."""
     cache = getattr(engines.rollout, "cache", None)  # a token rollout keeps none: its prompts are token ids
@@ -79,14 +80,14 @@ def compact_embeddings(engines: Any) -> None:
         cache.table.cleanup(older_than_seconds=KEEP_VERSIONS_S)
 
 
-def latent_numel(engines: Any) -> int:
+def latent_numel(engines: Engines) -> int:
     """Elements of one sample's latent at the run's resolution (where the rollout's adapter lives)."""
     cfg = engines.config.rollout
     shape = SampleShape(cfg.height, cfg.width, cfg.num_frames)
     return int(engines.adapter.prepare_latents(shape, [torch.Generator().manual_seed(0)])[0].numel())
 
 
-def checkpoint_bytes(engines: Any) -> int:
+def checkpoint_bytes(engines: Engines) -> int:
     """About the bytes of one checkpoint of the run's trainer (where it lives), as diffrl/engines/train/checkpoint.py
     writes it. LoRA: every LoRA tensor (a frozen "old" adapter too) in trainable.safetensors, the trained ones again
     in the lora/ export, AdamW's two moments of the trained ones; full fine-tuning: every parameter and the moments."""

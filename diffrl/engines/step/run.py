@@ -33,6 +33,7 @@ from typing import Any, Callable, Protocol
 
 from diffrl.engines import trace
 from diffrl.engines.cluster import ReplicaLost
+from diffrl.engines.handle import EngineHandle, Engines
 from diffrl.engines.step import generate as sample_stages
 from diffrl.engines.step import update as learn_stages
 from diffrl.engines.step.plan import chunk_owner, replica_chunks
@@ -42,13 +43,13 @@ from diffrl.engines.train.setup import world
 log = logging.getLogger("diffrl")
 
 
-def sync_engines(engines: Any, step: int, *, prefetch_next: bool = True) -> Synced:
+def sync_engines(engines: EngineHandle, step: int, *, prefetch_next: bool = True) -> Synced:
     """Bring the rollout to the trainer's weights on every replica at once, outside a step (a resume): the shared
     adapter only moves its version, a full fine-tuning replica loads its rollout copy."""
     return engines.run("trainer", learn_stages.sync, step, 0, prefetch_next)
 
 
-def _here(name: str, fn: Callable, engines: Any, step: int, chunk: int = 0) -> Any:
+def _here(name: str, fn: Callable, engines: Engines, step: int, chunk: int = 0) -> Any:
     """`fn(engines, step, chunk)` run once per (stage, step, chunk) in the process that holds `engines`: a second
     caller of the same stage run (the flow's task, or the run-ahead worker) gets the first one's record."""
 
@@ -60,9 +61,8 @@ def _here(name: str, fn: Callable, engines: Any, step: int, chunk: int = 0) -> A
     return run() if ahead is None else ahead.once((name, step, chunk), run)
 
 
-def _run_ahead(engines: Any) -> Any:
-    memory = getattr(engines, "memory", None)
-    return memory.ahead if memory is not None else None
+def _run_ahead(engines: Engines) -> Any:
+    return engines.memory.ahead if engines.memory is not None else None
 
 
 def _on(role: str, name: str, fn: Callable) -> Callable:
@@ -71,7 +71,7 @@ def _on(role: str, name: str, fn: Callable) -> Callable:
     module functions: Ray ships it to the actors by name."""
     here = functools.partial(_here, name, fn)
 
-    def call(engines: Any, step: int, chunk: int = 0, replica: int | None = None):
+    def call(engines: EngineHandle, step: int, chunk: int = 0, replica: int | None = None):
         if name == "score":  # on the replica that sampled the chunk: its rewards were streamed there
             replica = chunk_owner(engines.config, chunk)
         if replica is None:
@@ -109,7 +109,7 @@ class Stages(Protocol):
 class DirectStages:
     """The stages called on the engines directly, without Prefect (benchmarks, tests, the engines-only loop)."""
 
-    def __init__(self, engines: Any, workers: int | None = None):
+    def __init__(self, engines: EngineHandle, workers: int | None = None):
         self.engines = engines
         # a generate and a score in flight per replica; a collective stage needs a call on every replica at once
         workers = workers or 2 * engines.config.cluster.replicas
@@ -122,7 +122,7 @@ class DirectStages:
         return self._pool.submit(self.call, name, step, chunk, replica)
 
 
-def run_step(engines: Any, step: int, stages: Stages) -> StepResult:
+def run_step(engines: EngineHandle, step: int, stages: Stages) -> StepResult:
     """Run RL step `step` on `engines` through `stages`; returns its metrics (verl's names). Then, where the
     engines live (this process, or each replica), the next step's stages start on the run-ahead worker
     (diffrl/engines/step/ahead.py)."""
@@ -135,7 +135,7 @@ def run_step(engines: Any, step: int, stages: Stages) -> StepResult:
     return result
 
 
-def run_ahead(engines: Any, step: int) -> bool:
+def run_ahead(engines: Engines, step: int) -> bool:
     """After the flow recorded step `step`: where the engines live, start step `step + 1`'s stages of this process's
     share on the run-ahead worker, once its rollout runs. Only a rollout started in this process counts: a resumed
     step's weight sync can come back Cached from Prefect, its record saying that the earlier process prefetched, while
@@ -153,7 +153,7 @@ def run_ahead(engines: Any, step: int) -> bool:
     return True
 
 
-def _run_stages(engines: Any, step: int, stages: Stages, share: int | None = None) -> StepResult:
+def _run_stages(engines: EngineHandle, step: int, stages: Stages, share: int | None = None) -> StepResult:
     """The stages of step `step` in order through `stages`; its record. `share` None: the flow's calls on every
     replica; `share` r: replica r's own calls, made in its process (the run-ahead)."""
     cfg = engines.config
@@ -229,7 +229,7 @@ def gather(futures: list, fail_fast: bool = True) -> list:
     return [future.result() for future in futures]
 
 
-def settle(engines: Any) -> None:
+def settle(engines: EngineHandle) -> None:
     """After a failed stage: commit the writes queued before the failure on every replica, one after the other, so a
     retry reuses them. A failure of the writer is logged, not raised over the stage's own error; a replica that died
     took its queued writes with it."""
@@ -242,7 +242,7 @@ def settle(engines: Any) -> None:
             log.error("diffrl: committing the writes made before the failure failed too: %s", e)
 
 
-def settle_here(engines: Any) -> None:
+def settle_here(engines: Engines) -> None:
     """settle in the process that holds the engines. In one process its running rollouts and rewards end first; a
     replica does not wait for its run-ahead worker, which may wait in a collective for the replica that failed."""
     memory = engines.memory
@@ -257,13 +257,13 @@ def settle_here(engines: Any) -> None:
         memory.ahead.forget_failures()  # a retry in this process runs the failed stage again
 
 
-def set_first_step(engines: Any, step: int) -> None:
+def set_first_step(engines: Engines, step: int) -> None:
     """Where the engines live: steps after `step` cannot have rows from an earlier process (a resume)."""
     if engines.memory is not None:
         engines.memory.first_step = step
 
 
-def drain(engines: Any) -> None:
+def drain(engines: Engines) -> None:
     """Where the engines live: the run-ahead, rollouts, rewards and every queued write end (the run's last step)."""
     if engines.memory is not None:
         engines.memory.drain()

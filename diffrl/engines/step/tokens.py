@@ -11,8 +11,10 @@ from typing import Any
 
 import torch
 
+from diffrl.engines.handle import Engines
 
-def shape_rewards(engines: Any, rewards_B: torch.Tensor, traj: Any) -> torch.Tensor:
+
+def shape_rewards(engines: Engines, rewards_B: torch.Tensor, traj: Any) -> torch.Tensor:
     """The rewards the advantages are computed from: as scored, or with the algorithm's length penalty."""
     algorithm = engines.config.algorithm
     if not algorithm.needs.overlong_shaping:
@@ -21,7 +23,7 @@ def shape_rewards(engines: Any, rewards_B: torch.Tensor, traj: Any) -> torch.Ten
     return shaped.to(rewards_B.dtype)
 
 
-def token_metrics(engines: Any, traj: Any, scores_B: torch.Tensor, kept: torch.Tensor) -> dict[str, float]:
+def token_metrics(engines: Engines, traj: Any, scores_B: torch.Tensor, kept: torch.Tensor) -> dict[str, float]:
     """verl's names over the step's kept (validly scored) samples: response_length/{mean,max,min,clip_ratio}
     (clip_ratio: responses cut at max_new_tokens, without an end token), prompt_length/{mean,max,min} and
     critic/score/{mean,max,min} (the sequence scores before any shaping)."""

@@ -17,6 +17,7 @@ import torch
 from diffrl.algorithms.advantages import advantage_stats, group_advantages, reward_stats
 from diffrl.algorithms.losses_token import nonconstant_groups
 from diffrl.engines import trace
+from diffrl.engines.handle import Engines
 from diffrl.engines.numbering import step_index, step_number
 from diffrl.engines.reward.multi import drop_partial_components
 from diffrl.engines.step.generate import (
@@ -42,7 +43,7 @@ WRITER_LAG_STEPS = 2
 
 
 # ---- advantages ---------------------------------------------------------------------------------------
-def advantages(engines: Any, step: int, chunk: int = 0) -> Advantaged:
+def advantages(engines: Engines, step: int, chunk: int = 0) -> Advantaged:
     """Group-normalised advantages of the step's valid samples (an excluded sample gets NaN, stored as such: it is
     not trained on); critic/* and reward/<component> metrics over the kept samples. Engine replicas exchange their
     rewards and each normalises over the whole step (the same numbers on every replica); each stores its own rows'."""
@@ -88,11 +89,11 @@ def advantages(engines: Any, step: int, chunk: int = 0) -> Advantaged:
     return Advantaged(step, {k: float(v) for k, v in stats.items()})
 
 
-def _write_advantages(engines: Any, step: int, keys: Any, advantages_B: torch.Tensor) -> None:
+def _write_advantages(engines: Engines, step: int, keys: Any, advantages_B: torch.Tensor) -> None:
     engines.store.write_advantages(step, keys, advantages_B)
 
 
-def step_advantages(engines: Any, step: int) -> torch.Tensor:
+def step_advantages(engines: Engines, step: int) -> torch.Tensor:
     held = engines.memory.advantages(step)
     if held is not None:
         return held
@@ -132,7 +133,7 @@ def training_rows(
     return rows, stats
 
 
-def update(engines: Any, step: int, chunk: int = 0) -> Updated:
+def update(engines: Engines, step: int, chunk: int = 0) -> Updated:
     """Train on the step (the rows `training_rows` picks) and commit its checkpoint; a step whose checkpoint is
     committed returns its saved metrics instead (an optimizer step is not idempotent, the checkpoint is)."""
     run_dir = engines.config.run_dir
@@ -218,7 +219,7 @@ def staging_dir(run_dir: str, step: int) -> str:
     return final if fs.is_uri(run_dir) else final + ".tmp"
 
 
-def commit_checkpoint(engines: Any, step: int, metrics: dict, samples: int = 0) -> None:
+def commit_checkpoint(engines: Engines, step: int, metrics: dict, samples: int = 0) -> None:
     """Save the trainer and commit the step, recording its `samples` samples (stored_rows.json). A single-process LoRA
     trainer is snapshotted now and written by the background writer (after the step's rows); otherwise every rank
     saves here (the state is gathered) once its writes of the step landed, and rank 0 commits."""
@@ -282,7 +283,7 @@ def point_latest(run_dir: str, step: int) -> None:
     fs.write_json(pointer, {"step": step_number(step), "path": checkpoint_dir(run_dir, step)})
 
 
-def load_checkpoint(engines: Any, path: str) -> int:
+def load_checkpoint(engines: Engines, path: str) -> int:
     """Resume: the trainer takes the weights and optimizer state of checkpoint `path`. Weights that do not fit the
     model (another model, LoRA rank or targets than the run was trained with) are a ValueError naming the checkpoint
     and the first tensor that differs (torch lists every one, hundreds of lines)."""
@@ -299,7 +300,7 @@ def load_checkpoint(engines: Any, path: str) -> int:
 
 
 # ---- weight sync --------------------------------------------------------------------------------------
-def sync(engines: Any, step: int, chunk: int = 0, prefetch_next: bool = True) -> Synced:
+def sync(engines: Engines, step: int, chunk: int = 0, prefetch_next: bool = True) -> Synced:
     """Make the rollout sample with the updated weights (colocated: only the policy version moves), then start
     the next step's rollout on the rollout worker (diffrl/engines/step/generate.prefetch)."""
     inject_fault("sync_weights", step, world()[0])

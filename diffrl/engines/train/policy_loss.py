@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from diffrl.engines.train.config import TrainConfig
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.train.setup import world
 from diffrl.engines.trajectories import Trajectories
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import torch
 
-from diffrl.engines.train.config import TrainConfig
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.train.setup import ADAPTER_NAME, add_lora
 from diffrl.engines.trajectories import Trajectories
 from diffrl.models.base import ModelAdapter

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from diffrl.engines.train.config import TrainConfig
+from diffrl.configs.train import TrainConfig
 from diffrl.models.base import ModelAdapter
 
 ADAPTER_NAME = "default"

@@ -25,11 +25,11 @@ import torch
 
 from diffrl.algorithms.base import Algorithm
 from diffrl.algorithms.batches import TokenBatch
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.rollout.engine import to_device
 from diffrl.engines.rollout.tokens import TokenSampling
 from diffrl.engines.token_trajectories import TokenTrajectories
 from diffrl.engines.train.base import TrainerBase
-from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.policy_loss import correction_weights, lora_disabled
 from diffrl.engines.train.preference import training_units
 from diffrl.engines.train.setup import build_optimizer, build_scheduler, check_offload, prepare_denoiser, world

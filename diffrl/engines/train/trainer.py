@@ -27,11 +27,11 @@ import torch.distributed as dist
 
 from diffrl.algorithms.base import Algorithm
 from diffrl.algorithms.batches import SampleBatch, StepBatch
-from diffrl.engines.rollout.config import SamplingConfig
+from diffrl.configs.rollout import SamplingConfig
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.rollout.engine import RolloutEngine, to_device
 from diffrl.engines.train import checkpoint, sync
 from diffrl.engines.train.base import TrainerBase
-from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.policy_loss import (
     OldPolicy,
     active_steps,

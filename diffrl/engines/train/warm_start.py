@@ -14,13 +14,14 @@ import torch
 from safetensors.torch import load as st_load
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
+from diffrl.engines.handle import Engines
 from diffrl.engines.store import fs
 from diffrl.engines.train.checkpoint import checked_state
 from diffrl.engines.train.preference import ema_update
 from diffrl.engines.train.setup import trained_module, world
 
 
-def load_initial_weights(engines: Any, path: str) -> None:
+def load_initial_weights(engines: Engines, path: str) -> None:
     """Where the trainer lives (every rank): take the trained weights of checkpoint `path`."""
     load_weights(engines.trainer, path)
 

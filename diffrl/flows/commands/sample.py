@@ -137,7 +137,7 @@ def _device_and_dtype(args: argparse.Namespace):
 
 def _config(args: argparse.Namespace, is_video: bool):
     from diffrl.algorithms.windows import WindowPolicy
-    from diffrl.engines.rollout import SamplingConfig
+    from diffrl.configs.rollout import SamplingConfig
 
     if args.batch < 1:
         raise ValueError(f"--batch must be >= 1; got {args.batch}")

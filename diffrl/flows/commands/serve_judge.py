@@ -61,8 +61,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from diffrl.configs.vllm import VllmServerOptions
     from diffrl.engines.vllm_env import vllm_python
-    from diffrl.engines.vllm_server import VllmServer, VllmServerError, VllmServerOptions
+    from diffrl.engines.vllm_server import VllmServer, VllmServerError
 
     if not args.prepare:  # bad input is reported before the vLLM venv is made (minutes, the first time)
         if args.model and args.model.startswith(("reference:", "tiny:")):

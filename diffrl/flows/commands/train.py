@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import yaml
 
@@ -110,10 +111,6 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    import json
-    import os
-    import time
-
     from diffrl.configs.schema import check_logger_packages, load_experiment
     from diffrl.engines.store import fs
     from diffrl.flows.errors import logged_to
@@ -133,25 +130,59 @@ def run_train(args: argparse.Namespace) -> int:
         server = _start_prefect_server()  # boots in its own process while this one imports torch, diffusers, MLflow
         from diffrl.flows.train import train
 
-        prepared = _prepare_meanwhile(cfg) if server is not None else {}  # it boots for seconds: load, validate
-        os.environ["DIFFRL_PREPARED_S"] = json.dumps(prepared)  # the startup report's parts
+        prepared = prepare(cfg) if server is not None else {}  # it boots for seconds: load, validate
         if server is not None:
             server.join()
-        os.environ["DIFFRL_FLOW_CALLED_AT"] = str(time.time())  # the startup report's "imports" end here
-        train(config=config, overrides=overrides)
+        train(
+            config=config,
+            overrides=overrides,
+            command_started_at=args.started_at,
+            flow_called_at=time.time(),  # the startup report's "imports" end here
+            prepared_s=prepared,
+        )
     return 0
 
 
-def _prepare_meanwhile(cfg) -> dict[str, float]:
-    """Build the run's engines and its validation before training while Prefect's temporary server boots; the flow
-    takes them (diffrl/flows/early.py). Returns the seconds each took."""
+def prepare(cfg) -> dict[str, float]:
+    """What `diffrl train` prepares while Prefect's temporary server boots (7-14 s on the GPU machine; the flow cannot
+    start before it is up): the run's engines, built and registered under the run name, where the train flow takes
+    them for exactly this config (diffrl/flows/train.py take_prepared), and for a run without a checkpoint of its
+    own its validation before training, which travels with the engines. MLflow's tracking store opens on a thread
+    meanwhile (a new sqlite database migrates for about 2 s), so the flow's loggers find it ready.
+
+    Only `cluster.mode: local` (Ray builds its engines in its actors), and only when preparing works: any error is
+    left for the flow, which builds again and reports it in its own words. Returns the seconds each part took
+    ("engines", "validation"; {} when nothing was prepared)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from diffrl.engines import cluster
     from diffrl.engines.step.update import latest_checkpoint
-    from diffrl.flows import early
+    from diffrl.flows.build import build_engines
+    from diffrl.flows.loggers import open_stores
     from diffrl.flows.train import validation_outputs
 
+    if cfg.cluster.mode != "local":
+        return {}
+    parts: dict[str, float] = {}
+    started = time.time()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(open_stores, cfg.run.loggers)  # an error opening it is left for the flow's own open
+        try:
+            engines = build_engines(cfg)
+        except Exception:  # noqa: BLE001 - the flow builds again and reports this error in its own words
+            cluster.drop(cfg.run.name)
+            return {}
+    parts["engines"] = time.time() - started
     # a resumed run, or one that starts from another's weights, validates after loading them
     fresh = latest_checkpoint(cfg.run_dir) is None and not cfg.run.init_from
-    return early.prepare(cfg, validation_outputs, fresh=fresh)
+    if fresh and cfg.data.num_val_prompts:
+        started = time.time()
+        try:
+            engines.validation_before_training = validation_outputs(engines)
+        except Exception:  # noqa: BLE001 - the flow validates again and reports
+            return parts
+        parts["validation"] = time.time() - started
+    return parts
 
 
 def _start_prefect_server():

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from diffrl.configs.reward import RewardConfig
 from diffrl.engines.reward.answer import extract_answer, normalize_answer, parse_last_number, parse_numbers
 from diffrl.engines.reward.base import build_reward, reward_names
-from diffrl.engines.reward.multi import MultiReward, RewardConfig
+from diffrl.engines.reward.multi import MultiReward
 
 
 def _score(name: str, responses: list[str], truths: list, options: dict | None = None) -> list[float]:

@@ -8,17 +8,10 @@ import pytest
 import torch
 
 from diffrl.configs.loader import ConfigError
+from diffrl.configs.reward import RewardComponent, RewardConfig
 from diffrl.configs.schema import load_experiment
 from diffrl.engines.reward.base import RewardError, RewardOutput, build_reward, concat_outputs
-from diffrl.engines.reward.multi import (
-    MultiReward,
-    RewardComponent,
-    RewardConfig,
-    combine,
-    drop_partial_components,
-    exclusion_report,
-    reward_metrics,
-)
+from diffrl.engines.reward.multi import MultiReward, combine, drop_partial_components, exclusion_report, reward_metrics
 
 
 def _images() -> np.ndarray:

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from diffrl.configs.loader import ConfigError
+from diffrl.configs.reward import RewardConfig
 from diffrl.configs.schema import load_experiment
 from diffrl.engines.reward.base import RewardError, build_reward
-from diffrl.engines.reward.multi import MultiReward, RewardConfig
+from diffrl.engines.reward.multi import MultiReward
 
 
 def _images(count: int = 4) -> np.ndarray:

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from diffrl.configs.reward import RewardComponent, RewardConfig
 from diffrl.engines.reward.base import RewardError, build_reward
-from diffrl.engines.reward.multi import MultiReward, RewardComponent, RewardConfig, reward_metrics
+from diffrl.engines.reward.multi import MultiReward, reward_metrics
 from diffrl.engines.reward.vlm_judge import parse_rating
 
 FAST = {"timeout_s": 1.0, "retries": 2, "backoff_s": 0.01}

@@ -17,9 +17,10 @@ from torch import nn
 
 from diffrl.algorithms.catalog import get_algorithm
 from diffrl.algorithms.windows import WindowPolicy
+from diffrl.configs.rollout import RolloutWeights, SamplingConfig
 from diffrl.configs.schema import load_experiment
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.rollout import fast_weights
-from diffrl.engines.rollout.config import RolloutWeights, SamplingConfig
 from diffrl.engines.rollout.engine import RolloutEngine
 from diffrl.engines.rollout.fast_weights import (
     FP8_MAX,
@@ -30,7 +31,6 @@ from diffrl.engines.rollout.fast_weights import (
     row_scales,
     scaled_mm_supported,
 )
-from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.models.base import load_adapter
 

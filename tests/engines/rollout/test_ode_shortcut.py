@@ -9,9 +9,9 @@ import torch
 
 from diffrl.algorithms.windows import WindowPolicy
 from diffrl.configs.loader import ConfigError
+from diffrl.configs.rollout import OdeShortcut, SamplingConfig
 from diffrl.configs.schema import load_experiment
-from diffrl.engines.rollout import RolloutEngine, SamplingConfig
-from diffrl.engines.rollout.config import OdeShortcut
+from diffrl.engines.rollout import RolloutEngine
 from diffrl.engines.rollout.shortcut import evaluations_per_chunk
 from diffrl.engines.rollout.step import denoise_step
 from diffrl.models.base import SampleShape, load_adapter

@@ -13,7 +13,8 @@ import torch
 from PIL import Image
 
 from diffrl.algorithms.windows import WindowPolicy
-from diffrl.engines.rollout import RolloutEngine, SamplingConfig
+from diffrl.configs.rollout import SamplingConfig
+from diffrl.engines.rollout import RolloutEngine
 from diffrl.models.base import SampleShape
 from diffrl.models.qwen_image.adapter_edit import QwenImageEditAdapter, load_processor
 from diffrl.shapes.edits import shapes_edit_prompts

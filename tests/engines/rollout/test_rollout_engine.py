@@ -11,7 +11,8 @@ import torch
 from rollout_archs import ArchCase, arch_params, pipeline_pixels
 
 from diffrl.algorithms.windows import WindowPolicy
-from diffrl.engines.rollout import RolloutEngine, SamplingConfig
+from diffrl.configs.rollout import SamplingConfig
+from diffrl.engines.rollout import RolloutEngine
 from diffrl.models.base import SampleShape, load_adapter
 
 PROMPT = "a red cube on a blue table"

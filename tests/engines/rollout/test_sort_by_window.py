@@ -11,10 +11,10 @@ import torch
 
 from diffrl.algorithms.windows import WindowPolicy, sample_windows
 from diffrl.configs.loader import ConfigError
+from diffrl.configs.rollout import OdeShortcut, SamplingConfig
 from diffrl.configs.schema import load_experiment
 from diffrl.engines import cluster
-from diffrl.engines.rollout import RolloutEngine, SamplingConfig
-from diffrl.engines.rollout.config import OdeShortcut
+from diffrl.engines.rollout import RolloutEngine
 from diffrl.engines.rollout.engine import forward_order
 from diffrl.engines.step.generate import generate, score
 from diffrl.flows.build import build_engines

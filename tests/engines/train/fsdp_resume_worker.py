@@ -17,9 +17,9 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
 
 from diffrl.algorithms.catalog import get_algorithm  # noqa: E402
-from diffrl.engines.rollout.config import SamplingConfig  # noqa: E402
+from diffrl.configs.rollout import SamplingConfig  # noqa: E402
+from diffrl.configs.train import TrainConfig  # noqa: E402
 from diffrl.engines.rollout.engine import RolloutEngine  # noqa: E402
-from diffrl.engines.train.config import TrainConfig  # noqa: E402
 from diffrl.engines.train.trainer import PolicyTrainer  # noqa: E402
 from diffrl.models.base import load_adapter  # noqa: E402
 

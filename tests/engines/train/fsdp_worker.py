@@ -22,10 +22,10 @@ from safetensors.torch import save_file
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
 
 from diffrl.algorithms.catalog import get_algorithm  # noqa: E402
-from diffrl.engines.rollout.config import SamplingConfig  # noqa: E402
+from diffrl.configs.rollout import SamplingConfig  # noqa: E402
+from diffrl.configs.train import TrainConfig  # noqa: E402
 from diffrl.engines.rollout.engine import RolloutEngine  # noqa: E402
 from diffrl.engines.train.checkpoint import trainable_state  # noqa: E402
-from diffrl.engines.train.config import TrainConfig  # noqa: E402
 from diffrl.engines.train.trainer import PolicyTrainer  # noqa: E402
 from diffrl.models.base import load_adapter  # noqa: E402
 

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from diffrl.algorithms.catalog import get_algorithm
-from diffrl.engines.rollout.config import SamplingConfig
+from diffrl.configs.rollout import SamplingConfig
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.rollout.engine import RolloutEngine
-from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.setup import CastLinear, set_lora_compute_dtype
 from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.models.base import load_adapter

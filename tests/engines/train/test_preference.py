@@ -8,9 +8,9 @@ import torch
 from diffrl.algorithms.catalog import get_algorithm
 from diffrl.algorithms.gspo import GSPO
 from diffrl.algorithms.windows import WindowPolicy
-from diffrl.engines.rollout.config import SamplingConfig
+from diffrl.configs.rollout import SamplingConfig
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.rollout.engine import RolloutEngine
-from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.preference import lora_pairs, preference_pairs
 from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.models.base import SampleShape, load_adapter

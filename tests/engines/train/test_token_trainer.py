@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from diffrl.algorithms.catalog import get_algorithm, names_for
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.rollout.tokens import TokenSampling, TransformersTokenEngine
 from diffrl.engines.step.update import training_rows
-from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.tokens import TokenTrainer
 from diffrl.models.causal_lm.policy import CausalLMPolicy
 from diffrl.models.causal_lm.tiny_thinker import tiny_thinker

@@ -12,10 +12,10 @@ from diffrl import registry
 from diffrl.algorithms.base import DiffusionAlgorithm, Needs
 from diffrl.algorithms.batches import StepBatch
 from diffrl.algorithms.catalog import get_algorithm, register
-from diffrl.engines.rollout.config import SamplingConfig
+from diffrl.configs.rollout import SamplingConfig
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.rollout.engine import RolloutEngine
 from diffrl.engines.train.checkpoint import trainable_state
-from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.setup import lr_factor
 from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.models.base import load_adapter

@@ -13,11 +13,11 @@ from safetensors.torch import load_file
 
 from diffrl.algorithms.catalog import get_algorithm
 from diffrl.algorithms.windows import WindowPolicy
-from diffrl.engines.rollout.config import SamplingConfig
+from diffrl.configs.rollout import SamplingConfig
+from diffrl.configs.train import TrainConfig
 from diffrl.engines.rollout.engine import RolloutEngine
 from diffrl.engines.step.retention import checkpoint_bytes
 from diffrl.engines.train.checkpoint import lora_file_name, trainable_state
-from diffrl.engines.train.config import TrainConfig
 from diffrl.engines.train.export import export_checkpoint
 from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.models.base import load_adapter

@@ -119,11 +119,11 @@ class SamplingConfig:
             raise ValueError(f"max_sequence_length must be >= 1 or None; got {self.max_sequence_length}")
         for name in ("ode_tail", "ode_head"):
             if not isinstance(getattr(self, name), OdeShortcut):
-                raise TypeError(f"{name} must be an engines.rollout.config.OdeShortcut; got {getattr(self, name)!r}")
+                raise TypeError(f"{name} must be a configs.rollout.OdeShortcut; got {getattr(self, name)!r}")
         if not isinstance(self.sort_by_window, bool):
             raise TypeError(f"sort_by_window must be a bool; got {self.sort_by_window!r}")
         if not isinstance(self.weights, RolloutWeights):
-            raise TypeError(f"weights must be an engines.rollout.config.RolloutWeights; got {self.weights!r}")
+            raise TypeError(f"weights must be a configs.rollout.RolloutWeights; got {self.weights!r}")
         if not isinstance(self.window, WindowPolicy):
             raise TypeError(f"window must be an algorithms.windows.WindowPolicy; got {type(self.window).__name__}")
 
