@@ -29,7 +29,8 @@ from diffusers import (
 )
 
 from benchmarks.common import PrecomputedEmbeddings
-from diffrl.engines.rollout import RolloutEngine, SamplingConfig
+from diffrl.configs.rollout import SamplingConfig
+from diffrl.engines.rollout import RolloutEngine
 from diffrl.models.sd3.adapter import SD3Adapter
 from diffrl.models.sd3.realsize import SD35M_SCHEDULER, SD35M_TRANSFORMER, SD35M_VAE
 
