@@ -241,3 +241,18 @@ def test_retention_on_its_own_handle_while_the_writer_appends(tmp_path):
     for s in range(6, 12):
         assert_same(writer.read_step(s), chunks[s])
     assert torch.equal(writer.read_rewards(11)[0], torch.arange(4.0) + 11)
+
+
+def test_every_handle_of_a_table_reads_through_its_bounded_cache(tmp_path):
+    """Lance caches the metadata of every version a handle reads, bounded only by its session's size: each handle a
+    table opens, appends through or creates (a step commits to it again and again) uses the table's bounded one."""
+    import pyarrow as pa
+
+    from diffrl.engines.store.tables import LanceTable
+
+    table = LanceTable(str(tmp_path / "t.lance"))
+    for step in range(5):
+        table.append(pa.table({"step": [step] * 4}))
+        assert table.dataset().session().is_same_as(table._session)
+    reopened = LanceTable(table.uri)
+    assert reopened.dataset().session().is_same_as(reopened._session) and reopened.version() == 5
