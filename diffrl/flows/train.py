@@ -47,7 +47,7 @@ from diffrl.flows.errors import DamagedRun, RunFailure, cause, chain, is_interru
 from diffrl.flows.loggers import Place, RunLoggers, mark_run_failed, open_stores
 from diffrl.flows.progress import console
 from diffrl.flows.provenance import deployment_name, log_final_weights, prompt_inputs, source_tags
-from diffrl.flows.rl_step import rl_step
+from diffrl.flows.rl_step import forget_old_step_runs, rl_step
 from diffrl.flows.run_config import check_resume, init_from_run, record_config
 from diffrl.flows.run_format import RUN_FORMAT, check_run_format
 from diffrl.flows.run_lock import run_lock
@@ -460,6 +460,7 @@ def _train_steps(engines: cluster.Engines, tracker: RunLoggers, step_flow, start
             _log_rollout_images(engines, tracker, step)
         engines.run("rollout", retain, step)  # on the first replica's writer, behind its step's writes
         forget_old_results(engines, step, _results_dir(cfg))
+        forget_old_step_runs(cfg.run.name, step)  # Prefect's database keeps the last steps' subflow runs
         metrics = add_perf(metrics, clock.lap())
         times.append(metrics["perf/time_per_step"])
         if validation_due(cfg, step + 1):
