@@ -28,7 +28,7 @@ from diffrl.engines.numbering import step_number
 from diffrl.engines.redact import redact_text
 from diffrl.engines.step.generate import rollout_examples
 from diffrl.engines.step.plan import validation_due, validation_rollout
-from diffrl.engines.step.retention import checkpoint_bytes, describe_disk, latent_numel, retain
+from diffrl.engines.step.retention import checkpoint_bytes, describe_disk, latent_numel, retain, stored_image_bytes
 from diffrl.engines.step.run import StepClock, add_perf, drain, set_first_step, settle, sync_engines
 from diffrl.engines.step.update import (
     checkpoint_dir,
@@ -206,8 +206,6 @@ def _train(
     if cfg.run.trace:  # a timeline of the run's threads (diffrl/engines/trace.py)
         trace.enable(os.path.join(cfg.local_dir, "trace", f"{os.getpid()}.json"))
     engines.set_run_uid(_run_state(cfg)["uid"])  # ray mode: also the actors (the Ray workers running tasks ask them)
-    if engines.store is not None and cfg.data.sample_source == "online" and cfg.algorithm.needs.data != "tokens":
-        _say(describe_disk(cfg, engines.run("rollout", latent_numel), engines.run("trainer", checkpoint_bytes)))
     place = Place(cfg.run.experiment, cfg.run.name, state_path=fs.join(cfg.run_dir, "run.json"), folder=cfg.local_dir)
     tracker = RunLoggers(cfg.run.loggers, place, record_path=fs.join(cfg.run_dir, "logged.json"))
     startup.mark("loggers")
@@ -463,6 +461,9 @@ def _train_steps(engines: cluster.Engines, tracker: RunLoggers, step_flow, start
         forget_old_step_runs(cfg.run.name, step)  # Prefect's database keeps the last steps' subflow runs
         metrics = add_perf(metrics, clock.lap())
         times.append(metrics["perf/time_per_step"])
+        if step == start:  # the run's disk, with its images as the first step stored them
+            with clock.excluded():
+                _say_disk(engines, step)
         if validation_due(cfg, step + 1):
             with clock.excluded():
                 val = validate(engines, tracker, step + 1)
@@ -480,6 +481,13 @@ def _train_steps(engines: cluster.Engines, tracker: RunLoggers, step_flow, start
             note=_fmt(val) if val and validation_due(cfg, step + 1) else "",
         )
     return val
+
+
+def _say_disk(engines: cluster.Engines, step: int) -> None:
+    cfg = engines.config
+    if engines.store is not None and cfg.data.sample_source == "online" and cfg.algorithm.needs.data != "tokens":
+        latent, checkpoint = engines.run("rollout", latent_numel), engines.run("trainer", checkpoint_bytes)
+        _say(describe_disk(cfg, latent, checkpoint, engines.run("rollout", stored_image_bytes, step)))
 
 
 def _eta(step_seconds: list[float], steps_left: int) -> str:
