@@ -48,7 +48,7 @@ from diffrl.flows.loggers import Place, RunLoggers, mark_run_failed, open_stores
 from diffrl.flows.progress import console
 from diffrl.flows.provenance import deployment_name, log_final_weights, prompt_inputs, source_tags
 from diffrl.flows.rl_step import forget_old_step_runs, rl_step
-from diffrl.flows.run_config import check_resume, init_from_run, record_config
+from diffrl.flows.run_config import check_resume, held_overrides, init_from_run, record_config
 from diffrl.flows.run_format import RUN_FORMAT, check_run_format
 from diffrl.flows.run_lock import run_lock
 from diffrl.flows.tracking import caption
@@ -159,7 +159,7 @@ def train_run_name() -> str:
     """The train flow run is named after the diffrl run it trains (its run.name), not a random Prefect name."""
     parameters = flow_run.parameters or {}
     try:
-        return load_experiment(parameters.get("config"), list(parameters.get("overrides") or [])).run.name
+        return load_experiment(parameters.get("config"), held_overrides(parameters.get("overrides") or [])).run.name
     except Exception:  # noqa: BLE001 - a bad config is reported by the flow itself, with its own message
         return "train"
 
@@ -169,7 +169,8 @@ def train(config: str | None = None, overrides: list[str] | None = None) -> dict
     """Train the experiment `config` (a shipped name or a YAML path; default: the quickstart)."""
     startup = Startup()
     quiet_deployment_run()  # a Prefect worker's flow run: the console `diffrl train` gives itself
-    cfg = load_experiment(config, overrides or [])
+    overrides = held_overrides(overrides or [])  # the secrets `diffrl train` kept out of the flow's parameters
+    cfg = load_experiment(config, overrides)
     check_logger_packages(cfg.run.loggers)  # a logger's missing package fails before any work
     fs.use_options(cfg.run.root, cfg.run.storage_options)  # the run's files on an object store: one set of options
     # one writer per run: a second process is refused here, by pid and host (a lock on the driver's disk)

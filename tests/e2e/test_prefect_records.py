@@ -4,6 +4,7 @@ runs and states (older ones are deleted after each step), and no event feed on t
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import uuid
 
@@ -19,14 +20,16 @@ def _database() -> str:
     return url.split("///", 1)[1]
 
 
-def test_old_step_runs_leave_the_database_and_the_latest_stay(workdir):
+def test_old_step_runs_leave_the_database_the_latest_stay_and_no_secret_is_kept(workdir):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter
 
     from diffrl.flows.rl_step import KEEP_STEP_RUNS, forget_old_step_runs
+    from diffrl.flows.run_config import held_overrides
 
     run_name = f"records-{uuid.uuid4().hex[:8]}"
-    assert main(["train", *TINY, "run.steps=3", "data.num_val_prompts=0", f"run.name={run_name}"]) == 0
+    secret = "run.storage_options={token: sekrit-4417, aws_region: us-east-1}"  # what a run on S3 is given
+    assert main(["train", *TINY, "run.steps=3", "data.num_val_prompts=0", f"run.name={run_name}", secret]) == 0
     steps = FlowRunFilter(name={"like_": f"{run_name}-step-"})
     with get_client(sync_client=True) as client:
         runs = {run.name: run for run in client.read_flow_runs(flow_run_filter=steps)}
@@ -52,5 +55,9 @@ def test_old_step_runs_leave_the_database_and_the_latest_stay(workdir):
         assert count(states.format("flow_run_id IN ({0}) OR flow_run_id IN ({0})"), [kept]) >= 7 * 3
         orphans = "SELECT count(*) FROM task_run_state WHERE task_run_id NOT IN (SELECT id FROM task_run)"
         assert db.execute(orphans).fetchone()[0] == 0  # the deleted task runs' states went with them
+        # the train flow run's parameters hold no secret; the flow had the real value (a run on S3 would need it)
+        [(parameters,)] = db.execute("SELECT parameters FROM flow_run WHERE name = ?", (run_name,)).fetchall()
+        assert "sekrit" not in parameters and "{aws_region: us-east-1, token: '***'}" in parameters
+        assert held_overrides(json.loads(parameters)["overrides"])[-1] == secret  # what the flow loaded its config from
         # no event feed: Prefect's client sends each state change as an event; the temporary server keeps none
         assert db.execute("SELECT count(*) FROM events WHERE related LIKE ?", (f"%{run_name}%",)).fetchone()[0] == 0

@@ -117,7 +117,7 @@ def run_train(args: argparse.Namespace) -> int:
     from diffrl.configs.schema import check_logger_packages, load_experiment
     from diffrl.engines.store import fs
     from diffrl.flows.errors import logged_to
-    from diffrl.flows.run_config import check_resume
+    from diffrl.flows.run_config import check_resume, hold_overrides
     from diffrl.flows.run_format import check_run_format
     from diffrl.flows.run_lock import run_lock
 
@@ -138,7 +138,7 @@ def run_train(args: argparse.Namespace) -> int:
         if server is not None:
             server.join()
         os.environ["DIFFRL_FLOW_CALLED_AT"] = str(time.time())  # the startup report's "imports" end here
-        train(config=config, overrides=overrides)
+        train(config=config, overrides=hold_overrides(overrides))  # Prefect stores its parameters: no secrets
     return 0
 
 
