@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -130,12 +131,18 @@ def connect(address: str | None) -> None:
 
     if ray.is_initialized():
         return
+    on_main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if on_main else None
     ray.init(
         address=address or os.environ.get("RAY_ADDRESS") or "auto",
         namespace=NAMESPACE,
         runtime_env={"env_vars": forwarded_env()},
         log_to_driver=False,
     )
+    if callable(sigterm):
+        # ray.init replaces the process's SIGTERM handler with its own sys.exit(15): `diffrl train`'s (which stops the
+        # run's actors, releases its lock and prints one line: diffrl/flows/interrupts.py) must stay
+        signal.signal(signal.SIGTERM, sigterm)
     warn_if_exposed()  # a cluster open to the network without a token: say so (diffrl/engines/ray_exposure.py)
 
 

@@ -181,6 +181,11 @@ def server_environment() -> dict[str, str]:
     # the server's telemetry service reports to Prefect every few minutes and logs "Failed to send telemetry" where
     # there is no network (diffrl runs offline); a value the user exported wins
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # no event feed stored: every task run's three state changes are events, ~75 KB of rows and indexes a step on
+    # SQLite, which only Prefect's event pages read (task and flow runs and their states are recorded from the event
+    # stream by another service, and stay); a value the user exported wins
+    key = "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED"
+    env[key] = os.environ.get(key, "false")
     return env
 
 

@@ -22,7 +22,7 @@ from diffrl.configs.changes import Change, config_changes
 from diffrl.configs.loader import to_dict
 from diffrl.engines.handle import EngineHandle
 from diffrl.engines.numbering import step_number
-from diffrl.engines.redact import redact, redact_text
+from diffrl.engines.redact import MASK, is_secret_name, redact, redact_text
 from diffrl.engines.store import fs
 from diffrl.flows.progress import console
 from diffrl.flows.run_format import has_stored_data
@@ -172,3 +172,40 @@ def record_config(cfg: Any, tracker: Any, changes: list[Change], start: int) -> 
 
 def _say(message: str) -> None:
     console.say(redact_text(message))
+
+
+# recorded overrides -> the real ones, for the flow this process calls (its parameters are what Prefect stores)
+_HELD: dict[tuple[str, ...], list[str]] = {}
+
+
+def recorded_override(override: str) -> str:
+    """`key=value` as it may be recorded: *** for a set value under a secret-like key (`...api_key=...`), for the
+    secret-like keys of a YAML mapping value, and for a URL's credentials (redact)."""
+    key, sep, value = override.partition("=")
+    if not sep:
+        return override
+    if is_secret_name(key.rsplit(".", 1)[-1]) and value:
+        return f"{key}={MASK}"
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:  # the loader reports it; nothing parsed to hide but URLs
+        parsed = None
+    if isinstance(parsed, (dict, list)) and redact(parsed) != parsed:
+        return f"{key}={yaml.safe_dump(redact(parsed), default_flow_style=True, width=1 << 20).strip()}"
+    return f"{key}={redact_text(value)}"
+
+
+def hold_overrides(overrides: list[str]) -> list[str]:
+    """The overrides to pass as the train flow's parameters, which Prefect stores in its database and shows in its
+    UI: secret-like values are ***. The real ones stay in this process, where `held_overrides` gives them back to
+    the flow."""
+    recorded = [recorded_override(o) for o in overrides]
+    if recorded != list(overrides):
+        _HELD[tuple(recorded)] = list(overrides)
+    return recorded
+
+
+def held_overrides(overrides: list[str]) -> list[str]:
+    """The real overrides `hold_overrides` kept for these recorded ones (the same list when nothing was hidden, or
+    for a flow run a Prefect worker started from its stored parameters)."""
+    return _HELD.get(tuple(overrides), list(overrides))

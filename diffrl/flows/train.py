@@ -28,7 +28,7 @@ from diffrl.engines.numbering import step_number
 from diffrl.engines.redact import redact_text
 from diffrl.engines.step.generate import rollout_examples
 from diffrl.engines.step.plan import validation_due, validation_rollout
-from diffrl.engines.step.retention import checkpoint_bytes, describe_disk, latent_numel, retain
+from diffrl.engines.step.retention import checkpoint_bytes, describe_disk, latent_numel, retain, stored_image_bytes
 from diffrl.engines.step.run import StepClock, add_perf, drain, set_first_step, settle, sync_engines
 from diffrl.engines.step.update import (
     checkpoint_dir,
@@ -47,8 +47,8 @@ from diffrl.flows.errors import DamagedRun, RunFailure, cause, chain, is_interru
 from diffrl.flows.loggers import Place, RunLoggers, mark_run_failed, open_stores
 from diffrl.flows.progress import console
 from diffrl.flows.provenance import deployment_name, log_final_weights, prompt_inputs, source_tags
-from diffrl.flows.rl_step import rl_step
-from diffrl.flows.run_config import check_resume, init_from_run, record_config
+from diffrl.flows.rl_step import forget_old_step_runs, rl_step
+from diffrl.flows.run_config import check_resume, held_overrides, init_from_run, record_config
 from diffrl.flows.run_format import RUN_FORMAT, check_run_format
 from diffrl.flows.run_lock import run_lock
 from diffrl.flows.tracking import caption
@@ -158,7 +158,7 @@ def train_run_name() -> str:
     """The train flow run is named after the diffrl run it trains (its run.name), not a random Prefect name."""
     parameters = flow_run.parameters or {}
     try:
-        return load_experiment(parameters.get("config"), list(parameters.get("overrides") or [])).run.name
+        return load_experiment(parameters.get("config"), held_overrides(parameters.get("overrides") or [])).run.name
     except Exception:  # noqa: BLE001 - a bad config is reported by the flow itself, with its own message
         return "train"
 
@@ -179,7 +179,8 @@ def train(
     parts. Without them (a deployment's run) the report counts from the flow's start and the flow builds its own."""
     startup = Startup(command_started_at, flow_called_at, prepared_s or {})
     quiet_deployment_run()  # a Prefect worker's flow run: the console `diffrl train` gives itself
-    cfg = load_experiment(config, overrides or [])
+    overrides = held_overrides(overrides or [])  # the secrets `diffrl train` kept out of the flow's parameters
+    cfg = load_experiment(config, overrides)
     check_logger_packages(cfg.run.loggers)  # a logger's missing package fails before any work
     fs.use_options(cfg.run.root, cfg.run.storage_options)  # the run's files on an object store: one set of options
     # one writer per run: a second process is refused here, by pid and host (a lock on the driver's disk)
@@ -223,8 +224,6 @@ def _train(
     if cfg.run.trace:  # a timeline of the run's threads (diffrl/engines/trace.py)
         trace.enable(os.path.join(cfg.local_dir, "trace", f"{os.getpid()}.json"))
     engines.set_run_uid(_run_state(cfg)["uid"])  # ray mode: also the actors (the Ray workers running tasks ask them)
-    if engines.store is not None and cfg.data.sample_source == "online" and cfg.algorithm.needs.data != "tokens":
-        _say(describe_disk(cfg, engines.run("rollout", latent_numel), engines.run("trainer", checkpoint_bytes)))
     place = Place(cfg.run.experiment, cfg.run.name, state_path=fs.join(cfg.run_dir, "run.json"), folder=cfg.local_dir)
     tracker = RunLoggers(cfg.run.loggers, place, record_path=fs.join(cfg.run_dir, "logged.json"))
     startup.mark("loggers")
@@ -492,8 +491,12 @@ def _train_steps(engines: EngineHandle, tracker: RunLoggers, step_flow, start: i
             _log_rollout_images(engines, tracker, step)
         engines.run("rollout", retain, step)  # on the first replica's writer, behind its step's writes
         forget_old_results(engines, step, _results_dir(cfg))
+        forget_old_step_runs(cfg.run.name, step)  # Prefect's database keeps the last steps' subflow runs
         metrics = add_perf(metrics, clock.lap())
         times.append(metrics["perf/time_per_step"])
+        if step == start:  # the run's disk, with its images as the first step stored them
+            with clock.excluded():
+                _say_disk(engines, step)
         if validation_due(cfg, step + 1):
             with clock.excluded():
                 val = validate(engines, tracker, step + 1)
@@ -511,6 +514,13 @@ def _train_steps(engines: EngineHandle, tracker: RunLoggers, step_flow, start: i
             note=_fmt(val) if val and validation_due(cfg, step + 1) else "",
         )
     return val
+
+
+def _say_disk(engines: cluster.Engines, step: int) -> None:
+    cfg = engines.config
+    if engines.store is not None and cfg.data.sample_source == "online" and cfg.algorithm.needs.data != "tokens":
+        latent, checkpoint = engines.run("rollout", latent_numel), engines.run("trainer", checkpoint_bytes)
+        _say(describe_disk(cfg, latent, checkpoint, engines.run("rollout", stored_image_bytes, step)))
 
 
 def _eta(step_seconds: list[float], steps_left: int) -> str:

@@ -175,3 +175,58 @@ def test_retired_placements_are_refused_with_their_replacement(override, replace
 
     with pytest.raises(ValueError, match=f"config key '{override.split('=')[0]}' is retired: .*{replacement}"):
         load_experiment(None, TINY + ["cluster.mode=ray", override])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_stops_the_runs_actors_and_releases_its_lock(ray_cluster, workdir, how):
+    """Ctrl-C (SIGINT to the command's process group, as a terminal sends it) or SIGTERM to a `diffrl train` in Ray
+    mode, once a step is committed: within 15 s the command ends in one line, its run lock is free and none of the
+    run's actors is left in the cluster (their GPUs freed)."""
+    import re
+    import signal
+    import uuid
+
+    from test_interrupts import AT, _lock_is_free
+
+    from diffrl.engines import cluster
+
+    run_name = f"ray-{how.lower()}-{uuid.uuid4().hex[:6]}"
+    err = workdir / "stderr.txt"
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster}  # the test's cluster; PREFECT_API_URL: its loopback server
+    command = [sys.executable, "-m", "diffrl.flows.cli", "train", *TINY, *RAY, "run.steps=100"]
+    with open(err, "w") as f:
+        proc = subprocess.Popen(
+            command + ["data.num_val_prompts=0", f"run.name={run_name}"],
+            cwd=workdir,
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        pointer = workdir / "runs" / run_name / "checkpoints" / "latest.json"
+        while not (re.search(r"^\[diffrl\] step \d+/100:", err.read_text(), re.M) and pointer.exists()):
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+            time.sleep(0.1)
+        assert cluster.list_actors(run_name)  # the run's engine actor is up
+        sent = time.monotonic()
+        if how == "SIGINT":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        took = time.monotonic() - sent
+        lines = err.read_text().strip().splitlines()
+        assert code == 130 and took < 15, (code, took, "\n".join(lines[-20:]))
+        named = "" if how == "SIGINT" else r" \(SIGTERM\)"
+        assert re.fullmatch(rf"diffrl: interrupted{named} {AT}; rerun the same command to resume", lines[-1]), lines
+        assert _lock_is_free(str(workdir / "runs" / run_name / "run.lock"))
+        _gone(run_name)  # no actor of the run left alive (ray.kill is asynchronous: given up to 20 s more)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,5 +1,5 @@
 """A run's disk, kept bounded: old steps' latents dropped (`run.keep_latents_steps`), the per-append Lance fragments
-merged every `run.compact_every` steps, and the estimate `diffrl train` prints before it starts.
+merged every `run.compact_every` steps, and the estimate `diffrl train` prints after its first step.
 
 Latents are the bulk of a step (fp32, every stored denoising state of every sample: 320 KB per 64x64 sample of
 the shapes recipe, 768 KB per 512x512 Qwen-Image sample); the update needs them only until its step's checkpoint
@@ -107,10 +107,23 @@ def checkpoints_held(cfg: Any) -> int:
     return min(steps, steps // every + 2)
 
 
-def disk_estimate(cfg: Any, latent_elements: int, checkpoint: int = 0) -> dict[str, float]:
+def stored_image_bytes(engines: Any, step: int) -> float | None:
+    """Mean bytes of one image of step `step` as stored (PNG), read behind the step's writes (where the rollout and
+    its store live); None without a store."""
+    if engines.store is None or engines.memory is None:
+        return None
+    return engines.memory.writer.call(step, "stored image sizes", engines.store.image_bytes, step)
+
+
+def disk_estimate(
+    cfg: Any, latent_elements: int, checkpoint: int = 0, image_bytes: float | None = None
+) -> dict[str, float]:
     """Bytes a run writes: per step (latents, rows with images) and in all, with its retention and its checkpoints
-    (`checkpoint` bytes each). Images are counted at their raw size (PNG is at most that); latents stay on disk for
-    keep_latents_steps steps plus up to compact_every more until a compaction frees the dropped ones."""
+    (`checkpoint` bytes each). An image counts `image_bytes` (what a step stored: PNG), else its raw size (an upper
+    bound). Latents stay on disk for keep_latents_steps steps, the step in flight and up to compact_every more until
+    a compaction frees the dropped ones. At the peak, a compaction has written its merged copy of the latents it
+    keeps and drops before the files it replaces go, and a new checkpoint is written before the oldest kept one is
+    removed."""
     samples, steps = cfg.rollout.samples_per_step, cfg.run.steps
     # the stored window: what the rollout keeps for this policy and number of steps (offline pairs keep one step)
     window = (
@@ -119,29 +132,33 @@ def disk_estimate(cfg: Any, latent_elements: int, checkpoint: int = 0) -> dict[s
         else 1
     )
     latents = samples * (window + 1) * latent_elements * 4
-    rows = samples * (ROW_BYTES + cfg.rollout.height * cfg.rollout.width * 3 * max(cfg.rollout.num_frames, 1))
-    keep = cfg.run.keep_latents_steps
-    held = steps if keep < 0 else min(steps, keep + 1 + (cfg.run.compact_every or steps))
+    raw = cfg.rollout.height * cfg.rollout.width * 3 * max(cfg.rollout.num_frames, 1)
+    rows = samples * (ROW_BYTES + (raw if image_bytes is None else image_bytes))
+    keep, compact_every = cfg.run.keep_latents_steps, cfg.run.compact_every
+    held = steps if keep < 0 else min(steps, keep + 1 + (compact_every or steps))
     tables = steps * rows + held * latents
+    checkpoints = checkpoints_held(cfg) * checkpoint
+    rewritten = min(steps, compact_every) * latents if compact_every else 0
     return {
         "latents_per_step": float(latents),
         "rows_per_step": float(rows),
-        "checkpoints": float(checkpoints_held(cfg) * checkpoint),
-        "total": float(tables + checkpoints_held(cfg) * checkpoint),
-        # a compaction writes the merged fragments before the old version's files go (seconds later)
-        "peak": float(2 * tables + checkpoints_held(cfg) * checkpoint),
+        "checkpoints": float(checkpoints),
+        "total": float(tables + checkpoints),
+        "peak": float(tables + checkpoints + rewritten + (checkpoint if steps > checkpoints_held(cfg) else 0)),
         "latent_steps_held": float(held),
     }
 
 
-def describe_disk(cfg: Any, latent_elements: int, checkpoint: int = 0) -> str:
-    """One line for the start of a run: what it will write and what the disk has free."""
-    est = disk_estimate(cfg, latent_elements, checkpoint)
+def describe_disk(cfg: Any, latent_elements: int, checkpoint: int = 0, image_bytes: float | None = None) -> str:
+    """One line for a run: what it will write (images at `image_bytes` each, what its first step stored) and what
+    the disk has free."""
+    est = disk_estimate(cfg, latent_elements, checkpoint, image_bytes)
     keep = cfg.run.keep_latents_steps
     kept = "every step's latents kept" if keep < 0 else f"latents of the last {keep} steps kept"
+    images = "images at their raw size" if image_bytes is None else f"images of {_size(image_bytes)} as stored"
     line = (
         f"disk: about {_size(est['total'])} for {cfg.run.steps} steps ({kept}; per step "
-        f"{_size(est['latents_per_step'])} of latents, up to {_size(est['rows_per_step'])} of rows and images"
+        f"{_size(est['latents_per_step'])} of latents, {_size(est['rows_per_step'])} of rows and {images}"
     )
     if checkpoint:
         line += f"; {checkpoints_held(cfg)} checkpoints of {_size(checkpoint)} kept"

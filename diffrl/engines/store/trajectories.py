@@ -289,6 +289,13 @@ class TrajectoryStore:
             raise ValueError(f"{self.uri}: no sample (step={step}, group_id={group_id!r}, sample_index={sample_index})")
         return decode_image(rows.column("image")[0].as_py())  # first in table order = the committed write
 
+    def image_bytes(self, step: int) -> float | None:
+        """Mean stored bytes of one image (or video) of step `step`'s rows, as written (PNG); None when it has none."""
+        rows = self._table.scan(["image"], filter=f"step = {step_number(step)}")  # blob descriptors, not the bytes
+        if rows is None or rows.num_rows == 0:
+            return None
+        return float(pc.mean(rows.column("image").combine_chunks().field("size")).as_py())
+
     def steps(self) -> list[int]:
         """Steps (indices) with at least one committed row, ascending."""
         rows = self._table.scan(["step"])

@@ -114,7 +114,7 @@ def run_train(args: argparse.Namespace) -> int:
     from diffrl.configs.schema import check_logger_packages, load_experiment
     from diffrl.engines.store import fs
     from diffrl.flows.errors import logged_to
-    from diffrl.flows.run_config import check_resume
+    from diffrl.flows.run_config import check_resume, hold_overrides
     from diffrl.flows.run_format import check_run_format
     from diffrl.flows.run_lock import run_lock
 
@@ -135,7 +135,7 @@ def run_train(args: argparse.Namespace) -> int:
             server.join()
         train(
             config=config,
-            overrides=overrides,
+            overrides=hold_overrides(overrides),  # Prefect stores its parameters: no secrets
             command_started_at=args.started_at,
             flow_called_at=time.time(),  # the startup report's "imports" end here
             prepared_s=prepared,

@@ -1,4 +1,4 @@
-"""The disk estimate `diffrl train` prints before a run, against the closed form."""
+"""The disk estimate `diffrl train` prints after a run's first step, against the closed form."""
 
 from __future__ import annotations
 
@@ -17,12 +17,19 @@ def test_disk_estimate_closed_form():
     held = 2 + 1 + 10  # kept steps, the step in flight, and those waiting for the next compaction
     assert est["latent_steps_held"] == held
     assert est["total"] == 600 * est["rows_per_step"] + held * est["latents_per_step"]
-    assert est["peak"] == 2 * est["total"]  # a compaction's merged copy beside the version it replaces
+    # a compaction's merged copy of the latents waiting for it (compact_every steps' worth) beside the files it replaces
+    assert est["peak"] == est["total"] + 10 * est["latents_per_step"]
     keep_all = disk_estimate(load_experiment("shapes_flow_grpo", ["run.keep_latents_steps=-1"]), latent)
     assert keep_all["total"] == 600 * (keep_all["rows_per_step"] + keep_all["latents_per_step"])
     line = describe_disk(cfg, latent)
     assert line.startswith("disk: about 5.8 GB for 600 steps (latents of the last 2 steps kept") and "free" in line
-    assert "up to 11.7 GB while a compaction rewrites the tables" in line
+    assert "of rows and images at their raw size" in line and "up to 7.2 GB while a compaction" in line
+    # images as the first step stored them (PNG), and a checkpoint written before the oldest kept one goes
+    stored = disk_estimate(cfg, latent, checkpoint=1000, image_bytes=3000.0)
+    assert stored["rows_per_step"] == 512 * (1024 + 3000)
+    assert stored["total"] == 600 * stored["rows_per_step"] + held * stored["latents_per_step"] + 14 * 1000
+    assert stored["peak"] == stored["total"] + 10 * stored["latents_per_step"] + 1000
+    assert "of rows and images of 3.0 KB as stored" in describe_disk(cfg, latent, 1000, 3000.0)
 
 
 def test_checkpoints_count_in_the_estimate(tmp_path):

@@ -241,3 +241,28 @@ def test_retention_on_its_own_handle_while_the_writer_appends(tmp_path):
     for s in range(6, 12):
         assert_same(writer.read_step(s), chunks[s])
     assert torch.equal(writer.read_rewards(11)[0], torch.arange(4.0) + 11)
+
+
+def test_image_bytes_is_the_mean_stored_size_of_a_steps_images(tmp_path):
+    store = TrajectoryStore(str(tmp_path / "trajectories.lance"))
+    a, b = two_chunks()
+    store.append(a, run="r", step=0, chunk=0)
+    store.append(b, run="r", step=0, chunk=1)
+    stored = store._table.scan(["image"], filter="step = 1", blobs_as_bytes=True).column("image").to_pylist()
+    assert len(stored) == 12 and store.image_bytes(0) == sum(map(len, stored)) / 12  # the PNG bytes written
+    assert store.image_bytes(1) is None
+
+
+def test_every_handle_of_a_table_reads_through_its_bounded_cache(tmp_path):
+    """Lance caches the metadata of every version a handle reads, bounded only by its session's size: each handle a
+    table opens, appends through or creates (a step commits to it again and again) uses the table's bounded one."""
+    import pyarrow as pa
+
+    from diffrl.engines.store.tables import LanceTable
+
+    table = LanceTable(str(tmp_path / "t.lance"))
+    for step in range(5):
+        table.append(pa.table({"step": [step] * 4}))
+        assert table.dataset().session().is_same_as(table._session)
+    reopened = LanceTable(table.uri)
+    assert reopened.dataset().session().is_same_as(reopened._session) and reopened.version() == 5
