@@ -107,7 +107,7 @@ def checkpoints_held(cfg: Any) -> int:
     return min(steps, steps // every + 2)
 
 
-def stored_image_bytes(engines: Any, step: int) -> float | None:
+def stored_image_bytes(engines: Engines, step: int) -> float | None:
     """Mean bytes of one image of step `step` as stored (PNG), read behind the step's writes (where the rollout and
     its store live); None without a store."""
     if engines.store is None or engines.memory is None:
