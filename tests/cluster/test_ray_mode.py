@@ -89,7 +89,7 @@ def test_killed_actor_fails_the_step_within_the_timeout(ray_cluster, workdir):
     from diffrl.engines import cluster
     from diffrl.flows.train import train
 
-    overrides = TINY + RAY + ["run.name=victim", "run.steps=2", "cluster.actor_timeout_s=30"]
+    overrides = TINY + RAY + ["run.name=victim", "run.steps=2", "cluster.actor_timeout_s=120"]
     table = os.path.join(workdir, "runs/victim/trajectories.lance")
     killed = {}
 
