@@ -160,3 +160,11 @@ def test_the_rules_find_history(text):
 )
 def test_the_rules_leave_ordinary_text_alone(text):
     assert not violations([("x.md", 1, text)]), text
+
+
+@pytest.mark.parametrize("doc", ["docs/performance.md", "docs/reference-model.md"])
+def test_the_measurement_docs_stay_under_300_lines(doc):
+    """The current figures, how they were measured and how to reproduce them; a past figure lives in git."""
+    with open(os.path.join(REPO, doc), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    assert len(lines) < 300, f"{doc} has {len(lines)} lines: keep the current figures only"
