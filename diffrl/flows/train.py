@@ -519,7 +519,8 @@ def _train_steps(engines: EngineHandle, tracker: RunLoggers, step_flow, start: i
 def _say_disk(engines: cluster.Engines, step: int) -> None:
     cfg = engines.config
     if engines.store is not None and cfg.data.sample_source == "online" and cfg.algorithm.needs.data != "tokens":
-        latent, checkpoint = engines.run("rollout", latent_numel), engines.run("trainer", checkpoint_bytes)
+        # from the first replica only: another's process may be gone mid-step, which the next stage reports
+        latent, checkpoint = engines.run("rollout", latent_numel), engines.run_one("trainer", 0, checkpoint_bytes)
         _say(describe_disk(cfg, latent, checkpoint, engines.run("rollout", stored_image_bytes, step)))
 
 

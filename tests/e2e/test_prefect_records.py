@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 import uuid
 
 from e2e_settings import TINY
@@ -18,6 +19,22 @@ def _database() -> str:
 
     url = get_current_settings().server.database.connection_url.get_secret_value()
     return url.split("///", 1)[1]
+
+
+def _count(sql: str, ids: list[str]) -> int:
+    """`sql` with `{0}` standing for the ids' placeholders; Prefect stores UUIDs as text, with or without dashes
+    depending on the column type."""
+    marks = ",".join("?" * len(ids))
+    with sqlite3.connect(_database()) as db:
+        return db.execute(sql.format(marks), ids + [i.replace("-", "") for i in ids]).fetchone()[0]
+
+
+def _wait_for_task_runs(flow_run_ids: list[str], expected: int, cap_s: float = 120.0) -> None:
+    tasks = "SELECT count(*) FROM task_run WHERE flow_run_id IN ({0}) OR flow_run_id IN ({0})"
+    deadline = time.monotonic() + cap_s  # a failure cap only
+    while (found := _count(tasks, flow_run_ids)) < expected:
+        assert time.monotonic() < deadline, f"{found} of {expected} task runs recorded"
+        time.sleep(0.2)
 
 
 def test_old_step_runs_leave_the_database_the_latest_stay_and_no_secret_is_kept(workdir):
@@ -34,6 +51,9 @@ def test_old_step_runs_leave_the_database_the_latest_stay_and_no_secret_is_kept(
     with get_client(sync_client=True) as client:
         runs = {run.name: run for run in client.read_flow_runs(flow_run_filter=steps)}
         assert sorted(runs) == [f"{run_name}-step-{k}" for k in (1, 2, 3)]  # 3 steps: all kept
+        # the server records task runs from the client's events, after them: wait until all 3 steps' 7 stages each
+        # are in (else a late event would record a task run of a deleted step after the deletion)
+        _wait_for_task_runs([str(run.id) for run in runs.values()], 3 * 7)
         # as after step index 2 + KEEP_STEP_RUNS - 1: the step runs of indices 0 and 1 go
         assert forget_old_step_runs(run_name, 1 + KEEP_STEP_RUNS) == 2
         left = client.read_flow_runs(flow_run_filter=steps)
@@ -42,12 +62,7 @@ def test_old_step_runs_leave_the_database_the_latest_stay_and_no_secret_is_kept(
     parents = [str(runs[f"{run_name}-step-{k}"].parent_task_run_id) for k in (1, 2)]
     kept = str(runs[f"{run_name}-step-3"].id)
     with sqlite3.connect(_database()) as db:
-
-        def count(sql: str, ids: list[str]) -> int:
-            # Prefect stores UUIDs as text, with or without dashes depending on the column type
-            marks = ",".join("?" * len(ids))
-            return db.execute(sql.format(marks), ids + [i.replace("-", "") for i in ids]).fetchone()[0]
-
+        count = _count
         tasks = "SELECT count(*) FROM task_run WHERE flow_run_id IN ({0}) OR flow_run_id IN ({0})"
         assert count(tasks, gone) == 0 and count(tasks, [kept]) == 7  # the latest step's stages stay
         assert count("SELECT count(*) FROM task_run WHERE id IN ({0}) OR id IN ({0})", parents) == 0
