@@ -30,10 +30,15 @@ def _count(sql: str, ids: list[str]) -> int:
 
 
 def _wait_for_task_runs(flow_run_ids: list[str], expected: int, cap_s: float = 120.0) -> None:
+    """Until the flow runs' `expected` task runs and their 3 states each (pending, running, completed) are recorded."""
     tasks = "SELECT count(*) FROM task_run WHERE flow_run_id IN ({0}) OR flow_run_id IN ({0})"
+    where = "flow_run_id IN ({0}) OR flow_run_id IN ({0})"
+    states = f"SELECT count(*) FROM task_run_state WHERE task_run_id IN (SELECT id FROM task_run WHERE {where})"
     deadline = time.monotonic() + cap_s  # a failure cap only
-    while (found := _count(tasks, flow_run_ids)) < expected:
-        assert time.monotonic() < deadline, f"{found} of {expected} task runs recorded"
+    while (found := (_count(tasks, flow_run_ids), _count(states, flow_run_ids)))[0] < expected or found[
+        1
+    ] < 3 * expected:
+        assert time.monotonic() < deadline, f"{found} of {expected} task runs and their states recorded"
         time.sleep(0.2)
 
 
