@@ -28,7 +28,7 @@ from diffusers import (
     StableDiffusion3Pipeline,
 )
 
-from benchmarks.common import PrecomputedEmbeddings
+from benchmarks.common import TINY_SCALES, PrecomputedEmbeddings
 from diffrl.configs.rollout import SamplingConfig
 from diffrl.engines.rollout import RolloutEngine
 from diffrl.models.sd3.adapter import SD3Adapter
@@ -38,20 +38,9 @@ from diffrl.models.sd3.realsize import SD35M_SCHEDULER, SD35M_TRANSFORMER, SD35M
 SD35_MEDIUM_TRANSFORMER, SD3_VAE, SD3_SCHEDULER = SD35M_TRANSFORMER, SD35M_VAE, SD35M_SCHEDULER
 TEXT_TOKENS = 77 + 256  # CLIP + T5 at the pipeline's default max_sequence_length
 
-# --tiny: the same classes at smoke-test size.
-TINY_TRANSFORMER = dict(
-    SD35_MEDIUM_TRANSFORMER,
-    num_layers=2,
-    attention_head_dim=8,
-    num_attention_heads=2,
-    joint_attention_dim=32,
-    caption_projection_dim=16,
-    pooled_projection_dim=24,
-    sample_size=32,
-    pos_embed_max_size=64,
-    dual_attention_layers=(0,),
-)
-TINY_VAE = dict(SD3_VAE, block_out_channels=(8, 16, 16, 16), layers_per_block=1, norm_num_groups=4)
+# --tiny: the same classes at smoke-test size (the sizes rl_step's --tiny uses)
+TINY_TRANSFORMER = dict(SD35_MEDIUM_TRANSFORMER, **TINY_SCALES["sd3"]["transformer"])
+TINY_VAE = dict(SD3_VAE, **TINY_SCALES["sd3"]["vae"])
 
 
 def build_pipeline(tiny: bool, device: str, dtype: torch.dtype) -> StableDiffusion3Pipeline:
