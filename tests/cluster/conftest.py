@@ -16,24 +16,33 @@ from servers import start_prefect_server  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory):
-    """PREFECT_API_URL of a fresh loopback server, set for this process and its children."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
+def _prefect_url(tmp_path_factory):
+    """API URL of a fresh loopback Prefect server, started once per session."""
     home = str(tmp_path_factory.mktemp("prefect_home"))
     proc, url = start_prefect_server(home)
-    old = os.environ.get("PREFECT_API_URL")
-    os.environ["PREFECT_API_URL"] = url
     try:
-        with temporary_settings({PREFECT_API_URL: url}):
-            yield url
+        yield url
     finally:
-        if old is None:
-            os.environ.pop("PREFECT_API_URL", None)
-        else:
-            os.environ["PREFECT_API_URL"] = old
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(autouse=True)
+def prefect_server(_prefect_url):
+    """PREFECT_API_URL of the session's loopback server, set for this process, its threads and its children during
+    each test here, and only then: a test elsewhere that the same worker runs later gets Prefect's temporary server.
+    (Prefect's settings in a thread come from a global context read from the environment when it was made: it is
+    made again on both edges.)"""
+    from prefect.context import refresh_global_settings_context
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PREFECT_API_URL", _prefect_url)
+        refresh_global_settings_context()
+        try:
+            yield _prefect_url
+        finally:
+            mp.undo()
+            refresh_global_settings_context()
 
 
 @pytest.fixture(scope="session")
@@ -44,18 +53,20 @@ def diffrl_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(prefect_server, diffrl_cache, tmp_path_factory):
+def ray_cluster(_prefect_url, diffrl_cache, tmp_path_factory):
     """A local Ray cluster owned by this process: 2 CPUs, 4 fake GPUs (placement is real, devices are CPU)."""
     ray = pytest.importorskip("ray")
     # the raylet and its workers inherit this environment: the Prefect server and the tiny-model cache
-    ctx = ray.init(
-        num_cpus=2,
-        num_gpus=4,
-        namespace="diffrl",
-        include_dashboard=False,
-        log_to_driver=False,
-        _temp_dir=str(tmp_path_factory.mktemp("ray")),
-    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PREFECT_API_URL", _prefect_url)
+        ctx = ray.init(
+            num_cpus=2,
+            num_gpus=4,
+            namespace="diffrl",
+            include_dashboard=False,
+            log_to_driver=False,
+            _temp_dir=str(tmp_path_factory.mktemp("ray")),
+        )
     try:
         yield ctx.address_info["gcs_address"]
     finally:
