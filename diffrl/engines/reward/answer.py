@@ -9,6 +9,8 @@ from metadata[i]["ground_truth"]; none evaluates answer text (parsing only).
                  ground truth (math.isclose), else 0.0; 0.0 when the answer holds no number.
 - format_check:  1.0 when the response matches the configured regex (re.search), else 0.0 (default: a
                  DeepSeek-R1 style "<think>...</think> <answer>...</answer>" response).
+- length_target: max(0, 1 - |n - target| / target) for a response of n characters: a rule that varies on any text,
+                 a random model's included (what a speed measurement trains on when no answer can be right).
 
 Extraction (`extract`): "boxed" = the content of the last \\boxed{...} (nested braces matched), "answer_tag" = the
 content of the last <answer>...</answer>, "marker" = the text after the last `marker` (case-insensitive, "Answer:" by
@@ -94,6 +96,19 @@ class FormatCheckOptions:
         except re.error as e:
             raise ValueError(f"format_check: option 'pattern' is not a valid regex ({e}): {self.pattern!r}") from None
         check_positive(self.batch_size, "batch_size", "format_check")
+
+
+@dataclass
+class LengthTargetOptions:
+    """target_chars: the response length (in characters) that scores 1.0; the score falls linearly to 0 at 0 and at
+    twice the target."""
+
+    target_chars: int = 200
+    batch_size: int = 256
+
+    def __post_init__(self):
+        check_positive(self.target_chars, "target_chars", "length_target")
+        check_positive(self.batch_size, "batch_size", "length_target")
 
 
 def normalize_answer(text: str) -> str:
@@ -214,6 +229,12 @@ def score_format_check(options: FormatCheckOptions, response: str, metadata: dic
     return float(match is not None), match.group(0) if match else None
 
 
+def score_length_target(options: LengthTargetOptions, response: str, metadata: dict, index: int) -> tuple[float, Any]:
+    """(max(0, 1 - |len - target| / target), the response's length in characters); no ground truth."""
+    length = len(response)
+    return max(0.0, 1.0 - abs(length - options.target_chars) / options.target_chars), length
+
+
 @dataclass
 class AnswerReward:
     """A stateless rule reward: `score(options, response, metadata, index) -> (score, extracted)` per sample.
@@ -257,3 +278,9 @@ def numeric_match(options: NumericMatchOptions) -> AnswerReward:
 def format_check(options: FormatCheckOptions) -> AnswerReward:
     """1.0 when `pattern` is found in the response (re.search), else 0.0; needs no ground truth."""
     return AnswerReward("format_check", options, score_format_check)
+
+
+@register_reward("length_target", options=LengthTargetOptions)
+def length_target(options: LengthTargetOptions) -> AnswerReward:
+    """max(0, 1 - |characters - target_chars| / target_chars): varies on any response; needs no ground truth."""
+    return AnswerReward("length_target", options, score_length_target)

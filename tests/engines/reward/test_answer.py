@@ -1,4 +1,5 @@
-"""Text-answer rewards of token rollouts: exact_match, numeric_match, format_check (closed-form cases)."""
+"""Text-answer rewards of token rollouts: exact_match, numeric_match, format_check, length_target (closed-form
+cases)."""
 
 import math
 import pickle
@@ -21,7 +22,7 @@ def _score(name: str, responses: list[str], truths: list, options: dict | None =
 
 
 def test_registered_by_name():
-    assert {"exact_match", "numeric_match", "format_check"} <= set(reward_names())
+    assert {"exact_match", "numeric_match", "format_check", "length_target"} <= set(reward_names())
 
 
 @pytest.mark.parametrize(
@@ -122,6 +123,16 @@ def test_format_check_default_and_custom_pattern():
     assert out.scores.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0] and out.info["extracted"][2] is None
     boxed = build_reward("format_check", {"pattern": r"\\boxed\{.+\}"})
     assert boxed(["so \\boxed{5}", "so 5"], ["", ""], [{}, {}]).scores.tolist() == [1.0, 0.0]
+
+
+def test_length_target_is_linear_around_the_target():
+    reward = build_reward("length_target", {"target_chars": 10})
+    responses = ["x" * n for n in (0, 5, 10, 13, 20, 31)]
+    out = reward(responses, [""] * 6, [{}] * 6)  # needs no ground truth
+    assert out.scores.tolist() == pytest.approx([0.0, 0.5, 1.0, 0.7, 0.0, 0.0])
+    assert out.info["extracted"] == [0, 5, 10, 13, 20, 31]
+    with pytest.raises(ValueError, match="target_chars"):
+        build_reward("length_target", {"target_chars": 0})
 
 
 def test_multi_reward_takes_text_and_rewards_pickle():
