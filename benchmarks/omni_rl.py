@@ -137,8 +137,11 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def keep_token_metrics(metrics: dict) -> dict:
-    """A token run's per-step record: the KEPT metrics and the response tokens it generated."""
+    """A token run's per-step record: the KEPT metrics, what a rollout server measured (vllm/*, rollout/tokens_per_s,
+    timing_s/wake, /sleep, /offload) and the response tokens it generated."""
+    served = ("vllm/", "rollout/tokens_per_s", "rollout/generated_tokens", "timing_s/wake", "timing_s/sleep")
     kept = {k: float(metrics[k]) for k in KEPT if k in metrics}
+    kept.update({k: float(v) for k, v in metrics.items() if k.startswith(served) or k == "timing_s/offload"})
     kept["response_tokens"] = metrics["response_length/mean"] * metrics["rollout/samples"]
     return kept
 

@@ -12,13 +12,15 @@ benchmarks/omni_rl.py drives the in-process rollout). GPU: the Qwen3-Omni-30B-A3
 (diffrl/models/causal_lm/realsize.py size 30b-a3b-text, `--layers` of its 48) from its config alone: the server loads
 it with `load_format: dummy`, the trainer builds the same architecture with random bf16 weights on the GPU
 (`model.path: random:<folder>`), LoRA r`--lora-rank` on attention, gradient checkpointing; the server takes
-`--gpu-memory-utilization` of the GPU and, with `--sleep` (default on a GPU), sleeps through each update. On the GPU
+`--gpu-memory-utilization` of the GPU and, with `--sleep` (default on a GPU), sleeps through each update, while with
+`--offload` (default on a GPU) the trainer's state waits in host memory during each rollout. On the GPU
 machine (no network) the server's interpreter is `DIFFRL_VLLM_PYTHON=python3` with the offline vLLM bundle in
-`DIFFRL_VLLM_PYTHONPATH` (docs/operations.md, "Machines without network"). The reward is `format_check` on two vowels
-in a row, which varies on random text (so the advantages are not all 0).
+`DIFFRL_VLLM_PYTHONPATH` (docs/operations.md, "Machines without network"). The reward is the recipe's
+`length_target`, which varies on random text (so the advantages are not all 0).
 
-Per step (the KEPT metrics of benchmarks/omni_rl.py): timing_s/generate, /update_actor and /sync_weights, response
-tokens, samples/GPU/s (perf/throughput), the rollout/trainer log-prob gap, the trainer's peak memory; means over the
+Per step (the KEPT metrics of benchmarks/omni_rl.py, and the server's vllm/* and rollout/tokens_per_s,
+timing_s/wake, /sleep and /offload): timing_s/generate, /update_actor and /sync_weights, response tokens,
+samples/GPU/s (perf/throughput), the rollout/trainer log-prob gap, the trainer's peak memory; means over the
 steps after `--warmup`, the result rewritten after every step. At real size the gap is NOT a numerics figure: the
 server's dummy weights are not the trainer's random ones; the CPU smoke run (both sides load tiny:qwen3 in fp32) and
 tests/vllm/test_train_vllm.py measure it with shared weights.
@@ -76,10 +78,10 @@ def recipe(args: argparse.Namespace, model_path: str) -> list[str]:
         f"rollout.vllm.max_lora_rank={args.lora_rank}",
         f"rollout.vllm.gpu_memory_utilization={args.gpu_memory_utilization}",
         f"rollout.vllm.sleep_for_update={str(args.sleep).lower()}",
+        f"rollout.vllm.offload_trainer={str(args.offload).lower()}",
         f"train.lora_rank={args.lora_rank}",
         f"train.lora_alpha={2 * args.lora_rank}",
         f"train.mini_batch_prompts={args.prompts}",
-        "reward.components=[{name: format_check, options: {pattern: '[aeiou][aeiou]'}}]",
         "data.num_val_prompts=0",
     ]
     return [*(SMOKE if args.smoke else ()), *sized, *args.set]
@@ -90,19 +92,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--smoke", action="store_true", help="CPU: tiny Qwen3, fp32, short responses")
     parser.add_argument("--steps", type=int, default=None, help="RL steps (default 5; --smoke 2)")
     parser.add_argument("--warmup", type=int, default=1, help="first steps left out of the means")
-    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default 1024; --smoke 16")
     parser.add_argument("--layers", type=int, default=48, help="text layers of the real-size backbone")
     parser.add_argument("--lora-rank", type=int, default=32)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.45)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.65)
     parser.add_argument("--sleep", action=argparse.BooleanOptionalAction, default=None, help="default: on a GPU")
+    parser.add_argument("--offload", action=argparse.BooleanOptionalAction, default=None, help="default: on a GPU")
     parser.add_argument("--set", nargs="*", default=[], help="more dotted overrides of the config")
     parser.add_argument("--out", default=None, help="the result JSON, rewritten after every step")
     args = parser.parse_args(argv)
     args.steps = args.steps or (2 if args.smoke else 5)
     args.max_new_tokens = args.max_new_tokens or (16 if args.smoke else 1024)
     args.sleep = (not args.smoke) if args.sleep is None else args.sleep
+    args.offload = (not args.smoke) if args.offload is None else args.offload
     if args.smoke:
         args.prompts, args.group_size = min(args.prompts, 2), min(args.group_size, 4)
     with tempfile.TemporaryDirectory(prefix="vllm_ar_") as tmp:

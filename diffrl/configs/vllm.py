@@ -82,14 +82,20 @@ WEIGHT_SYNC = ("lora", "full")
 class VllmRolloutOptions(VllmServerOptions):
     """The server's options (VllmServerOptions) plus: weight_sync "lora" (PEFT adapter per version, loaded at run
     time) or "full" (merged weights reloaded in place); concurrency: completion requests in flight; keep_versions:
-    adapters / weight folders kept on disk and loaded in the server; sleep_for_update: the server sleeps (level 1:
-    weights to host memory, KV cache freed) from the end of each rollout to the next weight load, so the trainer's
-    update has the GPU it shares with the server (GPUs only; implies enable_sleep_mode and dev_mode)."""
+    adapters / weight folders kept and loaded in the server; sleep_for_update: the server sleeps (level 1: weights to
+    host memory, KV cache freed) from the end of each rollout to the next weight load, so the trainer's update has
+    the GPU it shares with the server (GPUs only; implies enable_sleep_mode and dev_mode); offload_trainer: the
+    trainer's weights and optimizer state go to host memory while the server is awake (from each weight load to the
+    end of the rollout), so the server's KV cache can take their memory (implies sleep_for_update);
+    weights_in_memory: each version's weights are written to a tmpfs (/dev/shm) when it has room for them, not under
+    the run folder."""
 
     weight_sync: str = "lora"  # lora (the adapter of each version, loaded at run time) | full (merged weights reloaded)
     concurrency: int = 16  # completion requests in flight
     keep_versions: int = 2  # adapters / weight folders kept on disk and loaded in the server
     sleep_for_update: bool = False  # the server sleeps from each rollout's end to the next weight load (GPUs)
+    offload_trainer: bool = False  # the trainer's state on the host while the server is awake (GPUs)
+    weights_in_memory: bool = True  # each version's weights on a tmpfs (/dev/shm) when it has room, not on disk
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -102,6 +108,7 @@ class VllmRolloutOptions(VllmServerOptions):
             # reload_weights then finds no parameter for the checkpoint's names (KeyError, measured on Qwen3)
             raise ValueError("rollout.vllm.weight_sync=full needs enable_lora=false (vLLM cannot reload LoRA-wrapped)")
         self.enable_lora = self.weight_sync == "lora"
+        self.sleep_for_update = self.sleep_for_update or self.offload_trainer
         self.dev_mode = self.dev_mode or self.weight_sync == "full" or self.sleep_for_update
         self.enable_sleep_mode = self.enable_sleep_mode or self.sleep_for_update
 

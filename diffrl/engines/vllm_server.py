@@ -18,6 +18,7 @@ import atexit
 import json as json_module
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -44,6 +45,28 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Prometheus' text format (what vLLM's `/metrics` answers) as {(name, sorted label pairs): value}; comments,
+    and samples whose value is no number, are skipped."""
+    out = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line.strip())
+        if match is None:
+            continue
+        name, labels, value = match.groups()
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        pairs = tuple(sorted((k, v.replace('\\"', '"').replace("\\\\", "\\")) for k, v in _LABEL.findall(labels or "")))
+        out[(name, pairs)] = number
+    return out
 
 
 class VllmServer:

@@ -10,16 +10,21 @@ store, the step memory) are built as for a diffusion run (diffrl/flows/build.py)
 
 from __future__ import annotations
 
+import logging
 import os
 
 from diffrl.engines.rollout.tokens import TokenRolloutEngine, TransformersTokenEngine
 from diffrl.engines.rollout.vllm_tokens import VllmTokenEngine
+from diffrl.engines.rollout.vllm_weights import MEMORY_ROOT, memory_folder, weights_bytes
+from diffrl.engines.train.offload import HostOffload
 from diffrl.engines.train.tokens import TokenTrainer
 from diffrl.engines.vllm_env import vllm_python
 from diffrl.flows.errors import RunFailure
 from diffrl.models.causal_lm.policy import CausalLMPolicy
 from diffrl.models.janus.policy import JanusImagePolicy, is_janus_folder
 from diffrl.models.kind import RANDOM, folder_kind
+
+log = logging.getLogger(__name__)
 
 
 def check_token_config(cfg) -> None:
@@ -93,14 +98,16 @@ def build_token_model(
         policy, cfg.algorithm, cfg.train, cfg.sampling, group_size=cfg.rollout.group_size, device=device
     )
     if cfg.rollout.engine == "vllm":
-        return policy, start_vllm_engine(cfg, policy), trainer
+        return policy, start_vllm_engine(cfg, policy, trainer), trainer
     return policy, TransformersTokenEngine(policy), trainer
 
 
-def start_vllm_engine(cfg, policy: CausalLMPolicy) -> VllmTokenEngine:
+def start_vllm_engine(cfg, policy: CausalLMPolicy, trainer: TokenTrainer | None = None) -> VllmTokenEngine:
     """The vLLM rollout engine of the run, its server started and serving policy version 0 (the trainer's initial
-    weights: the folder's, and a LoRA adapter starts as a no-op). Its adapters or weight folders go to
-    <run_dir>/vllm_weights, the server's log to <run_dir>/vllm_weights/vllm-server.log."""
+    weights: the folder's, and a LoRA adapter starts as a no-op). Its adapters or weight folders go to a tmpfs folder
+    (`rollout.vllm.weights_in_memory`, when it has room) or <run_dir>/vllm_weights; the server's log to
+    <run_dir>/vllm_weights/vllm-server.log. With offload_trainer the trainer's state leaves the device while the
+    server is awake."""
     try:
         python = vllm_python()
     except (RuntimeError, TimeoutError, OSError) as e:
@@ -111,7 +118,16 @@ def start_vllm_engine(cfg, policy: CausalLMPolicy) -> VllmTokenEngine:
             "DIFFRL_VLLM_PYTHONPATH for an offline bundle, docs/operations.md section 7); or sample in-process with "
             "rollout.engine: transformers"
         ) from e
+    options, on_disk = cfg.rollout.vllm, os.path.join(cfg.run_dir, "vllm_weights")
+    folder = None
+    if options.weights_in_memory:
+        folder = memory_folder(cfg.run.name, weights_bytes(policy.model, options.weight_sync))
+        if folder is None:
+            log.warning("rollout.vllm.weights_in_memory: %s has no room; weights go to %s", MEMORY_ROOT, on_disk)
+    offload = None
+    if options.offload_trainer and trainer is not None:
+        offload = HostOffload(policy.model, trainer.optimizer)
     engine = VllmTokenEngine(
-        policy, cfg.rollout.vllm, weights_dir=os.path.join(cfg.run_dir, "vllm_weights"), python=python
+        policy, options, weights_dir=folder or on_disk, log_dir=on_disk, python=python, trainer_offload=offload
     )
     return engine.start()

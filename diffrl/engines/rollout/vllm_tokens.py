@@ -18,10 +18,19 @@ the in-process engine does.
 
 Weights: `update_weights(version)` writes the trainer's weights of that version (diffrl/engines/rollout/
 vllm_weights.py: a PEFT LoRA folder, or the full merged weights) and loads them into the server before it returns;
-`generate(..., policy_version=v)` refuses a version the server does not hold. The engine is not the trainer's
+`generate(..., policy_version=v)` refuses a version the server does not hold. The folders live in memory (a tmpfs,
+`/dev/shm`) when it has room (`weights_in_memory`), else under the run folder. The engine is not the trainer's
 module (no `adapter` attribute), so the trainer recomputes old log-probs and reports the rollout/trainer gap.
 With `sleep_for_update` (a GPU shared with the trainer) the server sleeps once no rollout is in flight and wakes for
-the next weight load or rollout, after the trainer's cached GPU memory is given back.
+the next weight load or rollout, after the trainer's cached GPU memory is given back; with `offload_trainer` the
+trainer's weights and optimizer state go to host memory before each wake and come back after each sleep, so the
+server's KV cache can take the memory they held.
+
+Per step (`take_metrics`): vllm/kv_cache_tokens and vllm/kv_cache_sequences (the KV cache's size in tokens, and in
+sequences of max_model_len), vllm/running_{max,mean}, vllm/waiting_max and vllm/kv_cache_usage_max (the server's
+own gauges, read from its `/metrics` while the rollout runs), rollout/generated_tokens, rollout/tokens_per_s,
+timing_s/wake and timing_s/sleep (the server's), timing_s/offload (the trainer's moves both ways; the move to the host
+is also inside timing_s/wake, which it splits in two).
 Images are not sent yet (`/v1/completions` takes token ids only): a prompt with images is a ValueError.
 """
 
@@ -39,82 +48,207 @@ import torch
 
 from diffrl.configs.vllm import VllmRolloutOptions
 from diffrl.engines.rollout.tokens import TokenSampling
-from diffrl.engines.rollout.vllm_weights import save_full, save_lora
+from diffrl.engines.rollout.vllm_weights import MEMORY_ROOT, save_full, save_lora
 from diffrl.engines.token_trajectories import TokenTrajectories
-from diffrl.engines.vllm_server import VllmServer, VllmServerError
+from diffrl.engines.vllm_server import VllmServer, VllmServerError, parse_prometheus
 from diffrl.models.causal_lm.policy import CausalLMPolicy, TokenPrompt
 
 logger = logging.getLogger(__name__)
+
+GAUGE_EVERY_S = 0.5  # how often the server's running/waiting gauges are read during a rollout
 
 
 class VllmTokenEngine:
     """Samples with a vLLM server of the policy's model folder; takes the trainer's weights by version."""
 
-    def __init__(self, policy: CausalLMPolicy, options: VllmRolloutOptions, *, weights_dir: str, python: str):
+    def __init__(
+        self,
+        policy: CausalLMPolicy,
+        options: VllmRolloutOptions,
+        *,
+        weights_dir: str,
+        python: str,
+        log_dir: str | None = None,
+        trainer_offload=None,
+    ):
+        """weights_dir: where each version's weights are written (a tmpfs folder keeps them off the disk); log_dir:
+        where the server's log goes (default weights_dir); trainer_offload: the trainer's HostOffload
+        (diffrl/engines/train/offload.py), moved to host memory while the server is awake."""
         if not policy.source or not os.path.isfile(os.path.join(policy.source, "config.json")):
             raise ValueError("the vLLM engine serves the policy's model folder: load it with from_pretrained(path)")
         self.trainer_policy = policy  # the trainer's module: exported on update_weights, never sampled here
         self.options = options
         self.weights_dir = weights_dir
+        log_dir = log_dir or weights_dir
+        os.makedirs(log_dir, exist_ok=True)
         self.server = VllmServer(
-            policy.source, options, python=python, log_path=os.path.join(weights_dir, "vllm-server.log")
+            policy.source, options, python=python, log_path=os.path.join(log_dir, "vllm-server.log")
         )
+        self.trainer_offload = trainer_offload
         self.policy_version = 0
         self.model_name = ""  # set by start(): the base model (version 0) or policy-v<version>
         self.loaded: list[int] = []
         self.last_sync_s = 0.0
+        self.last_wake_s = 0.0  # of the last update_weights: the wake (and trainer offload) it waited for
         self.asleep = False
+        self.kv_cache_tokens = 0
         self._in_flight = 0  # rollouts running now (the server sleeps only when none is)
         self._sleep_lock = threading.Lock()
+        self._stats: dict[str, list[float]] = {}
         os.makedirs(weights_dir, exist_ok=True)
 
     def start(self) -> VllmTokenEngine:
-        self.server.start()
+        """Start the server (the trainer's state on the host meanwhile, with offload_trainer: vLLM sizes its KV cache
+        from the memory free when it starts) and read its KV cache size; with sleep_for_update it then sleeps until
+        the first rollout or weight load, and the trainer's state comes back."""
+        if self.trainer_offload is not None:
+            self._record("timing_s/offload", self.trainer_offload.to_host())
+        try:
+            self.server.start()
+        finally:
+            if self.trainer_offload is not None and not self.options.sleep_for_update:
+                self._record("timing_s/offload", self.trainer_offload.to_device())
         self.model_name = self.server.name
+        self.kv_cache_tokens = self._read_kv_cache_tokens()
+        if self.options.sleep_for_update:
+            with self._sleep_lock:
+                self._sleep()
         return self
 
     def close(self) -> None:
         self.server.stop()
+        if self.weights_dir.startswith(MEMORY_ROOT):
+            shutil.rmtree(self.weights_dir, ignore_errors=True)  # memory is no place to leave them
 
     # ---- sleep (sleep_for_update: the server's GPU memory is the trainer's during the update) -----------------
-    def _wake(self) -> None:
-        """Wake the server if it sleeps; the trainer's cached GPU memory goes back to the device first (the server
-        allocates its weights and KV cache again)."""
+    def _wake(self) -> float:
+        """Wake the server if it sleeps; returns the seconds it took. With offload_trainer: the server's weights come
+        back first (its host copy is freed), then the trainer's state goes to the host, then the server's KV cache
+        is allocated in the memory the trainer left: host memory holds one copy of the weights at a time, the
+        device never both with a KV cache. The trainer's cached GPU memory is given back before each allocation."""
         if not self.asleep:
-            return
+            return 0.0
+        started = time.perf_counter()
+        timeout_s = max(600.0, self.options.request_timeout_s)
+        if self.trainer_offload is not None:
+            self._empty_cache()
+            self.server.request("POST", "/wake_up?tags=weights", timeout_s=timeout_s)
+            self._record("timing_s/offload", self.trainer_offload.to_host())
+            self._empty_cache()
+            self.server.request("POST", "/wake_up?tags=kv_cache", timeout_s=timeout_s)
+        else:
+            self._empty_cache()
+            self.server.request("POST", "/wake_up", timeout_s=timeout_s)
+        self.asleep = False
+        seconds = time.perf_counter() - started
+        self._record("timing_s/wake", seconds)
+        return seconds
+
+    @staticmethod
+    def _empty_cache() -> None:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        self.server.request("POST", "/wake_up", timeout_s=max(600.0, self.options.request_timeout_s))
-        self.asleep = False
 
     def _sleep(self) -> None:
-        """Level 1: the weights to host memory, the KV cache freed (the base weights never change under LoRA)."""
-        self.server.request("POST", "/sleep?level=1", timeout_s=max(600.0, self.options.request_timeout_s))
-        self.asleep = True
+        """Level 1: the weights to host memory, the KV cache freed (the base weights never change under LoRA); then
+        the trainer's state back on its device (also when the server could not sleep: the update needs it)."""
+        started = time.perf_counter()
+        try:
+            self.server.request("POST", "/sleep?level=1", timeout_s=max(600.0, self.options.request_timeout_s))
+            self.asleep = True
+            self._record("timing_s/sleep", time.perf_counter() - started)
+        finally:
+            if self.trainer_offload is not None:
+                self._record("timing_s/offload", self.trainer_offload.to_device())
+
+    # ---- per-step metrics ------------------------------------------------------------------------------------
+    def _record(self, name: str, value: float) -> None:
+        self._stats.setdefault(name, []).append(float(value))
+
+    def take_metrics(self) -> dict[str, float]:
+        """What the engine measured since the last call (module docstring), then forgotten."""
+        stats, self._stats = self._stats, {}
+        out = {name: sum(values) for name, values in stats.items() if name.startswith(("timing_s/", "rollout/"))}
+        for gauge in ("running", "waiting", "kv_cache_usage"):
+            values = stats.get(f"vllm/{gauge}", [])
+            if values:
+                out[f"vllm/{gauge}_max"] = max(values)
+                if gauge == "running":
+                    out["vllm/running_mean"] = sum(values) / len(values)
+        seconds, tokens = out.pop("rollout/seconds", 0.0), out.get("rollout/generated_tokens", 0.0)
+        if seconds > 0 and tokens:
+            out["rollout/tokens_per_s"] = tokens / seconds
+        if self.kv_cache_tokens:
+            out["vllm/kv_cache_tokens"] = float(self.kv_cache_tokens)
+            out["vllm/kv_cache_sequences"] = float(self.kv_cache_tokens // self.options.max_model_len)
+        return out
+
+    def _server_gauges(self) -> dict[tuple[str, tuple], float]:
+        """The server's Prometheus samples now; {} when /metrics cannot be read (the rollout goes on without)."""
+        try:
+            return parse_prometheus(self.server.request("GET", "/metrics", timeout_s=10.0).text)
+        except VllmServerError as e:
+            logger.debug("vLLM /metrics unreadable: %s", e)
+            return {}
+
+    def _poll_gauges(self, done: threading.Event) -> None:
+        """Read the server's gauges every GAUGE_EVERY_S until `done` (beside the reading at each answer)."""
+        while not done.wait(GAUGE_EVERY_S):
+            self._sample_gauges()
+
+    def _read_kv_cache_tokens(self) -> int:
+        """num_gpu_blocks x block_size of the server's cache config (its `vllm:cache_config_info` labels); 0 when
+        the server does not say."""
+        for (name, labels), _ in self._server_gauges().items():
+            if name == "vllm:cache_config_info":
+                info = dict(labels)
+                try:
+                    return int(info["num_gpu_blocks"]) * int(info["block_size"])
+                except (KeyError, ValueError):
+                    return 0
+        return 0
+
+    def _sample_gauges(self) -> None:
+        """One reading of the server's running / waiting sequences and KV cache use (summed over its engines)."""
+        totals = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0, "vllm:kv_cache_usage_perc": 0.0}
+        found = False
+        for (name, _), value in self._server_gauges().items():
+            if name in totals:
+                totals[name] += value
+                found = True
+        if found:
+            self._record("vllm/running", totals["vllm:num_requests_running"])
+            self._record("vllm/waiting", totals["vllm:num_requests_waiting"])
+            self._record("vllm/kv_cache_usage", totals["vllm:kv_cache_usage_perc"])
 
     # ---- weights ---------------------------------------------------------------------------------------------
     def update_weights(self, version: int) -> None:
         """Load the trainer's current weights into the server as policy `version` (blocking)."""
+        """Load the trainer's current weights into the server as policy `version` (blocking). They are written first,
+        while the trainer's state is on its device, then the server wakes (offloading the trainer) and loads them.
+        last_sync_s: the seconds of the whole call less last_wake_s, the wake it waited for."""
         started = time.perf_counter()
-        with self._sleep_lock:
-            self._wake()
         folder = os.path.join(self.weights_dir, f"v{version}")
         model = self.trainer_policy.model
         if self.options.weight_sync == "lora":
             save_lora(model, folder, self.trainer_policy.source)
+        else:
+            save_full(model, folder, self.trainer_policy.source)
+        with self._sleep_lock:
+            self.last_wake_s = self._wake()
+        if self.options.weight_sync == "lora":
             name = f"policy-v{version}"
             body = {"lora_name": name, "lora_path": os.path.abspath(folder)}
             self.server.request("POST", "/v1/load_lora_adapter", json=body)
             self.model_name = name
         else:
-            save_full(model, folder, self.trainer_policy.source)
             body = {"method": "reload_weights", "kwargs": {"weights_path": os.path.abspath(folder)}}
             self.server.request("POST", "/collective_rpc", json=body)
             self.model_name = self.server.name  # the reloaded base weights; no adapter
         self.policy_version = version
         self.loaded.append(version)
         self._forget_old()
-        self.last_sync_s = time.perf_counter() - started
+        self.last_sync_s = time.perf_counter() - started - self.last_wake_s
 
     def _forget_old(self) -> None:
         """Unload adapters and delete weight folders beyond keep_versions."""
@@ -163,6 +297,19 @@ class VllmTokenEngine:
                     self._sleep()
 
     def _generate(self, prompts, group_ids, sample_index, seeds, cfg, policy_version, metadata, on_batch):
+        started, done = time.perf_counter(), threading.Event()
+        poller = threading.Thread(target=self._poll_gauges, args=(done,), name="vllm-gauges", daemon=True)
+        poller.start()
+        try:
+            traj = self._sample(prompts, group_ids, sample_index, seeds, cfg, policy_version, metadata, on_batch)
+        finally:
+            done.set()
+            poller.join(timeout=15.0)
+        self._record("rollout/seconds", time.perf_counter() - started)
+        self._record("rollout/generated_tokens", float(sum(len(r) for r in traj.response_ids)))
+        return traj
+
+    def _sample(self, prompts, group_ids, sample_index, seeds, cfg, policy_version, metadata, on_batch):
         ids = self._prompt_ids(prompts)
         batches = [(s, min(s + cfg.batch_size, len(prompts))) for s in range(0, len(prompts), cfg.batch_size)]
         responses: list[list[int]] = [[] for _ in prompts]
@@ -221,6 +368,7 @@ class VllmTokenEngine:
     def _complete(self, body: dict) -> list[tuple[list[int], list[float]]]:
         """(response ids, log-probs) of each choice, in index order."""
         answer = self.server.request("POST", "/v1/completions", json=body).json()
+        self._sample_gauges()  # the other requests in flight are running now: how many sequences the server holds
         choices = sorted(answer.get("choices") or [], key=lambda c: c["index"])
         if len(choices) != body["n"]:
             raise VllmServerError(f"asked for {body['n']} completions, got {len(choices)}: {str(answer)[:500]}")

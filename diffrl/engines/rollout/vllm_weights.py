@@ -8,8 +8,11 @@
   the model folder's config and tokenizer files beside it), reloaded in place by `POST /collective_rpc` with
   `{"method": "reload_weights", "kwargs": {"weights_path": <folder>}}` (VLLM_SERVER_DEV_MODE=1; vLLM's
   `GPUModelRunner.reload_weights(weights_path=...)`, vllm/v1/worker/gpu_model_runner.py, which the CPU runner
-  inherits). A disk round trip per update: right for tests and small models; at real size vLLM's weight-transfer
-  engine (`/init_weight_transfer_engine`, `/update_weights`, NCCL or IPC) avoids the disk (docs/operations.md).
+  inherits). Right for tests and small models; at real size vLLM's weight-transfer engine
+  (`/init_weight_transfer_engine`, `/update_weights`, NCCL or IPC) would avoid the copies (docs/operations.md).
+
+Where: `memory_folder` gives a folder on a tmpfs (`/dev/shm`) when it has room for the versions kept, so a version
+goes from the trainer's memory to the server's without touching a disk; otherwise the caller writes under the run.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+MEMORY_ROOT = "/dev/shm"  # a tmpfs on Linux: its files are memory, never written to a disk
 ADAPTER = "default"  # diffrl/engines/train/setup.py ADAPTER_NAME: the adapter the trainer trains
 _MODEL_FILES = (
     "config.json",
@@ -102,3 +106,38 @@ def save_full(model: nn.Module, folder: str, model_dir: str) -> str:
     shutil.rmtree(folder, ignore_errors=True)
     os.rename(tmp, folder)
     return folder
+
+
+def weights_bytes(model: nn.Module, weight_sync: str) -> int:
+    """What one version's folder holds, about: the LoRA matrices in fp32, or every weight at its dtype."""
+    if weight_sync == "lora":
+        return sum(p.numel() * 4 for name, p in model.named_parameters() if "lora_" in name)
+    return sum(t.numel() * t.element_size() for name, t in model.state_dict().items() if "lora_" not in name)
+
+
+def memory_folder(name: str, need_bytes: int, root: str = MEMORY_ROOT) -> str | None:
+    """A folder `<root>/diffrl-<name>-<pid>` for the weight versions of this process when `root` is a folder with
+    room for three versions (two kept, one being written) and 256 MiB to spare, else None. Folders of processes
+    that are gone are removed first (a run killed before it could clean up)."""
+    if not os.path.isdir(root) or not os.access(root, os.W_OK):
+        return None
+    for entry in os.listdir(root):
+        pid = entry.rsplit("-", 1)[-1]
+        if entry.startswith("diffrl-") and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
+    stat = os.statvfs(root)
+    if stat.f_bavail * stat.f_frsize < 3 * need_bytes + (256 << 20):
+        return None
+    folder = os.path.join(root, f"diffrl-{name}-{os.getpid()}")
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: is it there
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

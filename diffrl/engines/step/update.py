@@ -302,8 +302,13 @@ def load_checkpoint(engines: Engines, path: str) -> int:
 # ---- weight sync --------------------------------------------------------------------------------------
 def sync(engines: Engines, step: int, chunk: int = 0, prefetch_next: bool = True) -> Synced:
     """Make the rollout sample with the updated weights (colocated: only the policy version moves), then start
-    the next step's rollout on the rollout worker (diffrl/engines/step/generate.prefetch)."""
+    the next step's rollout on the rollout worker (diffrl/engines/step/generate.prefetch). A rollout engine that
+    measures itself (`take_metrics`: the vLLM engine's KV cache, concurrency, tokens/s, wake and sleep) adds what it
+    measured during this step."""
     inject_fault("sync_weights", step, world()[0])
     metrics = {k: float(v) for k, v in engines.trainer.sync_weights(engines.rollout).items()}
+    take_metrics = getattr(engines.rollout, "take_metrics", None)
+    if take_metrics is not None:
+        metrics.update({k: float(v) for k, v in take_metrics().items()})
     started = prefetch(engines, step + 1) if prefetch_next else 0
     return Synced(step, prefetched=started, metrics=metrics)

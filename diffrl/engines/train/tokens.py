@@ -200,12 +200,15 @@ class TokenTrainer(TrainerBase):
         return out * traj.padded()[2]  # padding positions hold 0, as the rollout's padded log-probs do
 
     def sync_weights(self, rollout) -> dict[str, float]:
-        """The in-process rollout shares this module: the policy version moves (and the rollout learns it)."""
+        """The in-process rollout shares this module: the policy version moves (and the rollout learns it); a rollout
+        server takes the weights of the new version. timing_s/sync_weights leaves out the server's wake the load
+        waited for (`last_wake_s`, reported by the server's engine as timing_s/wake and timing_s/offload)."""
         started = time.perf_counter()
         self.mark_synced()
         if rollout is not None:
             rollout.update_weights(self._version)
-        return {"timing_s/sync_weights": time.perf_counter() - started, "sync/policy_version": float(self._version)}
+        seconds = time.perf_counter() - started - float(getattr(rollout, "last_wake_s", 0.0))
+        return {"timing_s/sync_weights": seconds, "sync/policy_version": float(self._version)}
 
 
 def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
