@@ -6,7 +6,8 @@ the k-th RL step, and k RL steps are done once it has run. The console (`step k/
 metrics at k; validation before training at 0), `checkpoints/step_<k>` (the weights after step k) and
 `latest.json`, `trainer_state.json`'s step, the `step` column of the Lance tables, Prefect's run names
 (`generate-step<k>-chunk<c>`, `<run>-step-<k>`), the fault spec `stage@k`, `diffrl export --step k` and the
-evaluation's MLflow step all use the number. These two functions are where one becomes the other.
+evaluation's MLflow step all use the number. These two functions are where one becomes the other (and `counted`
+writes a count with its noun).
 """
 
 from __future__ import annotations
@@ -20,3 +21,8 @@ def step_number(index: int) -> int:
 def step_index(number: int) -> int:
     """The code's step index of step `number` (1 -> 0)."""
     return int(number) - 1
+
+
+def counted(n: int, noun: str) -> str:
+    """`1 step`, `3 steps`: a count and its noun, plural when the count is not 1 (nouns that take an s)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -24,7 +24,7 @@ from diffrl.configs.loader import to_dict
 from diffrl.configs.schema import ExperimentConfig, check_logger_packages, load_experiment
 from diffrl.engines import cluster, trace
 from diffrl.engines.handle import EngineHandle, Engines
-from diffrl.engines.numbering import step_number
+from diffrl.engines.numbering import counted, step_number
 from diffrl.engines.redact import redact_text
 from diffrl.engines.step.generate import rollout_examples
 from diffrl.engines.step.plan import validation_due, validation_rollout
@@ -209,7 +209,7 @@ def _train(
 ) -> dict:
     mark_started(cfg.run.name, None)  # no step yet (an earlier run of this name in this process has ended)
     _say(
-        f"run {cfg.run.name!r}: {cfg.run.steps} steps of {cfg.algorithm.name} on {cfg.model.path} "
+        f"run {cfg.run.name!r}: {counted(cfg.run.steps, 'step')} of {cfg.algorithm.name} on {cfg.model.path} "
         f"({cfg.rollout.samples_per_step} {'responses' if cfg.algorithm.needs.data == 'tokens' else 'images'}/step) "
         f"in {cfg.run_dir}" + (f" (lock, Prefect results: {cfg.local_dir})" if fs.is_uri(cfg.run_dir) else "")
     )

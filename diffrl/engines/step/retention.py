@@ -17,7 +17,7 @@ import torch
 
 from diffrl.algorithms.windows import sample_windows
 from diffrl.engines.handle import Engines
-from diffrl.engines.numbering import step_number
+from diffrl.engines.numbering import counted, step_number
 from diffrl.engines.train.setup import trained_module
 from diffrl.models.base import SampleShape
 
@@ -154,14 +154,14 @@ def describe_disk(cfg: Any, latent_elements: int, checkpoint: int = 0, image_byt
     the disk has free."""
     est = disk_estimate(cfg, latent_elements, checkpoint, image_bytes)
     keep = cfg.run.keep_latents_steps
-    kept = "every step's latents kept" if keep < 0 else f"latents of the last {keep} steps kept"
+    kept = "every step's latents kept" if keep < 0 else f"latents of the last {counted(keep, 'step')} kept"
     images = "images at their raw size" if image_bytes is None else f"images of {_size(image_bytes)} as stored"
     line = (
-        f"disk: about {_size(est['total'])} for {cfg.run.steps} steps ({kept}; per step "
+        f"disk: about {_size(est['total'])} for {counted(cfg.run.steps, 'step')} ({kept}; per step "
         f"{_size(est['latents_per_step'])} of latents, {_size(est['rows_per_step'])} of rows and {images}"
     )
     if checkpoint:
-        line += f"; {checkpoints_held(cfg)} checkpoints of {_size(checkpoint)} kept"
+        line += f"; {counted(checkpoints_held(cfg), 'checkpoint')} of {_size(checkpoint)} kept"
     line += f"), up to {_size(est['peak'])} while a compaction rewrites the tables"
     if "://" not in cfg.run.root:
         free = shutil.disk_usage(_existing(cfg.run.root)).free

@@ -30,6 +30,9 @@ def test_disk_estimate_closed_form():
     assert stored["total"] == 600 * stored["rows_per_step"] + held * stored["latents_per_step"] + 14 * 1000
     assert stored["peak"] == stored["total"] + 10 * stored["latents_per_step"] + 1000
     assert "of rows and images of 3.0 KB as stored" in describe_disk(cfg, latent, 1000, 3000.0)
+    one = load_experiment("shapes_flow_grpo", ["run.steps=1", "run.keep_latents_steps=1", "run.checkpoint_every=1"])
+    line = describe_disk(one, latent, checkpoint=1000)  # counts of one read as they are said
+    assert "for 1 step (latents of the last 1 step kept" in line and "; 1 checkpoint of 1.0 KB kept" in line
 
 
 def test_checkpoints_count_in_the_estimate(tmp_path):
