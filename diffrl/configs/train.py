@@ -25,7 +25,9 @@ class TrainConfig:
     ran in this process on this trainer's adapter at the current policy version (same numerics) with weights the
     replay also runs (not ``rollout.weights`` kind merged/fp8 with steps all);
     otherwise (or with "recompute", or whenever ``rollout_correction`` is on) they are recomputed
-    with the current weights before the first optimizer step.
+    with the current weights before the first optimizer step -- except, with "auto", by the token trainer when the
+    step is a single pass (``ppo_epochs`` 1 and the step's samples one mini-batch, no dropout): then no optimizer step
+    precedes any replay, the replay's own log-probs are the old policy's (the ratio is 1) and no recompute runs.
     ``rollout_correction``: "tis" multiplies each sample's loss by min(exp(old - rollout), is_cap);
     "mask" drops samples whose ratio exp(old - rollout) lies outside [1/rs_threshold, rs_threshold].
     """
@@ -58,7 +60,9 @@ class TrainConfig:
     gradient_checkpointing: bool = False  # recompute activations in the backward (less memory, more compute)
     offload_optimizer: bool = False  # FSDP2 CPUOffloadPolicy (world size > 1 only)
     offload_reference: bool = False  # full fine-tuning: keep the frozen reference copy on CPU
-    old_log_probs: str = "auto"  # auto (reuse the rollout's when the numerics are the trainer's) | recompute
+    # auto: reuse the rollout's when the numerics are the trainer's, the token trainer's replay in a single pass (one
+    # epoch, one mini-batch), else recompute | recompute: always
+    old_log_probs: str = "auto"
     rollout_correction: str = "off"  # off | tis (loss x min(ratio, is_cap)) | mask (drop ratios outside [1/t, t])
     is_cap: float = 2.0  # rollout_correction tis: the cap of the importance ratio
     rs_threshold: float = 2.0  # rollout_correction mask: t, samples with ratio outside [1/t, t] are dropped
@@ -106,9 +110,13 @@ class TrainConfig:
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return {"fp32": torch.float32, "bf16": torch.bfloat16}[self.param_dtype]
 
-    def recompute_old_log_probs(self, same_numerics: bool) -> bool:
-        """Whether the old policy's log-probs must be recomputed (see the class docstring)."""
-        return self.old_log_probs == "recompute" or self.rollout_correction != "off" or not same_numerics
+    def recompute_old_log_probs(self, same_numerics: bool, single_pass: bool = False) -> bool:
+        """Whether the old policy's log-probs must be recomputed (see the class docstring). single_pass: the trainer
+        replays every sample once at the old policy's weights (one PPO epoch, one mini-batch, no dropout), so its
+        replay's own log-probs are the old policy's (the token trainer, diffrl/engines/train/tokens.py)."""
+        if self.old_log_probs == "recompute":
+            return True
+        return not single_pass and (self.rollout_correction != "off" or not same_numerics)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

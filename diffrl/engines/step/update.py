@@ -37,6 +37,7 @@ from diffrl.engines.store.integrity import DamagedStore, write_record
 from diffrl.engines.train import checkpoint
 from diffrl.engines.train.preference import preference_pairs
 from diffrl.engines.train.setup import barrier, world
+from diffrl.engines.train.throughput import add_update_rates
 
 # How many steps the background writer may lag behind the update before the update waits for it.
 WRITER_LAG_STEPS = 2
@@ -155,6 +156,8 @@ def update(engines: Engines, step: int, chunk: int = 0) -> Updated:
     checkpoint.check_finite_weights(engines.trainer, step)  # never trained on, or checkpointed, past this point
     metrics = {**{k: float(v) for k, v in metrics.items()}, **stats, **exchange}
     metrics["timing_s/update_actor"] = time.perf_counter() - started
+    # the token trainer's rates over the whole stage's time, as timing_s/update_actor reports it
+    add_update_rates(metrics, metrics["timing_s/update_actor"], getattr(engines.trainer, "device", "cpu"))
     metrics.update(memory_metrics())
     if durable:
         committed = time.perf_counter()

@@ -9,6 +9,19 @@ answers what those helpers ask of an adapter.
 Legend: B samples of a step, M = mini_batch_prompts x group_size samples per optimizer step (mini_batch_prompts pairs
 for pair algorithms), b samples of a micro-batch, T response tokens (right-padded).
 
+Forward passes: each micro-batch's replay (and the reference's log-probs, and the old policy's recompute) runs its
+sequences packed into one row without padding where the policy packs them (text-only prompts of Qwen3, Qwen3-MoE or
+the Qwen3-Omni Thinker: diffrl/models/causal_lm/packing.py), else padded to the micro-batch's longest; the log-probs
+and gradients are the same either way.
+
+Old policy: the ratio's old log-probs are the rollout's when the rollout ran this trainer's adapter at the current
+policy version (TrainConfig.old_log_probs "auto", same numerics). Otherwise they are the current weights' before the
+step's first optimizer step. When the step is a single pass -- one PPO epoch and one mini-batch, so no optimizer step
+comes before any micro-batch's replay -- and the forward is deterministic (no dropout), those are exactly the replay's
+own log-probs: the replay's detached log-probs are the old policy's (the ratio is 1, as a recompute would make it) and
+no recompute runs; the rollout/trainer gap (rollout_corr/*) and rollout_correction's weights come from the replay then.
+Otherwise (several epochs or mini-batches, dropout, or old_log_probs "recompute") a no-grad pass recomputes them first.
+
 Loss scaling: each micro-batch's loss is the algorithm's aggregate over its b samples; it is multiplied by b / M
 before its backward, so one optimizer step sees the mean over its micro-batches weighted by their sizes.
 """
@@ -33,7 +46,9 @@ from diffrl.engines.train.base import TrainerBase
 from diffrl.engines.train.policy_loss import correction_weights, lora_disabled
 from diffrl.engines.train.preference import training_units
 from diffrl.engines.train.setup import build_optimizer, build_scheduler, check_offload, prepare_denoiser, world
+from diffrl.engines.train.throughput import add_update_rates
 from diffrl.engines.train.trainer import _accumulate, _add_gap, _reduce_metrics
+from diffrl.models.causal_lm.flops import active_parameters
 from diffrl.models.causal_lm.policy import CausalLMPolicy
 
 
@@ -82,6 +97,8 @@ class TokenTrainer(TrainerBase):
         self._version = 0
         self._stepped_since_sync = False
         self.last_exported: dict[str, torch.Tensor] = {}
+        self.active_parameters = _active_parameters(policy.model)
+        self._tokens = {"trained": 0, "forward": 0}  # the current update's tokens with and without a backward
 
     @contextlib.contextmanager
     def reference_policy(self):
@@ -102,8 +119,15 @@ class TokenTrainer(TrainerBase):
     # ---- the update -------------------------------------------------------------------------------------
     def update(self, traj: TokenTrajectories, advantages: torch.Tensor, rollout=None) -> dict[str, float]:
         """One RL step's update of the policy on `traj` (the rows the step core picked) and their advantages (B,);
-        returns actor/*, rollout_corr/* and timing metrics. `rollout` is the engine that sampled `traj`."""
+        returns actor/*, rollout_corr/*, timing and perf/update_* metrics. `rollout` is the engine that sampled `traj`.
+
+        perf/update_tokens: the prompt and response tokens of every forward+backward pass (padding not counted);
+        perf/update_forward_tokens: those of the passes without a backward (the old policy's recompute, the
+        reference); perf/update_flops: 6 x active parameters x the former + 2 x active parameters x the latter
+        (diffrl/models/causal_lm/flops.py; gradient checkpointing's recompute is not counted, as MFU counts model
+        FLOPs); perf/update_tokens_per_s and perf/update_mfu per second of the update (engines/train/throughput.py)."""
         started = time.perf_counter()
+        self._tokens = {"trained": 0, "forward": 0}
         advantages = torch.as_tensor(advantages, dtype=torch.float32).reshape(-1).cpu()
         if advantages.shape[0] != len(traj):
             raise ValueError(f"advantages has {advantages.shape[0]} entries but traj has {len(traj)} samples")
@@ -115,7 +139,17 @@ class TokenTrainer(TrainerBase):
         metrics = _reduce_metrics(sums, counts)
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
         metrics["timing_s/update_actor"] = time.perf_counter() - started
-        return metrics
+        metrics.update(self.token_counts())
+        return add_update_rates(metrics, metrics["timing_s/update_actor"], self.device)
+
+    def token_counts(self) -> dict[str, float]:
+        """perf/update_tokens, perf/update_forward_tokens and (the active parameters known) perf/update_flops of the
+        last update (see `update`)."""
+        trained, forward = self._tokens["trained"], self._tokens["forward"]
+        counts = {"perf/update_tokens": float(trained), "perf/update_forward_tokens": float(forward)}
+        if self.active_parameters is not None:
+            counts["perf/update_flops"] = float(self.active_parameters * (6 * trained + 2 * forward))
+        return counts
 
     def _train(self, traj: TokenTrajectories, advantages, rollout, sums, counts) -> None:
         """Every PPO epoch and mini-batch of the step's samples (or pairs), one optimizer step per mini-batch."""
@@ -126,18 +160,22 @@ class TokenTrainer(TrainerBase):
             and traj.policy_version == self._version
             and not self._stepped_since_sync
         )
-        old = rollout_log_probs
-        if self.algorithm.needs.old_log_probs and self.cfg.recompute_old_log_probs(same_numerics):
-            old = self._forward_all(traj, response_ids)
-            _add_gap(sums, counts, old, rollout_log_probs, mask.bool())
         pairs = self.algorithm.needs.pairs
         units = training_units(advantages, traj.group_ids, pairs)
         mini = self.cfg.mini_batch_prompts * (1 if pairs else self.group_size)
+        # one epoch, one mini-batch: every replay runs at the weights the old policy had (module docstring)
+        single_pass = self.cfg.ppo_epochs == 1 and len(units) <= mini and not dropout_active(self.adapter.model)
+        old = rollout_log_probs
+        if self.algorithm.needs.old_log_probs and self.cfg.recompute_old_log_probs(same_numerics, single_pass):
+            old = self._forward_all(traj, response_ids)
+            _add_gap(sums, counts, old, rollout_log_probs, mask.bool())
+        elif self.algorithm.needs.old_log_probs and self.cfg.recompute_old_log_probs(same_numerics):
+            old = None  # the replay's own log-probs, detached, are the old policy's
         for epoch in range(self.cfg.ppo_epochs):
             order = self._order(len(units), epoch)
             for start in range(0, len(units), mini):
                 rows = [i for u in order[start : start + mini].tolist() for i in units[u]]
-                measure_gap = old is rollout_log_probs and epoch == 0 and start == 0
+                measure_gap = old is None or (old is rollout_log_probs and epoch == 0 and start == 0)
                 self._mini_batch(
                     traj, rows, (response_ids, rollout_log_probs, mask, old), advantages, sums, counts, measure_gap
                 )
@@ -163,11 +201,18 @@ class TokenTrainer(TrainerBase):
             if self.algorithm.needs.reference:
                 with self.reference_policy():
                     ref = self._replay(traj.select(idx), ids)[0]
-            weights = correction_weights(old[idx, :width], rollout_log_probs[idx, :width], self.cfg)
+            if old is None:  # a single pass: the old policy is the current one (module docstring)
+                old_log_probs = log_probs.detach()
+                weights = correction_weights(
+                    old_log_probs, to_device(rollout_log_probs[idx, :width], self.device), self.cfg
+                )
+            else:
+                old_log_probs = to_device(old[idx, :width], self.device)
+                weights = correction_weights(old[idx, :width], rollout_log_probs[idx, :width], self.cfg)
             device_mask = to_device(token_mask, self.device)
             batch = TokenBatch(  # host -> device copies queued behind the forward, not waited for (to_device)
                 log_probs=log_probs,
-                old_log_probs=to_device(old[idx, :width], self.device),
+                old_log_probs=old_log_probs,
                 mask=device_mask,
                 advantages=to_device(advantages[idx], self.device),
                 ref_log_probs=ref,
@@ -185,9 +230,23 @@ class TokenTrainer(TrainerBase):
         self._optimizer_step(sums, counts)
 
     def _replay(self, sub: TokenTrajectories, response_ids: torch.Tensor, *, entropy: bool = False):
-        """(log-probs (b, T), entropy or None) of `sub`'s responses under the policy's current weights."""
+        """(log-probs (b, W), entropy or None) of `sub`'s responses (response_ids (b, W), right-padded) under the
+        policy's current weights: one packed row where the policy packs these prompts, else padded. Counts the
+        pass's tokens (with a backward when grad is on)."""
+        tokens = sum(len(p) + len(r) for p, r in zip(sub.prompt_ids, sub.response_ids))
+        self._tokens["trained" if torch.is_grad_enabled() else "forward"] += tokens
+        temperature = self.sampling.temperature
+        if self.adapter.packs(sub.image_paths, sub.audio_paths):
+            log_probs, entropies = self.adapter.replay_packed(
+                sub.prompt_ids, sub.response_ids, temperature=temperature, entropy=entropy
+            )
+            pad = response_ids.shape[1] - log_probs.shape[1]  # the packed width is the longest response of `sub`
+            if pad:
+                log_probs = torch.nn.functional.pad(log_probs, (0, pad))
+                entropies = None if entropies is None else torch.nn.functional.pad(entropies, (0, pad))
+            return log_probs, entropies
         inputs = self.adapter.inputs_from_ids(sub.prompt_ids, sub.image_paths, sub.audio_paths)
-        return self.adapter.replay(inputs, response_ids, temperature=self.sampling.temperature, entropy=entropy)
+        return self.adapter.replay(inputs, response_ids, temperature=temperature, entropy=entropy)
 
     @torch.no_grad()
     def _forward_all(self, traj: TokenTrajectories, response_ids: torch.Tensor) -> torch.Tensor:
@@ -209,6 +268,25 @@ class TokenTrainer(TrainerBase):
             rollout.update_weights(self._version)
         seconds = time.perf_counter() - started - float(getattr(rollout, "last_wake_s", 0.0))
         return {"timing_s/sync_weights": seconds, "sync/policy_version": float(self._version)}
+
+
+def dropout_active(model: torch.nn.Module) -> bool:
+    """Whether a training forward of `model` draws dropout (a dropout module with p > 0, or attention dropout in its
+    text config): then two forwards at the same weights differ, and the replay is no stand-in for the old policy."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    return bool(getattr(text, "attention_dropout", 0.0) or 0.0)
+
+
+def _active_parameters(model: torch.nn.Module) -> int | None:
+    """The model's active parameters per token (diffrl/models/causal_lm/flops.py), None for a config without the
+    decoder fields it reads (then the update reports no FLOPs)."""
+    try:
+        return active_parameters(model.config)
+    except AttributeError:
+        return None
 
 
 def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:

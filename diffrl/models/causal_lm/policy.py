@@ -33,6 +33,14 @@ from transformers import (
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from diffrl.models.causal_lm.audio import audio_features
+from diffrl.models.causal_lm.packing import (
+    PACKED_SDPA,
+    pack,
+    supports_packing,
+    text_config,
+    use_grouped_mm_experts,
+    use_packed_sdpa,
+)
 from diffrl.models.random_weights import SEED, seeded
 
 THINKER_TYPES = ("qwen3_omni_moe_thinker",)
@@ -157,6 +165,9 @@ class CausalLMPolicy:
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.dtype = next(model.parameters()).dtype
         self.arch = type(model).__name__
+        # the fastest paths the installed transformers offers: grouped-GEMM experts, packed attention (packing.py)
+        self.experts_implementation = use_grouped_mm_experts(model)
+        use_packed_sdpa(model)
 
     @property
     def transformer(self) -> nn.Module:
@@ -366,13 +377,54 @@ class CausalLMPolicy:
         inputs["input_ids"] = torch.cat([inputs["input_ids"], response_ids], dim=1)
         # generate attends to every generated token; the padding after a response's end affects no earlier token
         attention = torch.cat([prompts.attention_mask.to(self.device), torch.ones_like(response_ids)], dim=1)
-        logits = self.model(**inputs, attention_mask=attention).logits[:, prompt_len - 1 : -1].float()
-        log_softmax = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
-        picked = log_softmax.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
-        if not entropy:
-            return picked, None
-        with torch.no_grad():  # a metric (verl's actor/entropy), never a loss term here
-            return picked, -(log_softmax.exp() * log_softmax).sum(-1)
+        logits = self.model(**inputs, attention_mask=attention).logits[:, prompt_len - 1 : -1]
+        return _picked_log_probs(logits, response_ids, temperature, entropy)
+
+    def packs(self, images: list[tuple[str, ...]], audios: list[tuple[str, ...]] | None = None) -> bool:
+        """Whether `replay_packed` runs these prompts: a model whose forward reads packed sequences
+        (diffrl/models/causal_lm/packing.py) and prompts without images or audio; others replay padded."""
+        return supports_packing(self.model) and not any(images) and not any(audios or ())
+
+    def replay_packed(
+        self,
+        prompt_ids: list[torch.Tensor],
+        response_ids: list[torch.Tensor],
+        *,
+        temperature: float = 1.0,
+        entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`replay` of text-only prompts (ragged ids, no padding) as one packed row: (log-probs (b, T), entropy (b, T)
+        or None), T the longest response, 0 past each response's end. The lm_head runs on the response positions
+        only."""
+        packed = pack(prompt_ids, response_ids)
+        extra = {}
+        if text_config(self.model)._attn_implementation == PACKED_SDPA:
+            extra["segment_lengths"] = packed.segment_lengths
+        hidden = self.model.model(
+            input_ids=packed.input_ids.to(self.device),
+            position_ids=packed.position_ids.to(self.device),
+            use_cache=False,
+            **extra,
+        ).last_hidden_state  # (1, N, hidden)
+        logits = self.model.lm_head(hidden[0, packed.logit_index.to(self.device)])  # (b, T, V)
+        ids = torch.zeros(packed.mask.shape, dtype=torch.long)
+        for i, r in enumerate(response_ids):
+            ids[i, : len(r)] = r
+        mask = packed.mask.to(self.device)
+        picked, ent = _picked_log_probs(logits, ids.to(self.device), temperature, entropy)
+        return picked * mask, None if ent is None else ent * mask
+
+
+def _picked_log_probs(
+    logits: torch.Tensor, response_ids: torch.Tensor, temperature: float, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log-probs (B, T) of the response tokens under softmax(logits / temperature), in fp32; its entropy or None)."""
+    log_softmax = torch.log_softmax(logits.float() / (temperature or 1.0), dim=-1)
+    picked = log_softmax.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
+    if not entropy:
+        return picked, None
+    with torch.no_grad():  # a metric (verl's actor/entropy), never a loss term here
+        return picked, -(log_softmax.exp() * log_softmax).sum(-1)
 
 
 @contextlib.contextmanager

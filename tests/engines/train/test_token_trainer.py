@@ -147,3 +147,52 @@ def test_checkpoint_resumes_the_next_update_exactly_and_lora_is_a_peft_folder(tm
             torch.equal(peft["base_model.model." + k.replace(".weight", ".default.weight")], v)
             for k, v in saved.items()
         )
+
+
+def _sampled(sampling: TokenSampling):
+    policy = CausalLMPolicy(*tiny_thinker(0))
+    traj = TransformersTokenEngine(policy).generate(
+        [p for p in PROMPTS for _ in range(4)], ["a"] * 4 + ["b"] * 4, list(range(8)), [7] * 8, sampling
+    )
+    return traj, torch.tensor([1.0, -1.0, 0.5, -0.5, 0.3, -0.3, 1.0, -1.0])
+
+
+def _trained(traj, advantages, **overrides) -> tuple[dict[str, float], dict[str, torch.Tensor], TokenTrainer]:
+    """One GSPO update of a fresh tiny Thinker (LoRA) on `traj`, with no rollout engine: the old policy's log-probs
+    are never the rollout's, so the trainer recomputes them unless the step is a single pass."""
+    policy = CausalLMPolicy(*tiny_thinker(0))
+    settings = {"lora_rank": 8, "lora_alpha": 16, "lr": 3e-2, "mini_batch_prompts": 2, "micro_batch_size": 3}
+    cfg = TrainConfig(**{**settings, **overrides})
+    trainer = TokenTrainer(policy, get_algorithm("gspo"), cfg, SAMPLING, group_size=4)
+    metrics = trainer.update(traj, advantages, None)
+    return metrics, {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}, trainer
+
+
+def test_a_single_pass_skips_the_recompute_and_trains_as_it():
+    """One epoch, one mini-batch: the replay's own log-probs are the old policy's, no recompute pass runs, and the
+    update (weights, loss, the rollout/trainer gap) is the one that recomputes them."""
+    traj, advantages = _sampled(SAMPLING)
+    tokens = sum(len(p) + len(r) for p, r in zip(traj.prompt_ids, traj.response_ids))
+    skipped, skipped_weights, trainer = _trained(traj, advantages)
+    recomputed, recomputed_weights, _ = _trained(traj, advantages, old_log_probs="recompute")
+
+    assert skipped["perf/update_tokens"] == tokens and skipped["perf/update_forward_tokens"] == 0
+    assert recomputed["perf/update_tokens"] == tokens and recomputed["perf/update_forward_tokens"] == tokens
+    assert skipped["perf/update_flops"] == 6 * trainer.active_parameters * tokens
+    assert recomputed["perf/update_flops"] == 8 * trainer.active_parameters * tokens
+    assert skipped["perf/update_tokens_per_s"] > 0 and "perf/update_mfu" not in skipped  # no peak on CPU
+    for name in ("actor/pg_loss", "rollout_corr/logprob_abs_diff_mean", "rollout_corr/logprob_abs_diff_max"):
+        assert skipped[name] == pytest.approx(recomputed[name], abs=1e-6), name
+    assert skipped["rollout_corr/logprob_abs_diff_max"] < 1e-5  # the rollout ran these weights
+    for name, weight in recomputed_weights.items():
+        torch.testing.assert_close(skipped_weights[name], weight, atol=1e-6, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("overrides", [{"ppo_epochs": 2}, {"mini_batch_prompts": 1}])
+def test_several_optimizer_steps_recompute_the_old_policy(overrides):
+    """A second epoch or mini-batch replays after an optimizer step: the old log-probs are recomputed first."""
+    traj, advantages = _sampled(SAMPLING)
+    tokens = sum(len(p) + len(r) for p, r in zip(traj.prompt_ids, traj.response_ids))
+    metrics = _trained(traj, advantages, **overrides)[0]
+    assert metrics["perf/update_forward_tokens"] == tokens
+    assert metrics["perf/update_tokens"] == tokens * overrides.get("ppo_epochs", 1)
