@@ -16,6 +16,7 @@ import torch
 
 from diffrl.algorithms.advantages import advantage_stats, group_advantages, reward_stats
 from diffrl.algorithms.losses_token import nonconstant_groups
+from diffrl.algorithms.staleness import fresh_groups, sample_staleness, staleness_stats
 from diffrl.engines import trace
 from diffrl.engines.handle import Engines
 from diffrl.engines.numbering import step_index, step_number
@@ -133,6 +134,16 @@ def training_rows(
     return rows, stats
 
 
+def fresh_rows(traj: Any, rows: list[int], trainer_version: int, max_staleness: int) -> tuple[list[int], dict]:
+    """The `rows` whose prompt group is at most `max_staleness` policy versions behind `trainer_version`, and
+    async/staleness_{mean,max} (of those) and async/dropped (the others). Every row of a step carries its oldest
+    chunk's version (a step's chunks are sampled at one version; a reused, stored one may be older)."""
+    staleness_B = sample_staleness(torch.full((len(traj),), traj.policy_version), trainer_version)
+    picked = torch.tensor(rows, dtype=torch.long)
+    fresh = fresh_groups(staleness_B[picked], [traj.group_ids[i] for i in rows], max_staleness)
+    return picked[fresh].tolist(), staleness_stats(staleness_B[picked], fresh)
+
+
 def update(engines: Engines, step: int, chunk: int = 0) -> Updated:
     """Train on the step (the rows `training_rows` picks) and commit its checkpoint; a step whose checkpoint is
     committed returns its saved metrics instead (an optimizer step is not idempotent, the checkpoint is)."""
@@ -149,6 +160,10 @@ def update(engines: Engines, step: int, chunk: int = 0) -> Updated:
     advantages_B = step_advantages(engines, step)
     rewards, _, valid = step_rewards(engines, step)
     rows, stats = training_rows(engines.config.algorithm, rewards, advantages_B, traj.group_ids, valid)
+    asynchronous = engines.config.run.async_
+    if asynchronous.enabled:  # samples of an older policy: their groups within max_staleness train
+        rows, staleness = fresh_rows(traj, rows, engines.trainer.policy_version, asynchronous.max_staleness)
+        stats.update(staleness)
     if inject_fault("loss", step):  # DIFFRL_INJECT_FAULT=loss@<step>:nan -> NaN advantages: a NaN loss and gradient
         advantages_B = advantages_B * float("nan")
     metrics = engines.trainer.update(traj.select(rows), advantages_B[rows], engines.rollout)

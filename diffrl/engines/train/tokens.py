@@ -30,10 +30,10 @@ from diffrl.engines.rollout.engine import to_device
 from diffrl.engines.rollout.tokens import TokenSampling
 from diffrl.engines.token_trajectories import TokenTrajectories
 from diffrl.engines.train.base import TrainerBase
-from diffrl.engines.train.policy_loss import correction_weights, lora_disabled
+from diffrl.engines.train.policy_loss import correction_stats, correction_weights, lora_disabled
 from diffrl.engines.train.preference import training_units
 from diffrl.engines.train.setup import build_optimizer, build_scheduler, check_offload, prepare_denoiser, world
-from diffrl.engines.train.trainer import _accumulate, _add_gap, _reduce_metrics
+from diffrl.engines.train.trainer import _accumulate, _add_gap, _add_values, _reduce_metrics
 from diffrl.models.causal_lm.policy import CausalLMPolicy
 
 
@@ -130,6 +130,7 @@ class TokenTrainer(TrainerBase):
         if self.algorithm.needs.old_log_probs and self.cfg.recompute_old_log_probs(same_numerics):
             old = self._forward_all(traj, response_ids)
             _add_gap(sums, counts, old, rollout_log_probs, mask.bool())
+            _add_values(sums, counts, correction_stats(old, rollout_log_probs, mask, self.cfg))
         pairs = self.algorithm.needs.pairs
         units = training_units(advantages, traj.group_ids, pairs)
         mini = self.cfg.mini_batch_prompts * (1 if pairs else self.group_size)
