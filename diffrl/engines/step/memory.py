@@ -94,6 +94,18 @@ class StepMemory:
         with self._lock:
             self._chunks[(step, chunk)] = future
 
+    def wait_rollouts(self) -> None:
+        """Block until every rollout started here has ended (an asynchronous run's weight sync: the behaviour copy
+        the rollouts sample with is overwritten next). A failure is not raised here: `chunk` raises it to the stage
+        that reads the chunk."""
+        with self._lock:
+            pending = list(self._chunks.values())
+        for future in pending:
+            try:
+                future.result()
+            except BaseException:  # noqa: BLE001 - reported by the generate stage (chunk)
+                pass
+
     def put_chunk(self, step: int, chunk: int, traj: Trajectories, seconds: float) -> None:
         future: Future = Future()
         future.set_result((traj, seconds))

@@ -161,7 +161,10 @@ def update(engines: Engines, step: int, chunk: int = 0) -> Updated:
     rewards, _, valid = step_rewards(engines, step)
     rows, stats = training_rows(engines.config.algorithm, rewards, advantages_B, traj.group_ids, valid)
     asynchronous = engines.config.run.async_
-    if asynchronous.enabled:  # samples of an older policy: their groups within max_staleness train
+    if asynchronous.enabled:
+        # the next step's rollout samples with the behaviour copy (the weights of the last sync) while this update
+        # trains; samples of an older policy train when their groups are within max_staleness
+        prefetch(engines, step + 1)
         rows, staleness = fresh_rows(traj, rows, engines.trainer.policy_version, asynchronous.max_staleness)
         stats.update(staleness)
     if inject_fault("loss", step):  # DIFFRL_INJECT_FAULT=loss@<step>:nan -> NaN advantages: a NaN loss and gradient
@@ -316,9 +319,18 @@ def load_checkpoint(engines: Engines, path: str) -> int:
 
 # ---- weight sync --------------------------------------------------------------------------------------
 def sync(engines: Engines, step: int, chunk: int = 0, prefetch_next: bool = True) -> Synced:
-    """Make the rollout sample with the updated weights (colocated: only the policy version moves), then start
-    the next step's rollout on the rollout worker (diffrl/engines/step/generate.prefetch)."""
+    """Make the rollout sample with the updated weights (colocated: only the policy version moves; asynchronous: the
+    trained LoRA tensors are copied into the behaviour copy once the rollouts sampling with it ended), then start the
+    next step's rollout on the rollout worker (diffrl/engines/step/generate.prefetch)."""
     inject_fault("sync_weights", step, world()[0])
+    if engines.config.run.async_.enabled and engines.memory is not None:
+        waited = time.perf_counter()
+        engines.memory.wait_rollouts()  # the rollouts sampling with the behaviour copy end before it is overwritten
+        waited = time.perf_counter() - waited
+    else:
+        waited = 0.0
     metrics = {k: float(v) for k, v in engines.trainer.sync_weights(engines.rollout).items()}
+    if engines.config.run.async_.enabled:
+        metrics["timing_s/sync_rollout_wait"] = waited
     started = prefetch(engines, step + 1) if prefetch_next else 0
     return Synced(step, prefetched=started, metrics=metrics)
