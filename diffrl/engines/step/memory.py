@@ -13,6 +13,8 @@ More workers keep the GPU busy while the flow does its bookkeeping:
 - the rollout worker starts the next step's chunks right after the weight sync (prefetch), so the Prefect
   subflow, MLflow and retention of one step overlap the next step's sampling. Same weights, prompts and
   seeds as sampling on demand: the samples are identical.
+  An asynchronous run (run.async) starts it earlier, when the update starts, on the behaviour copy of the policy
+  (the weights of the last sync): the next step's sampling overlaps this step's update.
 - the run-ahead worker (diffrl/engines/step/ahead.py) then runs that step's rewards, advantages and update without
   waiting for the flow's tasks, which receive its records.
 
