@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from diffrl.configs.loader import yaml_fields
+
 
 @dataclass(frozen=True)
 class Change:
@@ -56,10 +58,10 @@ def _changes(node: Any, new: Any, old: Any, key: str, kind: str | None):
         if "name" in fixed and "name" in old and old["name"] != new.get("name"):
             yield Change(_join(key, "name"), old["name"], new.get("name"), kind or fixed["name"])
             return
-        for f in dataclasses.fields(node):
-            if f.name in old and f.name in new:
+        for name, f in yaml_fields(node).items():
+            if name in old and name in new:
                 inner = kind or fixed.get(f.name)
-                yield from _changes(getattr(node, f.name), new[f.name], old[f.name], _join(key, f.name), inner)
+                yield from _changes(getattr(node, f.name), new[name], old[name], _join(key, name), inner)
     elif _dataclass_list(node) and isinstance(new, list):
         if not isinstance(old, list) or len(old) != len(new):
             # another number of items (rewards): fixed when the items have fixed fields

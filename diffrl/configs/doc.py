@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from diffrl.configs.loader import to_dict
+from diffrl.configs.loader import to_dict, yaml_fields
 
 # values that break a check: a string no choice is, numbers below and above the usual ranges
 _PROBES = {"str": ("?",), "int": (-2, 0), "float": (-1.0, 0.0, 2.0)}
@@ -64,9 +64,9 @@ def _section_docs(instance: Any, prefix: str, only: set[str] | None = None, fixe
     """The keys of one dataclass instance (its defaults), nested sections flattened."""
     docs = []
     cls = type(instance)
-    for f in dataclasses.fields(instance):
+    for name, f in yaml_fields(instance).items():
         value = getattr(instance, f.name)
-        key = f"{prefix}.{f.name}"
+        key = f"{prefix}.{name}"
         if only is not None and f.name not in only:
             continue
         kept = fixed or f.name in getattr(cls, "FIXED_ON_RESUME", {})

@@ -3,12 +3,14 @@
 A config file is one complete experiment (no composition, no interpolation). Overrides are
 `section.field=value` strings; values are parsed as YAML scalars/lists (`train.lr=1e-4`,
 `rollout.window.start_range=[0,5]`). Every unknown key is an error that names the closest valid key.
+A field named after a Python keyword with a trailing underscore (`async_`) is the keyword in YAML (`run.async`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import keyword
 import types
 import typing
 from typing import Any, TypeVar
@@ -34,6 +36,18 @@ def _retired(cls: type, path: str, key: str) -> str:
     """The message of a key the schema has retired (a class's RETIRED: {key: what replaces it}), else ""."""
     replacement = getattr(cls, "RETIRED", {}).get(key)
     return f"config key {path!r} is retired: {replacement}" if replacement else ""
+
+
+def yaml_key(name: str) -> str:
+    """The YAML key of a dataclass field: its name, or the Python keyword a trailing underscore escapes (`async_` ->
+    `async`)."""
+    bare = name[:-1]
+    return bare if name.endswith("_") and keyword.iskeyword(bare) else name
+
+
+def yaml_fields(cls: type) -> dict[str, dataclasses.Field]:
+    """{YAML key: field} of a dataclass (type or instance), in field order."""
+    return {yaml_key(f.name): f for f in dataclasses.fields(cls)}
 
 
 def _is_dataclass_type(tp: Any) -> bool:
@@ -107,14 +121,15 @@ def build(cls: type[T], data: dict, *, where: str = "") -> T:
     if data is None:
         data = {}
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = {key: f for key, f in yaml_fields(cls).items() if f.init}
     kwargs = {}
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
         if key not in fields:
             unknown = f"unknown config key {path!r}{_suggest(str(key), list(fields), where)}"
             raise ConfigError(_retired(cls, path, str(key)) or unknown)
-        kwargs[key] = coerce(value, hints[key], path)
+        name = fields[key].name
+        kwargs[name] = coerce(value, hints[name], path)
     try:
         return cls(**kwargs)
     except ConfigError:
@@ -127,7 +142,7 @@ def build(cls: type[T], data: dict, *, where: str = "") -> T:
 def to_dict(obj: Any) -> Any:
     """A dataclass tree as plain YAML-able data (tuples become lists)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {key: to_dict(getattr(obj, f.name)) for key, f in yaml_fields(obj).items()}
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):
@@ -162,7 +177,7 @@ def apply_overrides(data: dict, overrides: list[str], cls: type) -> dict:
         node, tp = data, cls
         for depth, part in enumerate(path):
             where = ".".join(path[: depth + 1])
-            names = [f.name for f in dataclasses.fields(tp)] if _is_dataclass_type(tp) else None
+            names = list(yaml_fields(tp)) if _is_dataclass_type(tp) else None
             if names is not None and part not in names:
                 unknown = f"unknown config key {where!r}{_suggest(part, names, '.'.join(path[:depth]))}"
                 raise ConfigError(_retired(tp, where, part) or unknown)
@@ -179,8 +194,8 @@ def apply_overrides(data: dict, overrides: list[str], cls: type) -> dict:
     return data
 
 
-def _field_type(cls: type, name: str) -> Any:
-    tp = typing.get_type_hints(cls)[name]
+def _field_type(cls: type, key: str) -> Any:
+    tp = typing.get_type_hints(cls)[yaml_fields(cls)[key].name]
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         tp = next((a for a in typing.get_args(tp) if a is not type(None)), tp)
     return tp

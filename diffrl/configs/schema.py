@@ -199,6 +199,24 @@ class DataConfig:
 
 
 @dataclass
+class AsyncConfig:
+    """Asynchronous off-policy training (docs/training.md, "Asynchronous training")."""
+
+    # a sample of policy version v trains at version <= v + max_staleness: 0 is the synchronous step; 1 lets the next
+    # step's rollout run beside the update, on a copy of the LoRA adapter that each weight sync refreshes
+    max_staleness: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0 (an integer), got {self.max_staleness!r}")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether samples of an older policy version may be trained (max_staleness > 0)."""
+        return self.max_staleness > 0
+
+
+@dataclass
 class RunConfig:
     # seed: the prompt order and the noise of every step; experiment: where the run a resume continues is filed
     FIXED_ON_RESUME: ClassVar[dict[str, str]] = {"seed": "data", "experiment": "data"}
@@ -225,6 +243,8 @@ class RunConfig:
     # a new run starts from the trained weights of another run's latest good checkpoint (a run name under root, or a
     # run folder), with a fresh optimizer at step 0; read only while the run has no checkpoint of its own
     init_from: str | None = None
+    # YAML `async`: the rollout may run ahead of the update by a bounded number of policy versions
+    async_: AsyncConfig = field(default_factory=AsyncConfig)
 
     def __post_init__(self) -> None:
         if self.init_from == "":
@@ -357,6 +377,7 @@ class ExperimentConfig:
             )
             raise ValueError(f"rollout.group_size=1: algorithm {self.algorithm.name!r} {why}; use 2 or more")
         check_data_parallel(self)
+        check_async(self)
         if self.algorithm.needs.data == "tokens" and self.rollout.engine == "vllm":
             check_rollout_options(
                 self.rollout.vllm,
@@ -447,6 +468,40 @@ def check_data_parallel(cfg: ExperimentConfig) -> None:
         raise ValueError(
             f"algorithm {cfg.algorithm.name!r} samples with the trainer's old (EMA) adapter, which only a single "
             f"engine shares with its rollout: {who} is not supported for it yet (use cluster.gpus: 1)"
+        )
+
+
+def check_async(cfg: ExperimentConfig) -> None:
+    """ValueError, one line naming what works, for an asynchronous run (run.async.max_staleness > 0) this version does
+    not run: it runs in one process, trains a LoRA adapter of a diffusion policy-gradient algorithm, and applies an
+    explicit behaviour-policy correction."""
+    staleness = cfg.run.async_.max_staleness
+    if staleness == 0:
+        return
+    who = f"run.async.max_staleness: {staleness}"
+    if cfg.algorithm.needs.data != "denoising_steps":
+        from diffrl.algorithms.catalog import algorithms
+
+        works = sorted(name for name, a in algorithms().items() if a.needs.data == "denoising_steps")
+        raise ValueError(
+            f"{who} runs the diffusion policy-gradient algorithms ({', '.join(works)}); algorithm "
+            f"{cfg.algorithm.name!r} trains on {cfg.algorithm.needs.data}, which is not supported asynchronously yet "
+            "(use run.async.max_staleness: 0)"
+        )
+    if cfg.cluster.mode != "local":
+        raise ValueError(
+            f"{who} interleaves rollout and update in one process (cluster.mode: local); cluster.mode "
+            f"{cfg.cluster.mode!r} is not supported asynchronously yet"
+        )
+    if not cfg.train.lora:
+        raise ValueError(
+            f"{who} samples with its own copy of the LoRA tensors beside the shared base weights, which needs "
+            "train.lora: true (full fine-tuning is not supported asynchronously yet)"
+        )
+    if cfg.train.rollout_correction == "off":
+        raise ValueError(
+            f"{who} trains on samples of an older policy, which needs the behaviour-policy correction: set "
+            'train.rollout_correction to tis or mask (docs/algorithms.md, "Off-policy correction")'
         )
 
 

@@ -99,7 +99,7 @@ class TokenTrajectories:
             log_probs=[lp for t in parts for lp in t.log_probs],
             responses=[r for t in parts for r in t.responses],
             metadata=[m for t in parts for m in t.metadata],
-            policy_version=parts[0].policy_version,
+            policy_version=min(t.policy_version for t in parts),  # the oldest, as the store reads a step
             audio_paths=[p for t in parts for p in t.audio_paths],
             images=None if parts[0].images is None else torch.cat([t.images for t in parts]),
         )

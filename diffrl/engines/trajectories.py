@@ -99,5 +99,5 @@ class Trajectories:
             images=torch.cat([t.images for t in parts]),
             embed_keys=[k for t in parts for k in t.embed_keys],
             metadata=[m for t in parts for m in t.metadata],
-            policy_version=parts[0].policy_version,
+            policy_version=min(t.policy_version for t in parts),  # the oldest, as the store reads a step
         )

@@ -18,7 +18,7 @@ from diffrl.engines.store.prompts import PromptDataset, PromptSampler, compositi
 from diffrl.engines.store.tokens import TokenStore
 from diffrl.engines.store.trajectories import TrajectoryStore
 from diffrl.engines.train.setup import world
-from diffrl.engines.train.sync import rollout_copy, send_weights
+from diffrl.engines.train.sync import behaviour_copy, rollout_copy, send_weights
 from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.flows.build_preference import build_preference_cache, check_preference_config, train_prompts
 from diffrl.flows.build_tokens import build_token_model, check_token_config
@@ -173,7 +173,10 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", *, durable: bool 
             device=device,
             replicate=replica and cfg.train.lora,
         )
-        if rollout is not None and rollout.adapter is not adapter:  # a replica: the copy starts at the trainer's
+        if cfg.run.async_.enabled:  # the rollout samples with its own LoRA tensors while the trainer updates
+            rollout = RolloutEngine(behaviour_copy(adapter), cache=embed_cache, progress=sys.stderr.isatty())
+            trainer.rollout_copy = rollout.adapter
+        elif rollout is not None and rollout.adapter is not adapter:  # a replica: the copy starts at the trainer's
             trainer.rollout_copy = rollout.adapter
             trainer.replayer.cache = embed_cache  # prompts another replica sampled are encoded once, in the cache
             send_weights(trainer, rollout.adapter)

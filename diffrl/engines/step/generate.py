@@ -133,7 +133,8 @@ def _append(engines: Engines, traj: Trajectories, step: int, chunk: int) -> None
 
 def prefetch(engines: Engines, step: int) -> int:
     """Start the rollout of every chunk of `step` on the rollout worker (right after the previous step's weight
-    sync: the same weights, prompts and seeds as on demand); returns the chunks started. Not done for offline
+    sync: the same weights, prompts and seeds as on demand; in an asynchronous run when the previous step's update
+    starts, on the behaviour copy); returns the chunks of this replica's share. Not done for offline
     pairs, after the run's last step, before a validation (it samples on the same model), or when stages may
     run in other processes (Ray: their inputs must come from the store)."""
     cfg, memory = engines.config, engines.memory

@@ -13,6 +13,8 @@ More workers keep the GPU busy while the flow does its bookkeeping:
 - the rollout worker starts the next step's chunks right after the weight sync (prefetch), so the Prefect
   subflow, MLflow and retention of one step overlap the next step's sampling. Same weights, prompts and
   seeds as sampling on demand: the samples are identical.
+  An asynchronous run (run.async) starts it earlier, when the update starts, on the behaviour copy of the policy
+  (the weights of the last sync): the next step's sampling overlaps this step's update.
 - the run-ahead worker (diffrl/engines/step/ahead.py) then runs that step's rewards, advantages and update without
   waiting for the flow's tasks, which receive its records.
 
@@ -93,6 +95,18 @@ class StepMemory:
         )  # a failure is raised by chunk(), as a worker's would be
         with self._lock:
             self._chunks[(step, chunk)] = future
+
+    def wait_rollouts(self) -> None:
+        """Block until every rollout started here has ended (an asynchronous run's weight sync: the behaviour copy
+        the rollouts sample with is overwritten next). A failure is not raised here: `chunk` raises it to the stage
+        that reads the chunk."""
+        with self._lock:
+            pending = list(self._chunks.values())
+        for future in pending:
+            try:
+                future.result()
+            except BaseException:  # noqa: BLE001 - reported by the generate stage (chunk)
+                pass
 
     def put_chunk(self, step: int, chunk: int, traj: Trajectories, seconds: float) -> None:
         future: Future = Future()

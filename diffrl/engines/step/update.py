@@ -16,6 +16,7 @@ import torch
 
 from diffrl.algorithms.advantages import advantage_stats, group_advantages, reward_stats
 from diffrl.algorithms.losses_token import nonconstant_groups
+from diffrl.algorithms.staleness import fresh_groups, sample_staleness, staleness_stats
 from diffrl.engines import trace
 from diffrl.engines.handle import Engines
 from diffrl.engines.numbering import step_index, step_number
@@ -134,6 +135,16 @@ def training_rows(
     return rows, stats
 
 
+def fresh_rows(traj: Any, rows: list[int], trainer_version: int, max_staleness: int) -> tuple[list[int], dict]:
+    """The `rows` whose prompt group is at most `max_staleness` policy versions behind `trainer_version`, and
+    async/staleness_{mean,max} (of those) and async/dropped (the others). Every row of a step carries its oldest
+    chunk's version (a step's chunks are sampled at one version; a reused, stored one may be older)."""
+    staleness_B = sample_staleness(torch.full((len(traj),), traj.policy_version), trainer_version)
+    picked = torch.tensor(rows, dtype=torch.long)
+    fresh = fresh_groups(staleness_B[picked], [traj.group_ids[i] for i in rows], max_staleness)
+    return picked[fresh].tolist(), staleness_stats(staleness_B[picked], fresh)
+
+
 def update(engines: Engines, step: int, chunk: int = 0) -> Updated:
     """Train on the step (the rows `training_rows` picks) and commit its checkpoint; a step whose checkpoint is
     committed returns its saved metrics instead (an optimizer step is not idempotent, the checkpoint is)."""
@@ -150,6 +161,13 @@ def update(engines: Engines, step: int, chunk: int = 0) -> Updated:
     advantages_B = step_advantages(engines, step)
     rewards, _, valid = step_rewards(engines, step)
     rows, stats = training_rows(engines.config.algorithm, rewards, advantages_B, traj.group_ids, valid)
+    asynchronous = engines.config.run.async_
+    if asynchronous.enabled:
+        # the next step's rollout samples with the behaviour copy (the weights of the last sync) while this update
+        # trains; samples of an older policy train when their groups are within max_staleness
+        prefetch(engines, step + 1)
+        rows, staleness = fresh_rows(traj, rows, engines.trainer.policy_version, asynchronous.max_staleness)
+        stats.update(staleness)
     if inject_fault("loss", step):  # DIFFRL_INJECT_FAULT=loss@<step>:nan -> NaN advantages: a NaN loss and gradient
         advantages_B = advantages_B * float("nan")
     metrics = engines.trainer.update(traj.select(rows), advantages_B[rows], engines.rollout)
@@ -304,14 +322,23 @@ def load_checkpoint(engines: Engines, path: str) -> int:
 
 # ---- weight sync --------------------------------------------------------------------------------------
 def sync(engines: Engines, step: int, chunk: int = 0, prefetch_next: bool = True) -> Synced:
-    """Make the rollout sample with the updated weights (colocated: only the policy version moves), then start
-    the next step's rollout on the rollout worker (diffrl/engines/step/generate.prefetch). A rollout engine that
+    """Make the rollout sample with the updated weights (colocated: only the policy version moves; asynchronous: the
+    trained LoRA tensors are copied into the behaviour copy once the rollouts sampling with it ended), then start the
+    next step's rollout on the rollout worker (diffrl/engines/step/generate.prefetch). A rollout engine that
     measures itself (`take_metrics`: the vLLM engine's KV cache, concurrency, tokens/s, wake and sleep) adds what it
     measured during this step."""
     inject_fault("sync_weights", step, world()[0])
+    if engines.config.run.async_.enabled and engines.memory is not None:
+        waited = time.perf_counter()
+        engines.memory.wait_rollouts()  # the rollouts sampling with the behaviour copy end before it is overwritten
+        waited = time.perf_counter() - waited
+    else:
+        waited = 0.0
     metrics = {k: float(v) for k, v in engines.trainer.sync_weights(engines.rollout).items()}
     take_metrics = getattr(engines.rollout, "take_metrics", None)
     if take_metrics is not None:
         metrics.update({k: float(v) for k, v in take_metrics().items()})
+    if engines.config.run.async_.enabled:
+        metrics["timing_s/sync_rollout_wait"] = waited
     started = prefetch(engines, step + 1) if prefetch_next else 0
     return Synced(step, prefetched=started, metrics=metrics)

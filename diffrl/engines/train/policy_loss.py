@@ -97,6 +97,28 @@ def correction_weights(
     return (log_ratio.abs() <= math.log(cfg.rs_threshold)).float()
 
 
+def correction_stats(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor, cfg: TrainConfig):
+    """rollout_corr/ratio_{mean,min,max} of the behaviour ratio exp(old - rollout) over the masked entries (trained
+    steps, or response tokens), and rollout_corr/ratio_corrected: the share of them the correction changed (tis: the
+    ratio was above is_cap; mask: it was dropped). Nothing when the correction is off."""
+    if cfg.rollout_correction == "off":
+        return {}
+    log_ratio = (old_log_prob - rollout_log_prob).double()[mask.bool()]
+    if not log_ratio.numel():
+        return {f"rollout_corr/ratio_{k}": 1.0 for k in ("mean", "min", "max")} | {"rollout_corr/ratio_corrected": 0.0}
+    ratio = torch.exp(log_ratio)
+    if cfg.rollout_correction == "tis":
+        corrected = ratio > cfg.is_cap
+    else:
+        corrected = log_ratio.abs() > math.log(cfg.rs_threshold)
+    return {
+        "rollout_corr/ratio_mean": float(ratio.mean()),
+        "rollout_corr/ratio_min": float(ratio.min()),
+        "rollout_corr/ratio_max": float(ratio.max()),
+        "rollout_corr/ratio_corrected": float(corrected.double().mean()),
+    }
+
+
 @contextlib.contextmanager
 def lora_disabled(transformer):
     """The LoRA reference policy: the same module with its adapters switched off."""

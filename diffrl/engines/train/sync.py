@@ -7,7 +7,8 @@ another device or process): the trainer exports the tensors that changed since t
 new version, and :func:`load_weights` applies them on the receiving side. Engine replicas (`cluster.gpus` > 1)
 training LoRA are colocated (each keeps whole parameters: nothing to copy); fully fine-tuned they shard the
 denoiser with FSDP2 and each samples with an unsharded copy (:func:`rollout_copy`) in its process, which every rank
-loads after each update (:func:`send_weights`).
+loads after each update (:func:`send_weights`). An asynchronous run (run.async) samples with a behaviour copy
+(:func:`behaviour_copy`): the trainer's frozen tensors, its own LoRA tensors, loaded the same way at each sync.
 """
 
 from __future__ import annotations
@@ -94,6 +95,24 @@ def rollout_copy(adapter):
     twin.pipe.transformer = copy.deepcopy(adapter.transformer)
     if getattr(adapter.pipe, "transformer_2", None) is not None:  # Wan2.2's low-noise expert
         twin.pipe.transformer_2 = copy.deepcopy(adapter.pipe.transformer_2)
+    return twin
+
+
+def behaviour_copy(adapter):
+    """The behaviour policy of an asynchronous run (run.async): a second adapter whose denoisers share every frozen
+    tensor of `adapter`'s (the same storage: no second copy of the base weights) and own a copy of its trainable
+    (LoRA) tensors, taken after the trainer added LoRA. The rollout samples with it while the trainer updates its own
+    adapter; each weight sync copies the trained tensors into it (:func:`send_weights`). Text encoders, VAE and
+    scheduler are the same objects, as in :func:`rollout_copy`."""
+    twin = copy.copy(adapter)
+    twin.pipe = copy.copy(adapter.pipe)
+    for name in ("transformer", "transformer_2"):  # Wan2.2's low-noise expert too
+        module = getattr(adapter.pipe, name, None)
+        if module is None:
+            continue
+        frozen = [p for p in module.parameters() if not p.requires_grad] + list(module.buffers())
+        copied = copy.deepcopy(module, memo={id(t): t for t in frozen})  # the memo makes deepcopy reuse them
+        setattr(twin.pipe, name, copied.requires_grad_(False))
     return twin
 
 

@@ -43,11 +43,11 @@ from diffrl.engines.rollout.engine import to_device
 from diffrl.engines.rollout.tokens import TokenSampling
 from diffrl.engines.token_trajectories import TokenTrajectories
 from diffrl.engines.train.base import TrainerBase
-from diffrl.engines.train.policy_loss import correction_weights, lora_disabled
+from diffrl.engines.train.policy_loss import correction_stats, correction_weights, lora_disabled
 from diffrl.engines.train.preference import training_units
 from diffrl.engines.train.setup import build_optimizer, build_scheduler, check_offload, prepare_denoiser, world
 from diffrl.engines.train.throughput import add_update_rates
-from diffrl.engines.train.trainer import _accumulate, _add_gap, _reduce_metrics
+from diffrl.engines.train.trainer import _accumulate, _add_gap, _add_values, _reduce_metrics
 from diffrl.models.causal_lm.flops import active_parameters
 from diffrl.models.causal_lm.policy import CausalLMPolicy
 
@@ -169,6 +169,7 @@ class TokenTrainer(TrainerBase):
         if self.algorithm.needs.old_log_probs and self.cfg.recompute_old_log_probs(same_numerics, single_pass):
             old = self._forward_all(traj, response_ids)
             _add_gap(sums, counts, old, rollout_log_probs, mask.bool())
+            _add_values(sums, counts, correction_stats(old, rollout_log_probs, mask, self.cfg))
         elif self.algorithm.needs.old_log_probs and self.cfg.recompute_old_log_probs(same_numerics):
             old = None  # the replay's own log-probs, detached, are the old policy's
         for epoch in range(self.cfg.ppo_epochs):

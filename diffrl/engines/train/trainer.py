@@ -35,6 +35,7 @@ from diffrl.engines.train.base import TrainerBase
 from diffrl.engines.train.policy_loss import (
     OldPolicy,
     active_steps,
+    correction_stats,
     correction_weights,
     lora_disabled,
     rank_rows,
@@ -249,6 +250,7 @@ class PolicyTrainer(TrainerBase):
         old = self._old_policy(traj, engine, same_numerics)
         if old.recomputed:
             _add_gap(sums, counts, old.log_probs, traj.log_probs, traj.trained)
+            _add_values(sums, counts, correction_stats(old.log_probs, traj.log_probs, traj.trained, self.cfg))
         mini = self.cfg.mini_batch_prompts * self.group_size
         for epoch, start, rows in self._mini_batches(len(traj), mini):
             measure_gap = not old.recomputed and epoch == 0 and start == 0
@@ -394,6 +396,13 @@ def _add_gap(sums, counts, replayed: torch.Tensor, rollout: torch.Tensor, traine
     top = float(diff.max()) if diff.numel() else 0.0
     sums["rollout_corr/logprob_abs_diff_max"] = max(sums["rollout_corr/logprob_abs_diff_max"], top)
     counts["rollout_corr/logprob_abs_diff_max"] = 1
+
+
+def _add_values(sums, counts, values: dict[str, float]) -> None:
+    """Metrics computed once per update (not a mean over passes); `_max` and `_min` stay what they are."""
+    for name, value in values.items():
+        sums[name] += value
+        counts[name] = 1
 
 
 def _reduce_metrics(sums: dict[str, float], counts: dict[str, int]) -> dict[str, float]:

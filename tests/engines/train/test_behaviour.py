@@ -1,0 +1,64 @@
+"""The behaviour copy of an asynchronous run on the tiny SD3: it shares the trainer's frozen tensors, owns its LoRA
+tensors, samples exactly as the policy at its version while the trainer's weights move, and a weight sync brings it
+to the trainer's weights in memory, versioned."""
+
+from __future__ import annotations
+
+import torch
+
+from diffrl.algorithms.catalog import get_algorithm
+from diffrl.configs.rollout import SamplingConfig
+from diffrl.configs.train import TrainConfig
+from diffrl.engines.rollout.engine import RolloutEngine
+from diffrl.engines.train.sync import behaviour_copy
+from diffrl.engines.train.trainer import PolicyTrainer
+from diffrl.models.base import load_adapter
+
+SAMPLING = SamplingConfig(num_inference_steps=3, height=32, width=32, noise_level=0.7, batch_size=4)
+PROMPTS, GROUPS = ["a red cube", "a red cube", "two cats", "two cats"], ["g0", "g0", "g1", "g1"]
+
+
+def _sample(engine: RolloutEngine, version: int):
+    return engine.generate(PROMPTS, GROUPS, [0, 1, 0, 1], [11, 12, 13, 14], SAMPLING, policy_version=version)
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in ((a.latents, b.latents), (a.log_probs, b.log_probs), (a.images, b.images)))
+
+
+def test_behaviour_copy_samples_as_the_policy_at_its_version(tiny_model):
+    adapter = load_adapter(tiny_model("sd3"))
+    policy = RolloutEngine(adapter, progress=False)
+    trainer = PolicyTrainer(
+        adapter,
+        get_algorithm("flow_grpo", kl_coef=0.0, clip_ratio=0.2),
+        TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=2, micro_batch_size=4, seed=1),
+        SAMPLING,
+        group_size=2,
+    )
+    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    trainer.update(_sample(policy, 0), advantages, policy)  # LoRA B leaves its zero init: the adapter matters
+
+    twin = behaviour_copy(adapter)
+    trainer.rollout_copy = twin
+    behaviour = RolloutEngine(twin, progress=False)
+    mine, theirs = dict(twin.transformer.named_parameters()), dict(adapter.transformer.named_parameters())
+    assert mine.keys() == theirs.keys()
+    for name, param in theirs.items():  # the base is the same storage; the LoRA tensors are the copy's own
+        shared = mine[name].data_ptr() == param.data_ptr()
+        assert shared != param.requires_grad, name
+        assert not mine[name].requires_grad and torch.equal(mine[name], param)
+    assert twin.pipe.vae is adapter.pipe.vae and twin.pipe.text_encoder is adapter.pipe.text_encoder
+
+    at_copy = _sample(behaviour, 0)
+    assert _same(at_copy, _sample(policy, 0))  # the copy is the policy at its version, bit for bit
+    trainer.update(at_copy, advantages, behaviour)  # the trainer's weights move; the copy's do not
+    assert not _same(_sample(policy, 0), at_copy)
+    assert _same(_sample(behaviour, 0), at_copy)
+
+    version = trainer.policy_version
+    synced = trainer.sync_weights(behaviour)  # in memory: the trained LoRA tensors into the copy
+    lora = [p for p in adapter.transformer.parameters() if p.requires_grad]
+    assert synced["sync/num_tensors"] == len(lora) and synced["sync/bytes"] == sum(p.numel() * 4 for p in lora)
+    assert trainer.policy_version == version + 1 == synced["sync/policy_version"]
+    assert _same(_sample(behaviour, 1), _sample(policy, 1))
