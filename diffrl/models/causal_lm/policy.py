@@ -228,6 +228,29 @@ class CausalLMPolicy:
         audios = "".join(f"{tok.audio_bos_token}{tok.audio_token * n}{tok.audio_eos_token}" for n in audio_tokens)
         return f"<|im_start|>user\n{images}{audios}{prompt.text}<|im_end|>\n<|im_start|>assistant\n"
 
+    def chat_template(self) -> str:
+        """A Jinja chat template that renders a user turn of OpenAI-style content parts ({"type": "image"},
+        {"type": "audio"}, {"type": "text", "text": ...}, as vLLM hands them to a template with
+        `--chat-template-content-format openai`) as `render` does, one placeholder token per image and clip: a server
+        that expands each placeholder into the item's tokens then tokenizes the prompt `encode` gives. Images first,
+        then clips, then the text is the order `render` writes (the parts are rendered in their order)."""
+        tok = self.tokenizer
+        image = f"{tok.vision_bos_token}{tok.image_token}{tok.vision_eos_token}"
+        audio = f"{tok.audio_bos_token}{tok.audio_token}{tok.audio_eos_token}"
+        return (
+            "{%- for message in messages %}"
+            "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+            "{%- if message['content'] is string %}{{- message['content'] }}"
+            "{%- else %}{%- for part in message['content'] %}"
+            f"{{%- if part['type'] == 'image' %}}{{{{- '{image}' }}}}"
+            f"{{%- elif part['type'] == 'audio' %}}{{{{- '{audio}' }}}}"
+            "{%- else %}{{- part['text'] }}{%- endif %}"
+            "{%- endfor %}{%- endif %}"
+            "{{- '<|im_end|>\\n' }}"
+            "{%- endfor %}"
+            "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+        )
+
     def encode(self, prompts: list[TokenPrompt]) -> PromptInputs:
         """Tokenize the prompts (left-padded) and preprocess their images and audio clips (inputs concatenated)."""
         vision, per_image = self._vision_inputs([p.images for p in prompts])

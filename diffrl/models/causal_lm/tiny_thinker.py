@@ -45,10 +45,14 @@ IMAGE_SIZE = 64  # pixels a side the tiny image processor resizes to: (64 / 16)^
 
 
 def tiny_thinker_config(
-    vocab_size: int, token_ids: dict[str, int], *, hidden_size: int = 32
+    vocab_size: int, token_ids: dict[str, int], *, hidden_size: int = 32, head_dim: int = 16
 ) -> Qwen3OmniMoeThinkerConfig:
     """The tiny Thinker's config: the real layout (MoE text model with interleaved M-RoPE, deepstack vision, audio
-    encoder) at a size that generates tens of tokens per second on one CPU core."""
+    encoder) at a size that generates tens of tokens per second on one CPU core. head_dim 32 is the smallest that vLLM's
+    CPU attention takes (the vLLM rollout tests; 16 by default)."""
+    if head_dim % 16:
+        raise ValueError(f"head_dim must be a multiple of 16 (M-RoPE sections 2:3:3 of its pairs); got {head_dim}")
+    scale = head_dim // 16
     return Qwen3OmniMoeThinkerConfig(
         text_config={
             "vocab_size": vocab_size,
@@ -58,15 +62,16 @@ def tiny_thinker_config(
             "num_hidden_layers": 2,
             "num_attention_heads": 2,
             "num_key_value_heads": 1,
-            "head_dim": 16,
+            "head_dim": head_dim,
             "num_experts": 4,
             "num_experts_per_tok": 2,
             "max_position_embeddings": 4096,
-            # Qwen3-Omni's M-RoPE: 8 frequency pairs split (t, h, w) = (2, 3, 3), interleaved
+            # Qwen3-Omni's M-RoPE: head_dim / 2 frequency pairs split (t, h, w) = (2, 3, 3) x head_dim / 16,
+            # interleaved
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": 1000000.0,
-                "mrope_section": [2, 3, 3],
+                "mrope_section": [2 * scale, 3 * scale, 3 * scale],
                 "interleaved": True,
                 "mrope_interleaved": True,
             },
@@ -107,12 +112,12 @@ def tiny_thinker_config(
     )
 
 
-def tiny_thinker(seed: int, *, extra_texts: Sequence[str] = (), hidden_size: int = 32):
+def tiny_thinker(seed: int, *, extra_texts: Sequence[str] = (), hidden_size: int = 32, head_dim: int = 16):
     """(model, tokenizer, image processor) of a tiny Thinker, in memory; `extra_texts` (a task's prompts and
     answers) become single BPE tokens."""
     tokenizer = qwen_tokenizer(chat_template=CHAT_TEMPLATE, extra_texts=extra_texts, named_specials=OMNI_SPECIALS)
     token_ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in OMNI_SPECIALS.items()}
-    config = tiny_thinker_config(len(tokenizer), token_ids, hidden_size=hidden_size)
+    config = tiny_thinker_config(len(tokenizer), token_ids, hidden_size=hidden_size, head_dim=head_dim)
     with torch.random.fork_rng(devices=[]):  # seed the weights without touching the caller's RNG
         torch.manual_seed(seed)
         model = Qwen3OmniMoeThinkerForConditionalGeneration(config).eval()
@@ -145,9 +150,13 @@ def save_thinker_folder(out_dir: str, model, tokenizer, processor) -> str:
     return out_dir
 
 
-def build_thinker_folder(out_dir: str, seed: int, *, extra_texts: Sequence[str] = (), hidden_size: int = 32) -> None:
+def build_thinker_folder(
+    out_dir: str, seed: int, *, extra_texts: Sequence[str] = (), hidden_size: int = 32, head_dim: int = 16
+) -> None:
     """Write the tiny Thinker folder (random weights)."""
-    save_thinker_folder(out_dir, *tiny_thinker(seed, extra_texts=extra_texts, hidden_size=hidden_size))
+    save_thinker_folder(
+        out_dir, *tiny_thinker(seed, extra_texts=extra_texts, hidden_size=hidden_size, head_dim=head_dim)
+    )
 
 
 @register_tiny("qwen3_omni")
