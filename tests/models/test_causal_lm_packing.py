@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from diffrl.models.causal_lm.packing import PACKED_SDPA, pack, text_config
 from diffrl.models.causal_lm.policy import CausalLMPolicy
+from diffrl.models.causal_lm.tiny import tiny_qwen3_config
 from diffrl.models.causal_lm.tiny_thinker import tiny_thinker
 from diffrl.models.tokenizers import QWEN3_CHAT_TEMPLATE, qwen_tokenizer
 
@@ -18,17 +19,7 @@ PROMPT_LENGTHS, RESPONSE_LENGTHS = (5, 11, 3, 7), (6, 2, 9, 1)
 
 
 def _qwen3(tokenizer) -> torch.nn.Module:
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return Qwen3ForCausalLM(config)
+    return Qwen3ForCausalLM(tiny_qwen3_config(tokenizer))
 
 
 def _qwen3_moe(tokenizer) -> torch.nn.Module:

@@ -13,12 +13,10 @@ from diffrl.models.tiny import register_tiny
 from diffrl.models.tokenizers import QWEN3_CHAT_TEMPLATE, qwen_tokenizer
 
 
-@register_tiny("qwen3")
-def build_qwen3(out_dir: str, seed: int) -> None:
-    """Tiny Qwen3ForCausalLM folder; responses end with <|im_end|> (the generation config's EOS)."""
-    tokenizer = qwen_tokenizer(chat_template=QWEN3_CHAT_TEMPLATE)
+def tiny_qwen3_config(tokenizer) -> Qwen3Config:
+    """The tiny Qwen3's config for `tokenizer` (the Qwen byte-level BPE one); responses end with <|im_end|>."""
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    config = Qwen3Config(
+    return Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -32,6 +30,14 @@ def build_qwen3(out_dir: str, seed: int) -> None:
         bos_token_id=tokenizer.pad_token_id,
         eos_token_id=eos,
     )
+
+
+@register_tiny("qwen3")
+def build_qwen3(out_dir: str, seed: int) -> None:
+    """Tiny Qwen3ForCausalLM folder; responses end with <|im_end|> (the generation config's EOS)."""
+    tokenizer = qwen_tokenizer(chat_template=QWEN3_CHAT_TEMPLATE)
+    config = tiny_qwen3_config(tokenizer)
+    eos = config.eos_token_id
     with torch.random.fork_rng(devices=[]):  # seed the weights without touching the caller's RNG
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config).eval()
