@@ -123,6 +123,10 @@ class JanusImagePolicy:
         """The language model's decoder layers."""
         return list(self.model.model.language_model.layers)
 
+    def packs(self, images: list[tuple[str, ...]], audios: list[tuple[str, ...]] | None = None) -> bool:
+        """Never: an image's tokens replay padded (the trainer asks every token policy, CausalLMPolicy.packs)."""
+        return False
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
