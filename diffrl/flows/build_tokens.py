@@ -49,6 +49,12 @@ def check_image_token_config(cfg, janus: bool) -> None:
             f"rollout.engine {cfg.rollout.engine!r}: Janus image generation samples in-process only; use "
             "rollout.engine: transformers"
         )
+    if janus and cfg.run.async_.enabled:
+        raise ValueError(
+            f"run.async.max_staleness: {cfg.run.async_.max_staleness}: asynchronous token runs sample text with a "
+            "causal LM's behaviour copy; Janus image generation is not supported asynchronously yet (use "
+            "run.async.max_staleness: 0)"
+        )
     if janus and (cfg.rollout.top_p < 1 or cfg.rollout.stop):
         raise ValueError("Janus image generation samples the full distribution: rollout.top_p 1 and no rollout.stop")
     if janus and cfg.algorithm.needs.overlong_shaping:
