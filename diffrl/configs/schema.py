@@ -473,20 +473,26 @@ def check_data_parallel(cfg: ExperimentConfig) -> None:
 
 def check_async(cfg: ExperimentConfig) -> None:
     """ValueError, one line naming what works, for an asynchronous run (run.async.max_staleness > 0) this version does
-    not run: it runs in one process, trains a LoRA adapter of a diffusion policy-gradient algorithm, and applies an
-    explicit behaviour-policy correction."""
+    not run: it runs in one process, trains a LoRA adapter with a policy-gradient algorithm (on denoising steps, or on
+    tokens sampled in-process by transformers), and applies an explicit behaviour-policy correction."""
     staleness = cfg.run.async_.max_staleness
     if staleness == 0:
         return
     who = f"run.async.max_staleness: {staleness}"
-    if cfg.algorithm.needs.data != "denoising_steps":
+    if not _async_algorithm(cfg.algorithm):
         from diffrl.algorithms.catalog import algorithms
 
-        works = sorted(name for name, a in algorithms().items() if a.needs.data == "denoising_steps")
+        works = sorted(name for name, a in algorithms().items() if _async_algorithm(a))
         raise ValueError(
-            f"{who} runs the diffusion policy-gradient algorithms ({', '.join(works)}); algorithm "
-            f"{cfg.algorithm.name!r} trains on {cfg.algorithm.needs.data}, which is not supported asynchronously yet "
-            "(use run.async.max_staleness: 0)"
+            f"{who} runs the policy-gradient algorithms ({', '.join(works)}); algorithm {cfg.algorithm.name!r} "
+            f"trains on {'pairs of ' if cfg.algorithm.needs.pairs else ''}{cfg.algorithm.needs.data}, which is not "
+            "supported asynchronously yet (use run.async.max_staleness: 0)"
+        )
+    if cfg.algorithm.needs.data == "tokens" and cfg.rollout.engine != "transformers":
+        raise ValueError(
+            f"{who} samples tokens in-process (rollout.engine: transformers); rollout.engine {cfg.rollout.engine!r} "
+            "is not supported asynchronously yet: on one GPU the vLLM server sleeps during the update to free its "
+            "memory, which serialises rollout and update; overlapping them needs the server on another device"
         )
     if cfg.cluster.mode != "local":
         raise ValueError(
@@ -503,6 +509,13 @@ def check_async(cfg: ExperimentConfig) -> None:
             f"{who} trains on samples of an older policy, which needs the behaviour-policy correction: set "
             'train.rollout_correction to tis or mask (docs/algorithms.md, "Off-policy correction")'
         )
+
+
+def _async_algorithm(algorithm) -> bool:
+    """Whether an asynchronous run trains `algorithm`: a policy-gradient one (old log-probs in a ratio), on denoising
+    steps or on tokens."""
+    needs = algorithm.needs
+    return needs.data == "denoising_steps" or (needs.data == "tokens" and needs.old_log_probs and not needs.pairs)
 
 
 def _numbers(node, path: str):

@@ -1,11 +1,12 @@
 """Building the engines of an autoregressive run (an algorithm on tokens): the policy (a causal LM / VLM,
 diffrl/models/causal_lm/policy.py, or Janus-Pro's image generation, diffrl/models/janus/policy.py, by the folder's
 model_type), the token trainer and the token rollout (`rollout.engine`): "transformers" samples in-process on the
-trainer's module; "vllm" with a vLLM server started here from diffrl's vLLM venv (diffrl/engines/vllm_env.py), which
-takes each new policy version from the weight-sync stage (a LoRA adapter loaded at run time, or the full weights
-reloaded in place) and stops with the run (the step memory closes it, on success, failure and Ctrl-C; a killed run's
-server stops itself, diffrl/engines/vllm_launch.py). The rest of a run's engines (prompts, rewards, the trajectory
-store, the step memory) are built as for a diffusion run (diffrl/flows/build.py).
+trainer's module (in an asynchronous run on its behaviour copy, diffrl/engines/train/sync.py); "vllm" with a vLLM
+server started here from diffrl's vLLM venv (diffrl/engines/vllm_env.py), which takes each new policy version from
+the weight-sync stage (a LoRA adapter loaded at run time, or the full weights reloaded in place) and stops with the
+run (the step memory closes it, on success, failure and Ctrl-C; a killed run's server stops itself,
+diffrl/engines/vllm_launch.py). The rest of a run's engines (prompts, rewards, the trajectory store, the step memory)
+are built as for a diffusion run (diffrl/flows/build.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from diffrl.engines.rollout.tokens import TokenRolloutEngine, TransformersTokenE
 from diffrl.engines.rollout.vllm_tokens import VllmTokenEngine
 from diffrl.engines.rollout.vllm_weights import MEMORY_ROOT, memory_folder, weights_bytes
 from diffrl.engines.train.offload import HostOffload
+from diffrl.engines.train.sync import behaviour_copy
 from diffrl.engines.train.tokens import TokenTrainer
 from diffrl.engines.vllm_env import vllm_python
 from diffrl.flows.errors import RunFailure
@@ -46,6 +48,12 @@ def check_image_token_config(cfg, janus: bool) -> None:
         raise ValueError(
             f"rollout.engine {cfg.rollout.engine!r}: Janus image generation samples in-process only; use "
             "rollout.engine: transformers"
+        )
+    if janus and cfg.run.async_.enabled:
+        raise ValueError(
+            f"run.async.max_staleness: {cfg.run.async_.max_staleness}: asynchronous token runs sample text with a "
+            "causal LM's behaviour copy; Janus image generation is not supported asynchronously yet (use "
+            "run.async.max_staleness: 0)"
         )
     if janus and (cfg.rollout.top_p < 1 or cfg.rollout.stop):
         raise ValueError("Janus image generation samples the full distribution: rollout.top_p 1 and no rollout.stop")
@@ -99,6 +107,10 @@ def build_token_model(
     )
     if cfg.rollout.engine == "vllm":
         return policy, start_vllm_engine(cfg, policy, trainer), trainer
+    if cfg.run.async_.enabled:  # the rollout samples with its own LoRA tensors while the trainer updates
+        rollout = TransformersTokenEngine(behaviour_copy(policy))
+        trainer.rollout_copy = rollout.adapter
+        return policy, rollout, trainer
     return policy, TransformersTokenEngine(policy), trainer
 
 

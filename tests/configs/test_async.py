@@ -66,6 +66,28 @@ def test_unsupported_combinations_are_refused_in_one_line(overrides, names):
     load_experiment("shapes_flow_grpo", ["run.async.max_staleness=0", *overrides[:1]])  # the synchronous run takes it
 
 
+def test_token_policy_gradient_runs_asynchronously_with_the_in_process_rollout():
+    cfg = load_experiment("omni_quick", [*ASYNC, "train.lora=true"])
+    assert cfg.run.async_.enabled and cfg.rollout.engine == "transformers"
+    load_experiment("omni_quick", [*ASYNC, "train.lora=true", "algorithm=dapo"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        (["rollout.engine=vllm"], "serialises rollout and update"),
+        (["algorithm=sequence_dpo"], "pairs of tokens"),
+        (["train.lora=false"], "train.lora: true"),
+        (["train.rollout_correction='off'"], "train.rollout_correction to tis or mask"),
+    ],
+)
+def test_unsupported_token_combinations_are_refused_in_one_line(overrides, names):
+    with pytest.raises(ConfigError) as error:
+        load_experiment("omni_quick", [*ASYNC, "train.lora=true", *overrides])
+    message = str(error.value)
+    assert names in message and "\n" not in message and "run.async.max_staleness: 1" in message
+
+
 def test_doc_and_resume_diff_name_the_yaml_key():
     doc = {d.key: d for d in key_docs()}["run.async.max_staleness"]
     assert (doc.type, doc.default, doc.allowed) == ("int", "0", ">= 0 (an integer)") and not doc.fixed

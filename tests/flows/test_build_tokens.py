@@ -19,6 +19,9 @@ def test_build_checks_refuse_what_janus_does_not_take():
     check_image_token_config(cfg, janus=True)
     with pytest.raises(ValueError, match="in-process only"):
         check_image_token_config(load_experiment(JANUS_CONFIG, ["rollout.engine=vllm"]), janus=True)
+    with pytest.raises(ValueError, match="Janus image generation is not supported asynchronously"):
+        one_step_off = ["train.lora=true", "run.async.max_staleness=1", "train.rollout_correction=tis"]
+        check_image_token_config(load_experiment(JANUS_CONFIG, one_step_off), janus=True)
     with pytest.raises(ValueError, match="full distribution"):
         check_image_token_config(load_experiment(JANUS_CONFIG, ["rollout.top_p=0.9"]), janus=True)
     with pytest.raises(ValueError, match="overlong_buffer=0"):

@@ -99,21 +99,31 @@ def rollout_copy(adapter):
 
 
 def behaviour_copy(adapter):
-    """The behaviour policy of an asynchronous run (run.async): a second adapter whose denoisers share every frozen
-    tensor of `adapter`'s (the same storage: no second copy of the base weights) and own a copy of its trainable
-    (LoRA) tensors, taken after the trainer added LoRA. The rollout samples with it while the trainer updates its own
-    adapter; each weight sync copies the trained tensors into it (:func:`send_weights`). Text encoders, VAE and
-    scheduler are the same objects, as in :func:`rollout_copy`."""
+    """The behaviour policy of an asynchronous run (run.async): a second adapter whose trained modules share every
+    frozen tensor and buffer of `adapter`'s (the same storage: no second copy of the base weights) and own a copy of
+    their trainable (LoRA) tensors, taken after the trainer added LoRA. The rollout samples with it while the trainer
+    updates its own adapter; each weight sync copies the trained tensors into it (:func:`send_weights`). A diffusion
+    adapter's copy gets its own denoisers (both Wan2.2 experts) and the same text encoders, VAE and scheduler objects,
+    as in :func:`rollout_copy`; a causal LM policy's (diffrl/models/causal_lm/policy.py) its own `model` and the same
+    tokenizer and processors."""
     twin = copy.copy(adapter)
+    if getattr(adapter, "kind", "diffusion") == "autoregressive":
+        twin.model = _frozen_shared(adapter.model)
+        return twin
     twin.pipe = copy.copy(adapter.pipe)
     for name in ("transformer", "transformer_2"):  # Wan2.2's low-noise expert too
         module = getattr(adapter.pipe, name, None)
-        if module is None:
-            continue
-        frozen = [p for p in module.parameters() if not p.requires_grad] + list(module.buffers())
-        copied = copy.deepcopy(module, memo={id(t): t for t in frozen})  # the memo makes deepcopy reuse them
-        setattr(twin.pipe, name, copied.requires_grad_(False))
+        if module is not None:
+            setattr(twin.pipe, name, _frozen_shared(module))
     return twin
+
+
+def _frozen_shared(module: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of `module` that holds the same frozen parameters and buffers (not copies) and copies of its
+    trainable ones."""
+    frozen = [p for p in module.parameters() if not p.requires_grad] + list(module.buffers())
+    copied = copy.deepcopy(module, memo={id(t): t for t in frozen})  # the memo makes deepcopy reuse them
+    return copied.requires_grad_(False)
 
 
 def send_weights(trainer, adapter) -> tuple[int, int]:

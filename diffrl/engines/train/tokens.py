@@ -46,6 +46,7 @@ from diffrl.engines.train.base import TrainerBase
 from diffrl.engines.train.policy_loss import correction_stats, correction_weights, lora_disabled
 from diffrl.engines.train.preference import training_units
 from diffrl.engines.train.setup import build_optimizer, build_scheduler, check_offload, prepare_denoiser, world
+from diffrl.engines.train.sync import send_weights
 from diffrl.engines.train.throughput import add_update_rates
 from diffrl.engines.train.trainer import _accumulate, _add_gap, _add_values, _reduce_metrics
 from diffrl.models.causal_lm.flops import active_parameters
@@ -97,6 +98,7 @@ class TokenTrainer(TrainerBase):
         self._version = 0
         self._stepped_since_sync = False
         self.last_exported: dict[str, torch.Tensor] = {}
+        self.rollout_copy: CausalLMPolicy | None = None  # an asynchronous run's behaviour copy (sync_weights)
         self.active_parameters = _active_parameters(policy.model)
         self._tokens = {"trained": 0, "forward": 0}  # the current update's tokens with and without a backward
 
@@ -172,14 +174,24 @@ class TokenTrainer(TrainerBase):
             _add_values(sums, counts, correction_stats(old, rollout_log_probs, mask, self.cfg))
         elif self.algorithm.needs.old_log_probs and self.cfg.recompute_old_log_probs(same_numerics):
             old = None  # the replay's own log-probs, detached, are the old policy's
+        # a single pass's old log-probs, gathered from its replays for the correction's ratio statistics
+        replayed = torch.zeros(response_ids.shape) if old is None and self.cfg.rollout_correction != "off" else None
         for epoch in range(self.cfg.ppo_epochs):
             order = self._order(len(units), epoch)
             for start in range(0, len(units), mini):
                 rows = [i for u in order[start : start + mini].tolist() for i in units[u]]
                 measure_gap = old is None or (old is rollout_log_probs and epoch == 0 and start == 0)
                 self._mini_batch(
-                    traj, rows, (response_ids, rollout_log_probs, mask, old), advantages, sums, counts, measure_gap
+                    traj,
+                    rows,
+                    (response_ids, rollout_log_probs, mask, old, replayed),
+                    advantages,
+                    sums,
+                    counts,
+                    measure_gap,
                 )
+        if replayed is not None:
+            _add_values(sums, counts, correction_stats(replayed, rollout_log_probs, mask, self.cfg))
 
     def _order(self, num_units: int, epoch: int) -> torch.Tensor:
         """Unit order of one PPO epoch: a permutation keyed by (seed, update, epoch)."""
@@ -190,7 +202,7 @@ class TokenTrainer(TrainerBase):
 
     def _mini_batch(self, traj, rows: list[int], tensors, advantages, sums, counts, measure_gap: bool) -> None:
         """Forward/backward every micro-batch of one mini-batch (pairs stay whole), then one optimizer step."""
-        response_ids, rollout_log_probs, mask, old = tensors
+        response_ids, rollout_log_probs, mask, old, replayed = tensors
         step = self.cfg.micro_batch_size + (self.cfg.micro_batch_size % 2 if self.algorithm.needs.pairs else 0)
         self.optimizer.zero_grad(set_to_none=True)
         for mb in range(0, len(rows), step):
@@ -225,9 +237,10 @@ class TokenTrainer(TrainerBase):
             # summed on the device and read once at the update's end (a float() here waited for this pass's backward)
             _accumulate(sums, counts, {**step_metrics, "actor/entropy": entropy_mean})
             if measure_gap:
-                _add_gap(
-                    sums, counts, log_probs.detach().float().cpu(), rollout_log_probs[idx, :width], token_mask.bool()
-                )
+                replay_log_probs = log_probs.detach().float().cpu()
+                _add_gap(sums, counts, replay_log_probs, rollout_log_probs[idx, :width], token_mask.bool())
+                if replayed is not None:  # a single pass: these are the old policy's log-probs
+                    replayed[idx, :width] = replay_log_probs
         self._optimizer_step(sums, counts)
 
     def _replay(self, sub: TokenTrajectories, response_ids: torch.Tensor, *, entropy: bool = False):
@@ -260,15 +273,21 @@ class TokenTrainer(TrainerBase):
         return out * traj.padded()[2]  # padding positions hold 0, as the rollout's padded log-probs do
 
     def sync_weights(self, rollout) -> dict[str, float]:
-        """The in-process rollout shares this module: the policy version moves (and the rollout learns it); a rollout
-        server takes the weights of the new version. timing_s/sync_weights leaves out the server's wake the load
-        waited for (`last_wake_s`, reported by the server's engine as timing_s/wake and timing_s/offload)."""
+        """The in-process rollout shares this module: the policy version moves (and the rollout learns it); an
+        asynchronous run's behaviour copy (`rollout_copy`, diffrl/engines/train/sync.py) takes the trained LoRA
+        tensors in memory first; a rollout server takes the weights of the new version. timing_s/sync_weights leaves
+        out the server's wake the load waited for (`last_wake_s`, reported by the server's engine as timing_s/wake
+        and timing_s/offload)."""
         started = time.perf_counter()
+        sent = {}
+        if rollout is not None and self.rollout_copy is not None and rollout.adapter is self.rollout_copy:
+            num_tensors, num_bytes = send_weights(self, rollout.adapter)
+            sent = {"sync/num_tensors": float(num_tensors), "sync/bytes": float(num_bytes)}
         self.mark_synced()
         if rollout is not None:
             rollout.update_weights(self._version)
         seconds = time.perf_counter() - started - float(getattr(rollout, "last_wake_s", 0.0))
-        return {"timing_s/sync_weights": seconds, "sync/policy_version": float(self._version)}
+        return {"timing_s/sync_weights": seconds, **sent, "sync/policy_version": float(self._version)}
 
 
 def dropout_active(model: torch.nn.Module) -> bool:
