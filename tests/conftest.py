@@ -12,6 +12,20 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # closed its capture streams; at WARNING that line (and a logging traceback after the summary) goes.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# a busy 2-core machine (two workers, servers of other tests) can take longer than Prefect's 20 s to start one
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _diffrls_temporary_server():
+    """The temporary Prefect server of this test process is the one `diffrl train` makes (diffrl/flows/
+    prefect_server.py: bound to this process, no event feed stored), whichever test needs one first: a test that runs
+    the train flow without the command, or asks Prefect's client for a server, would otherwise make Prefect's own for
+    the rest of the worker, and the tests that read what diffrl's stores would read another server's."""
+    from diffrl.flows.prefect_server import server_class
+
+    server_class()()  # registered (Prefect keeps one instance per port), started when first used
+    yield
 
 
 @pytest.fixture(autouse=True)

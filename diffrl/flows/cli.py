@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # the temporary Prefect server would try to send telemetry: this machine may have no network
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect gives its temporary server 20 s to answer; a loaded laptop (the model loading beside it) can take longer
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     parser, handlers = _parser()
     args = parser.parse_args(argv)
     args.started_at = started_at
