@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from benchmarks import leaderboard, leaderboard_report
-from benchmarks.leaderboard_rows import REPO
+from benchmarks.leaderboard_rows import REPO, Plan
 from diffrl.shapes.scenes import TAGS  # noqa: E402
 
 
@@ -103,6 +103,17 @@ def test_async_rows_compare_with_the_on_policy_spread_and_the_doc_carries_their_
     # docs/leaderboard.md is regenerated from GPU records; until the async rows have run it carries their section
     with open(os.path.join(REPO, "docs", "leaderboard.md")) as f:
         assert leaderboard_report.ASYNC_TEXT in f.read()
+
+
+def test_an_images_budget_reaches_the_parallel_children():
+    plan = Plan("c", ("flow_grpo", "flow_grpo_async2"), (0,), 300.0, 30.0, ("x=1",), 25600, 5120)
+    assert [r.name for r in plan.rows()] == ["flow_grpo", "flow_grpo_async2"]
+    argv = plan.child_argv(plan.rows()[1], 2, "/out", 9)
+    assert argv[argv.index("--algorithms") + 1] == "flow_grpo_async2"
+    assert argv[-4:] == ["--budget-images", "25600", "--eval-every-images", "5120"]
+    assert "--budget-images" not in Plan("c", ("flow_grpo",), (0,), 300.0, 30.0, ()).child_argv(
+        plan.rows()[0], 0, "/o", 1
+    )
 
 
 def _record(seed: int, points: list[tuple[float, int, float]], algorithm: str = "dpo") -> dict:
