@@ -33,10 +33,12 @@ from benchmarks.common import write_json
 from benchmarks.leaderboard_parallel import probe, run_parallel
 from benchmarks.leaderboard_report import write_report
 from benchmarks.leaderboard_rows import (
+    ALL_ROW_NAMES,
     GPU_CONFIG,
     MINIATURE,
     REPO,
     RESULTS,
+    RESULTS_ASYNC,
     ROW_NAMES,
     Plan,
     Row,
@@ -57,9 +59,12 @@ def run_one(
     command: str,
     concurrent_runs: int = 1,
     barrier: str | None = None,
+    budget_images: int | None = None,
+    eval_every_images: int | None = None,
 ) -> dict:
-    """Train one (row, seed) for `budget_s` seconds of training, evaluating every `eval_every_s` of them; the
-    record is rewritten after each evaluation (a run cut short keeps what it measured, "finished": false).
+    """Train one (row, seed) for `budget_s` seconds of training, evaluating every `eval_every_s` of them (with
+    `budget_images`: for that many images seen, evaluating every `eval_every_images`); the record is rewritten after
+    each evaluation (a run cut short keeps what it measured, "finished": false).
 
     `concurrent_runs` is how many runs the parent started together on this device (recorded: the budget is seconds
     of a shared GPU); with `barrier` (a folder), training starts only once that many runs have reached it."""
@@ -92,6 +97,9 @@ def run_one(
         "torch": torch.__version__,
         "budget_s": budget_s,
         "eval_every_s": eval_every_s,
+        "budget_images": budget_images,
+        "eval_every_images": eval_every_images,
+        "max_staleness": cfg.run.async_.max_staleness,
         "concurrent_runs": concurrent_runs,
         "samples_per_step": cfg.rollout.samples_per_step,
         "val_prompts": len(engines.val_prompts),
@@ -120,18 +128,27 @@ def run_one(
     if barrier:
         wait_at_barrier(barrier, concurrent_runs)
     clock, train_s, images, step = StepClock(), 0.0, 0, 0
-    next_eval = eval_every_s
-    while train_s < budget_s and step < cfg.run.steps:
+    by_images = budget_images is not None
+    budget, every = (budget_images, eval_every_images) if by_images else (budget_s, eval_every_s)
+
+    def spent() -> float:  # what the budget counts: images seen, or seconds of training
+        return images if by_images else train_s
+
+    next_eval = every
+    while spent() < budget and step < cfg.run.steps:
         metrics = run_step(engines, step, stages).metrics
         step += 1
         step_seconds.append(clock.lap())
         train_s += step_seconds[-1]
         images += int(metrics.get("rollout/samples", cfg.rollout.samples_per_step))
-        if train_s >= next_eval or train_s >= budget_s or step == cfg.run.steps:
+        if "async/staleness_max" in metrics:  # the policy versions the trained samples were behind, at most
+            record["staleness_max"] = max(record.get("staleness_max", 0.0), metrics["async/staleness_max"])
+            record["async_dropped"] = record.get("async_dropped", 0.0) + metrics.get("async/dropped", 0.0)
+        if spent() >= next_eval or spent() >= budget or step == cfg.run.steps:
             with clock.excluded():
                 evaluate_now(step, train_s, images)
-            while next_eval <= train_s:
-                next_eval += eval_every_s
+            while next_eval <= spent():
+                next_eval += every
     record["finished"] = True
     record["seconds_per_step_median"] = statistics.median(step_seconds) if step_seconds else None
     if device.type == "cuda":
@@ -145,16 +162,25 @@ def plan_of(args: argparse.Namespace) -> Plan:
     config, extra = args.config, list(args.overrides)
     names, seeds = args.algorithms or list(ROW_NAMES), args.seeds
     budget_s, eval_every_s = args.budget_s, args.eval_every_s
+    budget_images, eval_every_images = getattr(args, "budget_images", None), getattr(args, "eval_every_images", None)
     if args.miniature:
-        config, names, seeds = MINIATURE["config"], list(MINIATURE["algorithms"]), seeds[:1]
+        config, names, seeds = MINIATURE["config"], args.algorithms or list(MINIATURE["algorithms"]), seeds[:1]
         budget_s, eval_every_s = MINIATURE["budget_s"], MINIATURE["eval_every_s"]
         extra = [*MINIATURE["overrides"], *extra]
-    unknown = sorted(set(names) - set(ROW_NAMES))
+    unknown = sorted(set(names) - set(ALL_ROW_NAMES))
     if unknown:
-        raise SystemExit(f"unknown leaderboard rows {unknown}; the rows: {list(ROW_NAMES)}")
+        raise SystemExit(f"unknown leaderboard rows {unknown}; the rows: {list(ALL_ROW_NAMES)}")
     if eval_every_s <= 0 or budget_s <= 0:
         raise SystemExit("--budget-s and --eval-every-s must be > 0")
-    return Plan(config, tuple(names), tuple(seeds), budget_s, eval_every_s, tuple(extra))
+    if budget_images is not None:
+        eval_every_images = eval_every_images or budget_images
+        if budget_images <= 0 or eval_every_images <= 0:
+            raise SystemExit("--budget-images and --eval-every-images must be > 0")
+    elif eval_every_images is not None:
+        raise SystemExit("--eval-every-images needs --budget-images (without it the budget is seconds of training)")
+    return Plan(
+        config, tuple(names), tuple(seeds), budget_s, eval_every_s, tuple(extra), budget_images, eval_every_images
+    )
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -195,6 +221,11 @@ def run(args: argparse.Namespace) -> list[dict]:
                     str(plan.budget_s),
                     "--eval-every-s",
                     str(plan.eval_every_s),
+                    *(
+                        ["--budget-images", str(plan.budget_images), "--eval-every-images", str(plan.eval_every_images)]
+                        if plan.budget_images is not None
+                        else []
+                    ),
                     *(["--concurrent", str(args.concurrent)] if args.concurrent > 1 else []),
                 ]
             )
@@ -210,6 +241,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                     command=command,
                     concurrent_runs=args.concurrent,
                     barrier=args.barrier,
+                    budget_images=plan.budget_images,
+                    eval_every_images=plan.eval_every_images,
                 )
             )
             last_s = time.monotonic() - t0
@@ -240,10 +273,19 @@ def main(argv: list[str] | None = None):
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="train and evaluate the leaderboard's runs not finished yet")
     _add_plan_arguments(p_run)
-    p_run.add_argument("--algorithms", nargs="*", default=None, help=f"rows (default all): {list(ROW_NAMES)}")
+    p_run.add_argument(
+        "--algorithms",
+        nargs="*",
+        default=None,
+        help=f"rows (default the leaderboard's: {list(ROW_NAMES)}; also {list(ALL_ROW_NAMES[len(ROW_NAMES) :])})",
+    )
     p_run.add_argument("--seeds", nargs="*", type=int, default=[0, 1])
     p_run.add_argument("--budget-s", type=float, default=300.0, help="seconds of training per run")
     p_run.add_argument("--eval-every-s", type=float, default=30.0, help="seconds of training between evaluations")
+    p_run.add_argument("--budget-images", type=int, default=None, help="a budget of images seen instead of seconds")
+    p_run.add_argument(
+        "--eval-every-images", type=int, default=None, help="images between evaluations (default: the budget)"
+    )
     p_run.add_argument("--deadline-s", type=float, default=None, help="start no run that would end past this")
     p_run.add_argument("--out-dir", default=RESULTS)
     p_run.add_argument("--parallel", type=int, default=1, help="runs at once, each in a child process (default 1)")
@@ -257,6 +299,7 @@ def main(argv: list[str] | None = None):
     p_probe.add_argument("--out", default=None, help="also write the result JSON here")
     p_report = sub.add_parser("report", help="write the table and the plots from the run records")
     p_report.add_argument("--results", default=RESULTS)
+    p_report.add_argument("--async-results", default=RESULTS_ASYNC, help="the asynchronous rows' records")
     p_report.add_argument("--doc", default=os.path.join(REPO, "docs", "leaderboard.md"))
     p_report.add_argument("--images", default=os.path.join(REPO, "docs", "images"))
     args = parser.parse_args(argv)
@@ -264,7 +307,7 @@ def main(argv: list[str] | None = None):
         return run(args)
     if args.command == "probe":
         return probe(args)
-    return write_report(args.results, args.doc, args.images)
+    return write_report(args.results, args.doc, args.images, args.async_results)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import os
 import statistics
 import sys
 
-from benchmarks.leaderboard_rows import GAIN, ROWS
+from benchmarks.leaderboard_rows import ALL_ROWS, ASYNC_ROWS, GAIN
 from diffrl.shapes.scenes import TAGS
 
 # Below this mean gain an algorithm counts as not improving: one evaluation (204 prompts x 4 images) at ~6 % accuracy
@@ -101,6 +101,85 @@ within the budget ends with a higher learning rate than one that runs more; `run
 """
 
 
+# The page's "Asynchronous rows" section, above their comparison (docs/leaderboard.md carries it while no GPU run of
+# them exists: tests/benchmarks/test_leaderboard_smoke.py checks that it does).
+ASYNC_TEXT = """## Asynchronous rows
+
+`flow_grpo_async1` and `flow_grpo_async2` are the flow_grpo row with `run.async.max_staleness` 1 and 2 and
+`train.rollout_correction: tis` (docs/training.md "Asynchronous training"): the next step's rollout samples with a
+behaviour copy of the policy while the update trains, and the loss corrects for the samples' age. They are compared
+with the on-policy flow_grpo row at an equal number of images seen (`run --budget-images`), 3 seeds each, in their
+own folder (`benchmarks/results/leaderboard_async/`), not in the table above (equal seconds of training on a shared
+GPU). Per row: held-out strict accuracy at the end of the budget (mean ± sample s.d. over seeds), the difference from
+the on-policy row's mean, and whether it is within the on-policy seeds' spread (the on-policy mean ± its s.d.). In
+one process the rollout runs at most one step ahead, so `max_staleness: 2` trains samples at most one version old,
+as 1 does; each record's `staleness_max` is the largest staleness its run trained. Whether asynchronous training is
+faster is measured with each run alone on the GPU (`benchmarks/async_shapes.py`), not here.
+
+<!-- skip: gpu -->
+```bash
+python -m benchmarks.leaderboard run --algorithms flow_grpo flow_grpo_async1 flow_grpo_async2 --seeds 0 1 2 \\
+  --budget-images 25600 --eval-every-images 5120 --parallel 9 --deadline-s 540 \\
+  --out-dir benchmarks/results/leaderboard_async      # one H200, repeat until done
+python -m benchmarks.leaderboard report      # this page, the comparison below included
+python -m benchmarks.leaderboard run --miniature --algorithms flow_grpo flow_grpo_async1 --budget-images 16 \\
+  --out-dir /tmp/lba      # the CPU miniature: 2 steps each
+```
+"""
+
+
+def async_comparison(runs: dict[str, list[dict]]) -> list[dict]:
+    """Each asynchronous row of `runs` whose on-policy row is there too: its final accuracy (mean, s.d.), the
+    on-policy row's, the difference of the means and whether it is within the on-policy s.d. (None with fewer than
+    two on-policy seeds: no spread to be within)."""
+    out = []
+    for row in ASYNC_ROWS:
+        if row.name not in runs or row.on_policy not in runs:
+            continue
+        mine, theirs = summarize(runs[row.name]), summarize(runs[row.on_policy])
+        difference = mine["final"][0] - theirs["final"][0]
+        spread = theirs["final"][1] if len(theirs["seeds"]) > 1 else None
+        out.append(
+            {
+                "row": row.name,
+                "on_policy": row.on_policy,
+                "seeds": mine["seeds"],
+                "on_policy_seeds": theirs["seeds"],
+                "max_staleness": sorted({r.get("max_staleness") for r in runs[row.name]}),
+                "staleness_max": max((r.get("staleness_max", 0.0) for r in runs[row.name]), default=0.0),
+                "images": mine["images"],
+                "on_policy_images": theirs["images"],
+                "final": mine["final"],
+                "on_policy_final": theirs["final"],
+                "difference": difference,
+                "within": None if spread is None else abs(difference) <= spread + 1e-12,
+            }
+        )
+    return out
+
+
+def async_section(runs: dict[str, list[dict]]) -> list[str]:
+    """The "Asynchronous rows" section: ASYNC_TEXT and the comparison of the records in `runs`, if any."""
+    comparisons = async_comparison(runs)
+    if not comparisons:
+        return [ASYNC_TEXT, "No runs of the asynchronous rows beside the on-policy row yet."]
+    lines = [
+        ASYNC_TEXT,
+        "| row | max_staleness | trained staleness (max) | seeds | images seen | final (%) | on-policy final (%) "
+        "| difference (points) | within the on-policy spread |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in comparisons:
+        n, m = len(c["seeds"]), len(c["on_policy_seeds"])
+        within = {None: "n/a (one on-policy seed)", True: "yes", False: "no"}[c["within"]]
+        lines.append(
+            f"| {c['row']} | {', '.join(map(str, c['max_staleness']))} | {c['staleness_max']:.0f} | {n} "
+            f"| {c['images']:.0f} (on-policy {c['on_policy_images']:.0f}) | {_pct(c['final'], n)} "
+            f"| {_pct(c['on_policy_final'], m)} | {100 * c['difference']:+.1f} | {within} |"
+        )
+    return lines
+
+
 def load_runs(results_dir: str) -> dict[str, list[dict]]:
     """The run records in results_dir by algorithm, in the leaderboard's row order, seeds sorted."""
     runs: dict[str, list[dict]] = {}
@@ -110,7 +189,7 @@ def load_runs(results_dir: str) -> dict[str, list[dict]]:
                 record = json.load(f)
             if "algorithm" in record and record.get("history"):
                 runs.setdefault(record["algorithm"], []).append(record)
-    order = [r.name for r in ROWS]
+    order = [r.name for r in ALL_ROWS]
     return {a: sorted(runs[a], key=lambda r: r["seed"]) for a in sorted(runs, key=order.index)}
 
 
@@ -243,8 +322,16 @@ def table(runs: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
-def write_report(results_dir: str, doc_path: str, images_dir: str) -> dict:
-    """Write the doc and the two PNGs; return the summaries by algorithm."""
+def budget_text(record: dict) -> str:
+    """A run's budget in words: seconds of training, or images seen (`run --budget-images`)."""
+    if record.get("budget_images") is not None:
+        return f"{record['budget_images']} images per run, evaluated every {record['eval_every_images']} images"
+    return f"{record['budget_s']:.0f} s of training per run, evaluated every {record['eval_every_s']:.0f} s"
+
+
+def write_report(results_dir: str, doc_path: str, images_dir: str, async_dir: str | None = None) -> dict:
+    """Write the doc and the two PNGs; return the summaries by algorithm. The asynchronous rows' comparison is made
+    from the records in `async_dir` (their own folder: they run at equal images, the table at equal seconds)."""
     runs = load_runs(results_dir)
     if not runs:
         raise SystemExit(f"no leaderboard run records in {results_dir}: run `benchmarks/leaderboard.py run` first")
@@ -261,8 +348,12 @@ def write_report(results_dir: str, doc_path: str, images_dir: str) -> dict:
         print(warning.replace("**", ""), file=sys.stderr, flush=True)
     ks = sorted({concurrency(r) for records in runs.values() for r in records})
     shared = (
-        f"Runs at once on the device: {ks[0]} (each run's budget is seconds of training on a device shared by "
-        f"{ks[0]} runs)."
+        f"Runs at once on the device: {ks[0]}"
+        + (
+            "."
+            if first.get("budget_images")
+            else f" (each run's budget is seconds of training on a device shared by {ks[0]} runs)."
+        )
         if len(ks) == 1
         else f"Runs at once on the device: MIXED ({', '.join(map(str, ks))})."
     )
@@ -273,8 +364,8 @@ def write_report(results_dir: str, doc_path: str, images_dir: str) -> dict:
         "prompts and sampling, and an equal budget of training seconds per run (benchmarks/leaderboard.py; held-out",
         "strict accuracy on data/shapes_heldout.jsonl, ODE samples; generated by benchmarks/leaderboard_report.py).",
         "",
-        f"Device: {first['device']}. Budget: {first['budget_s']:.0f} s of training per run, evaluated every "
-        f"{first['eval_every_s']:.0f} s ({first['val_prompts']} prompts x {first['val_samples_per_prompt']} images). "
+        f"Device: {first['device']}. Budget: {budget_text(first)} ({first['val_prompts']} prompts x "
+        f"{first['val_samples_per_prompt']} images). "
         f"Base config: `{first['config']}`. {shared}",
         "",
         *([warning, ""] if warning else []),
@@ -293,8 +384,9 @@ def write_report(results_dir: str, doc_path: str, images_dir: str) -> dict:
         lines.append(
             f"None: every algorithm's mean final accuracy is at least {MIN_GAIN * 100:.0f} points above its mean start."
         )
-    lines += ["", HOW_IT_RUNS, "## Settings of each row", ""]
-    for row in ROWS:
+    lines += ["", *async_section(load_runs(async_dir) if async_dir and os.path.isdir(async_dir) else {}), ""]
+    lines += [HOW_IT_RUNS, "## Settings of each row", ""]
+    for row in ALL_ROWS:
         if row.name in runs:
             lines.append(f"- **{row.name}**: {row.source}. Overrides: `{' '.join(row.overrides)}`")
     lines += ["", "Reproduce each run with the `command` in its record (benchmarks/results/leaderboard/).", ""]

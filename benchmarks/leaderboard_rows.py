@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results", "leaderboard")
+RESULTS_ASYNC = os.path.join(REPO, "benchmarks", "results", "leaderboard_async")  # the asynchronous rows' runs
 GPU_CONFIG = "diffrl/configs/shapes_flow_grpo.yaml"
 GAIN = 0.10  # "time to +10 points" of held-out strict accuracy
 
@@ -23,6 +24,8 @@ class Row:
     name: str
     overrides: tuple[str, ...]
     source: str
+    # an asynchronous row: the on-policy row it is compared with (the report's "Asynchronous rows" section)
+    on_policy: str | None = None
 
 
 # The base config is the FlowGRPO recipe that learns most here (shapes_flow_grpo.yaml: 4-step CFG-free sampling,
@@ -90,6 +93,22 @@ ROWS = (
 )
 ROW_NAMES = tuple(r.name for r in ROWS)
 
+# The Flow-GRPO row trained one and two policy versions off (run.async.max_staleness, docs/training.md "Asynchronous
+# training"), with the decoupled-PPO correction it requires; compared with the on-policy row at equal images
+# (`run --budget-images`), not in the default `run` (the leaderboard's rows share a budget of training seconds).
+ASYNC_ROWS = tuple(
+    Row(
+        f"flow_grpo_async{s}",
+        (*ROWS[0].overrides, f"run.async.max_staleness={s}", "train.rollout_correction=tis"),
+        f"the flow_grpo row with the next step's rollout beside the update, samples up to {s} policy version"
+        f"{'s' if s > 1 else ''} old, truncated importance weights on the behaviour ratio (decoupled PPO)",
+        on_policy="flow_grpo",
+    )
+    for s in (1, 2)
+)
+ALL_ROWS = ROWS + ASYNC_ROWS
+ALL_ROW_NAMES = tuple(r.name for r in ALL_ROWS)
+
 # The CPU miniature (tests/benchmarks/test_leaderboard_smoke.py): the CPU model and config, two rows, one seed.
 MINIATURE = {
     "config": "shapes_quick",
@@ -118,7 +137,8 @@ def run_path(out_dir: str, row: str, seed: int, device_name: str) -> str:
 @dataclass(frozen=True)
 class Plan:
     """What a `run` or `probe` call trains: the base config, the rows and seeds, the budget and every run's overrides
-    (`--miniature` resolved)."""
+    (`--miniature` resolved). With `budget_images`, a run stops at images seen instead of seconds of training and is
+    evaluated every `eval_every_images` images."""
 
     config: str
     names: tuple[str, ...]
@@ -126,9 +146,11 @@ class Plan:
     budget_s: float
     eval_every_s: float
     extra: tuple[str, ...]
+    budget_images: int | None = None
+    eval_every_images: int | None = None
 
     def rows(self) -> list[Row]:
-        return [r for r in ROWS if r.name in self.names]
+        return [r for r in ALL_ROWS if r.name in self.names]
 
     def child_argv(self, row: Row, seed: int, out_dir: str, concurrent: int, barrier: str | None = None) -> list[str]:
         """The command line of a child process training one (row, seed) of this plan (overrides first: `--seeds`
@@ -136,6 +158,8 @@ class Plan:
         argv = [sys.executable, "-m", "benchmarks.leaderboard", "run", *self.extra, "--algorithms", row.name]
         argv += ["--seeds", str(seed), "--config", self.config, "--budget-s", str(self.budget_s)]
         argv += ["--eval-every-s", str(self.eval_every_s), "--out-dir", out_dir, "--concurrent", str(concurrent)]
+        if self.budget_images is not None:
+            argv += ["--budget-images", str(self.budget_images), "--eval-every-images", str(self.eval_every_images)]
         return argv + (["--barrier", barrier] if barrier else [])
 
 

@@ -23,6 +23,21 @@ behind the stages, the next step run ahead of the flow's tasks. One step of one 
 Weight sync: 0 bytes (LoRA replicas sample with the trainer's module). images/s = B / (sum of the above).
 Weak scaling (each replica keeps the recipe's whole batch, the global batch grows N-fold) is predicted beside it.
 
+Asynchronous steps (`run.async.max_staleness: 1`): each replica's next rollout runs beside its update, on the same
+GPU, with a behaviour copy of the LoRA. One step of one replica:
+
+    rollout       generate + reward                  as above
+    training      exchange + update + recompute      recompute = f_r x b x u: the old log-probs the correction
+                                                     recomputes, a forward without gradients (f_r: --recompute)
+    hidden        o x min(rollout, training)         o: the share of the shorter side the GPU runs beside the
+                                                     longer (--overlap; 1: both at their solo speeds, so the step
+                                                     is their max; 0: no faster than in turn, so their sum)
+    sync          4 x LoRA parameters / copy_bw      the trained fp32 LoRA copied into the behaviour copy
+    write, orchestration                             as above, against this step's busy time
+
+seconds = rollout + training - hidden + sync + write + orchestration: a prediction from the inputs above and the
+stated o and f_r, not a measurement (benchmarks/async_shapes.py measures o on one GPU).
+
     python -m benchmarks.scaling_model --out benchmarks/results/scaling_model.json
 """
 
@@ -136,11 +151,35 @@ def step_seconds(rec: dict, n: int, link: float, task_s: float, write_bw: float,
     return parts
 
 
+def async_step_seconds(
+    rec: dict, n: int, link: float, task_s: float, write_bw: float, *, overlap: float, recompute: float, copy_bw: float
+) -> dict[str, float]:
+    """The parts of one asynchronous step (max_staleness 1) at n replicas, strong scaling (module docstring)."""
+    parts = step_seconds(rec, n, link, task_s, write_bw, weak=False)
+    b = rec["B"] / n
+    rollout = parts["generate"] + parts["reward"]
+    out = {k: parts[k] for k in ("generate", "reward", "exchange", "update")}
+    out["recompute"] = recompute * b * rec["u"]
+    training = out["exchange"] + out["update"] + out["recompute"]
+    out["hidden"] = overlap * min(rollout, training)
+    out["sync"] = 4 * rec["lora_params"] / copy_bw
+    busy = rollout + training - out["hidden"] + out["sync"]
+    out["write"] = max(0.0, b * (rec["L"] + rec["P"]) / write_bw - out["update"] - out["recompute"])
+    rounds = max(1, round(b / min(rec["chunk"], b)))
+    out["orchestration"] = max(0.0, (rounds + 5) * task_s - busy - out["write"])
+    out["seconds"] = busy + out["write"] + out["orchestration"]
+    out["images_per_s"] = rec["B"] / out["seconds"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--links", default="300,20", help="GB/s between replicas, one column each")
     parser.add_argument("--task-s", type=float, default=0.087, help="seconds per Prefect task on the critical path")
     parser.add_argument("--write-gbps", type=float, default=0.6, help="GB/s of one replica's background row writes")
+    parser.add_argument("--overlap", default="1,0.5", help="asynchronous steps: shares of the shorter stage hidden")
+    parser.add_argument("--recompute", type=float, default=1 / 3, help="the old-log-prob recompute over the update")
+    parser.add_argument("--copy-gbps", type=float, default=1000.0, help="GB/s of the LoRA copy into the behaviour copy")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     out = {"assumptions": vars(args), "recipes": {}}
@@ -152,9 +191,23 @@ def main(argv: list[str] | None = None) -> dict:
                 for n in (1, 2, 8, 64):
                     parts = step_seconds(rec, n, gbps * 1e9, args.task_s, args.write_gbps * 1e9, weak)
                     rows[f"{gbps:g}GB/s {'weak' if weak else 'strong'} x{n}"] = parts
+            for overlap in [float(x) for x in args.overlap.split(",")]:
+                for n in (1, 2, 8, 64):
+                    rows[f"{gbps:g}GB/s async overlap {overlap:g} x{n}"] = async_step_seconds(
+                        rec,
+                        n,
+                        gbps * 1e9,
+                        args.task_s,
+                        args.write_gbps * 1e9,
+                        overlap=overlap,
+                        recompute=args.recompute,
+                        copy_bw=args.copy_gbps * 1e9,
+                    )
         out["recipes"][name] = {"inputs": rec, "predicted": rows}
         line = ", ".join(f"{k}: {v['images_per_s']:.1f}" for k, v in rows.items() if "strong" in k)
         print(f"{name}: one GPU measured {rec['one_gpu_local']:.2f} images/s; predicted images/s {line}")
+        line = ", ".join(f"{k}: {v['images_per_s']:.1f}" for k, v in rows.items() if "async" in k)
+        print(f"{name}: asynchronous, predicted images/s {line}")
     common.write_json(args.out, out)
     return out
 

@@ -121,10 +121,12 @@ def run_engines(
     durable: bool = False,
     trace_path: str | None = None,
     on_step: Callable[[dict], object] | None = None,
+    keys: tuple[str, ...] = STAGE_KEYS,
 ) -> dict:
     """The engines-only loop: the flow's engines without a store (with `durable`: with the run's Lance store, its
     background writer and checkpoints, still without Prefect and MLflow), stepped through the same step core.
-    `on_step` gets the record so far after every step (a partial result survives a call stopped at its limit)."""
+    `on_step` gets the record so far after every step (a partial result survives a call stopped at its limit);
+    `keys` are the metrics kept per step."""
     import torch
 
     from diffrl.configs.schema import load_experiment
@@ -142,7 +144,7 @@ def run_engines(
     stages, clock, per_step = DirectStages(engines), StepClock(), []
     for step in range(steps):
         metrics = add_perf(run_step(engines, step, stages).metrics, clock.lap())
-        per_step.append({k: metrics.get(k) for k in STAGE_KEYS})
+        per_step.append({k: metrics.get(k) for k in keys})
         print(f"engines step {step + 1}/{steps}: {metrics['perf/time_per_step']:.3f} s", file=sys.stderr, flush=True)
         trace.flush()
         if on_step is not None:

@@ -1,16 +1,19 @@
 """The algorithm leaderboard's harness (benchmarks/leaderboard.py): its CPU miniature -- two rows, one seed,
-seconds of training each on the CPU shapes model -- run and reported as the GPU leaderboard is, and the report's
-statistics against their closed forms on hand-written records."""
+seconds of training each on the CPU shapes model -- run and reported as the GPU leaderboard is; the asynchronous
+miniature -- the on-policy flow_grpo row beside its one-step-off row, at equal images -- and its comparison; and the
+report's statistics against their closed forms on hand-written records."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 from PIL import Image
 
 from benchmarks import leaderboard, leaderboard_report
+from benchmarks.leaderboard_rows import REPO, Plan
 from diffrl.shapes.scenes import TAGS  # noqa: E402
 
 
@@ -45,6 +48,72 @@ def test_the_miniature_trains_two_rows_for_equal_budgets_and_reports_them(tmp_pa
         with Image.open(tmp_path / name) as image:
             assert image.size == (700, 420)
         assert f"]({name})" in text
+
+
+@pytest.mark.slow  # ~35 s on 2 cores
+def test_the_async_miniature_trains_one_step_off_beside_on_policy_at_equal_images(tmp_path):
+    out, doc = tmp_path / "runs", tmp_path / "leaderboard.md"
+    argv = ["run", "--miniature", "--algorithms", "flow_grpo", "flow_grpo_async1", "--budget-images", "16"]
+    records = leaderboard.main([*argv, "--out-dir", str(out)])
+    assert [r["algorithm"] for r in records] == ["flow_grpo", "flow_grpo_async1"]
+    on_policy, one_off = records
+    for record in records:  # 8 images a step: two steps each, evaluated before and at the budget
+        assert record["finished"] and record["budget_images"] == 16 and record["eval_every_images"] == 16
+        assert [(e["step"], e["images"]) for e in record["history"]] == [(0, 0), (2, 16)]
+        assert "--budget-images 16 --eval-every-images 16" in record["command"]
+    assert on_policy["max_staleness"] == 0 and "staleness_max" not in on_policy  # the synchronous step logs no async/*
+    # step 1 trains what version 0 sampled beside nothing; step 2 what version 0 sampled beside step 1's update
+    assert one_off["max_staleness"] == 1 and one_off["staleness_max"] == 1 and one_off["async_dropped"] == 0
+    assert {"run.async.max_staleness=1", "train.rollout_correction=tis"} <= set(one_off["overrides"])
+
+    leaderboard.main(
+        ["report", "--results", str(out), "--async-results", str(out), "--doc", str(doc)] + ["--images", str(tmp_path)]
+    )
+    text = doc.read_text()
+    assert "Budget: 16 images per run, evaluated every 16 images" in text
+    section = text.split("## Asynchronous rows")[1].split("## How it runs")[0]
+    final = [100 * r["history"][-1]["accuracy"] for r in records]
+    difference = final[1] - final[0]
+    assert (
+        f"| flow_grpo_async1 | 1 | 1 | 1 | 16 (on-policy 16) | {final[1]:.1f} | {final[0]:.1f} | {difference:+.1f} "
+        "| n/a (one on-policy seed) |" in section
+    )
+    assert "- **flow_grpo_async1**: the flow_grpo row with the next step's rollout beside the update" in text
+
+
+def test_async_rows_compare_with_the_on_policy_spread_and_the_doc_carries_their_section(tmp_path):
+    on_policy = [_record(s, [(0, 0, 0.06), (30, 512, a)], "flow_grpo") for s, a in ((0, 0.20), (1, 0.24), (2, 0.22))]
+    one_off = [_record(s, [(0, 0, 0.06), (31, 512, a)], "flow_grpo_async1") for s, a in ((0, 0.21), (1, 0.23))]
+    two_off = [_record(0, [(0, 0, 0.06), (29, 512, 0.19)], "flow_grpo_async2")]
+    for record in one_off:
+        record |= {"max_staleness": 1, "staleness_max": 1.0}
+    two_off[0] |= {"max_staleness": 2, "staleness_max": 1.0}  # the local pipeline runs one step ahead at most
+    runs = {"flow_grpo": on_policy, "flow_grpo_async1": one_off, "flow_grpo_async2": two_off}
+    first, second = leaderboard_report.async_comparison(runs)
+    # on-policy: mean 0.22, sample s.d. 0.02; one off: mean 0.22 (within); two off: 0.19, 3 points below (outside)
+    assert first["row"] == "flow_grpo_async1" and first["on_policy_final"] == pytest.approx((0.22, 0.02))
+    assert first["final"] == pytest.approx((0.22, math.sqrt(2 * 0.01**2))) and first["within"] is True
+    assert second["difference"] == pytest.approx(-0.03) and second["within"] is False
+    assert (second["max_staleness"], second["staleness_max"]) == ([2], 1.0)
+    # with one on-policy seed there is no spread to be within
+    assert leaderboard_report.async_comparison({**runs, "flow_grpo": on_policy[:1]})[0]["within"] is None
+    assert leaderboard_report.async_comparison({"flow_grpo_async1": one_off}) == []  # nothing to compare with
+    lines = leaderboard_report.async_section(runs)
+    assert "| flow_grpo_async2 | 2 | 1 | 1 | 512 (on-policy 512) | 19.0 | 22.0 ± 2.0 | -3.0 | no |" in lines
+    # docs/leaderboard.md is regenerated from GPU records; until the async rows have run it carries their section
+    with open(os.path.join(REPO, "docs", "leaderboard.md")) as f:
+        assert leaderboard_report.ASYNC_TEXT in f.read()
+
+
+def test_an_images_budget_reaches_the_parallel_children():
+    plan = Plan("c", ("flow_grpo", "flow_grpo_async2"), (0,), 300.0, 30.0, ("x=1",), 25600, 5120)
+    assert [r.name for r in plan.rows()] == ["flow_grpo", "flow_grpo_async2"]
+    argv = plan.child_argv(plan.rows()[1], 2, "/out", 9)
+    assert argv[argv.index("--algorithms") + 1] == "flow_grpo_async2"
+    assert argv[-4:] == ["--budget-images", "25600", "--eval-every-images", "5120"]
+    assert "--budget-images" not in Plan("c", ("flow_grpo",), (0,), 300.0, 30.0, ()).child_argv(
+        plan.rows()[0], 0, "/o", 1
+    )
 
 
 def _record(seed: int, points: list[tuple[float, int, float]], algorithm: str = "dpo") -> dict:
