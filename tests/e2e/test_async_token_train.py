@@ -9,12 +9,8 @@ import lance
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
+from test_async_train import ONE_STEP_OFF, engines_only
 
-from diffrl.configs.schema import load_experiment
-from diffrl.engines import cluster
-from diffrl.engines.step.run import DirectStages, run_step
-from diffrl.engines.train.checkpoint import trainable_state
-from diffrl.flows.build import build_engines
 from diffrl.flows.cli import main
 
 # 2 questions x 4 answers a step in 2 chunks, 2 held-out questions; LoRA (the behaviour copy owns its LoRA tensors)
@@ -33,24 +29,11 @@ SMALL = [
     "data.num_generated=32",
     "data.num_val_prompts=2",
 ]
-ONE_STEP_OFF = ["run.async.max_staleness=1", "train.rollout_correction=tis"]
-
-
-def _engines_only(overrides: list[str], name: str) -> tuple[list[dict], dict[str, torch.Tensor]]:
-    cfg = load_experiment("omni_quick", SMALL + overrides + [f"run.name={name}"])
-    engines = build_engines(cfg, durable=False)
-    try:
-        stages = DirectStages(engines)
-        metrics = [run_step(engines, step, stages).metrics for step in range(cfg.run.steps)]
-        engines.memory.drain()
-        return metrics, trainable_state(engines.trainer, all_lora=True)
-    finally:
-        cluster.drop(name)
 
 
 def test_max_staleness_0_is_the_synchronous_token_run_bit_for_bit(workdir):
-    before, before_weights = _engines_only([], "sync")
-    after, after_weights = _engines_only(["run.async.max_staleness=0"], "async-0")
+    before, before_weights = engines_only("omni_quick", SMALL, "sync")
+    after, after_weights = engines_only("omni_quick", [*SMALL, "run.async.max_staleness=0"], "async-0")
     for key in ("critic/rewards/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"):
         assert [m[key] for m in before] == [m[key] for m in after], key
     assert sorted(before_weights) == sorted(after_weights)

@@ -20,8 +20,9 @@ from diffrl.flows.cli import main
 ONE_STEP_OFF = ["run.async.max_staleness=1", "train.rollout_correction=tis"]
 
 
-def _engines_only(overrides: list[str], name: str) -> tuple[list[dict], dict[str, torch.Tensor]]:
-    cfg = load_experiment(None, TINY + overrides + [f"run.name={name}"])
+def engines_only(config: str | None, overrides: list[str], name: str) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    """Every step of a run through the step core (no Prefect): each step's metrics, then the trained tensors."""
+    cfg = load_experiment(config, overrides + [f"run.name={name}"])
     engines = build_engines(cfg, durable=False)
     try:
         stages = DirectStages(engines)
@@ -33,8 +34,8 @@ def _engines_only(overrides: list[str], name: str) -> tuple[list[dict], dict[str
 
 
 def test_max_staleness_0_is_the_synchronous_run_bit_for_bit(workdir):
-    before, before_weights = _engines_only([], "sync")
-    after, after_weights = _engines_only(["run.async.max_staleness=0"], "async-0")
+    before, before_weights = engines_only(None, TINY, "sync")
+    after, after_weights = engines_only(None, [*TINY, "run.async.max_staleness=0"], "async-0")
     for key in ("critic/rewards/mean", "actor/pg_loss", "actor/grad_norm"):
         assert [m[key] for m in before] == [m[key] for m in after], key
     assert sorted(before_weights) == sorted(after_weights)
