@@ -70,7 +70,8 @@ def test_one_step_off_run_records_versions_and_logs_staleness(workdir):
 @pytest.mark.slow
 def test_a_killed_one_step_off_run_resumes_with_every_row_once_and_its_versions(workdir):
     """kill -9 in step 3's update, whose rows the behaviour copy sampled beside step 2's update; the same command
-    resumes: every step's rows once, each with the version that sampled it, every step trained once."""
+    resumes: every step's rows once, each with the version that sampled it, every step trained once, none staler
+    than the limit."""
     from test_kill_resume import _diffrl
 
     killed = _diffrl([*TINY, *ONE_STEP_OFF], workdir, DIFFRL_INJECT_FAULT="update_actor@3:exit")
@@ -79,10 +80,13 @@ def test_a_killed_one_step_off_run_resumes_with_every_row_once_and_its_versions(
     assert done.returncode == 0 and "resuming after step" in done.stderr, done.stderr[-2000:]
     rows = lance.dataset(f"{workdir}/runs/quickstart/trajectories.lance").to_table().to_pylist()
     counts = {s: sum(r["step"] == s for r in rows) for s in (1, 2, 3)}
-    assert counts == {1: 8, 2: 8, 3: 8}  # step 3's rows were kept, not sampled again
-    assert sorted({(r["step"], r["policy_version"]) for r in rows}) == [(1, 0), (2, 0), (3, 1)]
+    assert counts == {1: 8, 2: 8, 3: 8}  # each step's rows once
+    versions = sorted({(r["step"], r["policy_version"]) for r in rows})
+    # step 3's rows: those the behaviour copy sampled at version 1 beside step 2's update when they were stored before
+    # the kill, else sampled again by the resumed run at step 2's checkpoint (version 2); one version either way
+    assert versions in ([(1, 0), (2, 0), (3, 1)], [(1, 0), (2, 0), (3, 2)]), versions
     client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     [run] = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])
     assert run.info.status == "FINISHED"
     staleness = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "async/staleness_max"))
-    assert [s for s, _ in staleness] == [1, 2, 3] and all(v <= 1 for _, v in staleness)
+    assert {s for s, _ in staleness} == {1, 2, 3} and all(v <= 1 for _, v in staleness)

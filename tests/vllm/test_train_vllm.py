@@ -177,7 +177,7 @@ def test_step_three_sampled_the_checkpoints_weights(run):
 
 
 def test_the_server_reports_its_cache_and_rate_and_the_weights_never_touch_the_disk(run):
-    """Every step logs the server's KV cache size and the rollout's tokens/s; the policy versions' weights were
+    """The steps log the server's KV cache size and the rollout's tokens/s; the policy versions' weights were
     written to /dev/shm (a tmpfs), not under the run, and no version folder is left there after the run (the crashed
     run's own folder included: its process is gone)."""
     work, _, _ = run
@@ -185,7 +185,9 @@ def test_the_server_reports_its_cache_and_rate_and_the_weights_never_touch_the_d
     [mlflow_run] = client.search_runs([client.get_experiment_by_name("diffrl-omni").experiment_id])
     for name in ("vllm/kv_cache_tokens", "rollout/tokens_per_s", "rollout/generated_tokens"):
         values = {m.step: m.value for m in client.get_metric_history(mlflow_run.info.run_id, name)}
-        assert sorted(values) == [1, 2, 3] and min(values.values()) > 0, (name, values)
+        # step 2's may be missing: the crash can come while the crashed run logs it, and the resumed run logs a
+        # committed step's update metrics from its checkpoint, not what its rollout measured
+        assert {1, 3} <= set(values) <= {1, 2, 3} and min(values.values()) > 0, (name, values)
     assert os.listdir(f"{work}/runs/{RUN}/vllm_weights") == ["vllm-server.log"]
     crashed = int((work / "crashed.pid").read_text())
     for pid in (crashed, os.getpid()):  # (another run of this test on the machine may hold a folder of its own)
