@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from vllm_helpers import cpu_options
 
 from diffrl.engines.rollout.tokens import TokenSampling
 from diffrl.engines.rollout.vllm_tokens import AUDIO_REFUSAL, VllmRolloutOptions, VllmTokenEngine
@@ -25,16 +26,7 @@ ATOL = 2e-4  # as tests/vllm/test_vllm_rollout.py: fp32 on both sides, vLLM's CP
 
 
 def _options(**kw) -> VllmRolloutOptions:
-    return VllmRolloutOptions(
-        weight_sync="full",
-        dtype="float32",
-        max_model_len=512,
-        max_num_batched_tokens=512,
-        max_num_seqs=16,
-        start_timeout_s=300,
-        request_timeout_s=60,
-        **kw,
-    )
+    return cpu_options(weight_sync="full", **kw)
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,11 @@ import signal
 
 import pytest
 import torch
+from vllm_helpers import cpu_options
 
 from diffrl.configs.train import TrainConfig
 from diffrl.engines.rollout.tokens import TokenSampling
-from diffrl.engines.rollout.vllm_tokens import VllmRolloutOptions, VllmTokenEngine
+from diffrl.engines.rollout.vllm_tokens import VllmTokenEngine
 from diffrl.engines.train.policy_loss import lora_disabled
 from diffrl.engines.train.setup import add_lora
 from diffrl.engines.vllm_server import VllmServerError
@@ -32,16 +33,7 @@ def engine(tmp_path_factory, vllm_venv_python):
     folder = tmp_path_factory.mktemp("vllm_rollout")
     policy = CausalLMPolicy.from_pretrained(build_tiny("qwen3", str(folder / "qwen3"), seed=0))
     add_lora(policy.model, TrainConfig(lora_rank=8, lora_alpha=16, lora_init="default"), policy.default_lora_targets)
-    options = VllmRolloutOptions(
-        dtype="float32",
-        max_model_len=512,
-        max_num_batched_tokens=512,
-        max_num_seqs=16,
-        max_lora_rank=8,
-        dev_mode=True,
-        start_timeout_s=300,
-        request_timeout_s=60,
-    )
+    options = cpu_options(max_lora_rank=8, dev_mode=True)
     engine = VllmTokenEngine(policy, options, weights_dir=str(folder / "weights"), python=vllm_venv_python).start()
     yield engine
     engine.close()
@@ -193,15 +185,7 @@ def test_full_weight_sync_reloads_in_place(engine, vllm_venv_python, tmp_path):
         for name, param in policy.model.named_parameters():
             if "lora_B" in name:
                 param.normal_(0.0, 0.5)
-    options = VllmRolloutOptions(
-        weight_sync="full",
-        dtype="float32",
-        max_model_len=512,
-        max_num_batched_tokens=512,
-        max_num_seqs=16,
-        start_timeout_s=300,
-        request_timeout_s=60,
-    )
+    options = cpu_options(weight_sync="full")
     full = VllmTokenEngine(policy, options, weights_dir=str(tmp_path / "weights"), python=vllm_venv_python).start()
     try:
         before = _rollout(full, 0)

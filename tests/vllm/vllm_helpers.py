@@ -7,6 +7,22 @@ import subprocess
 import threading
 import time
 
+from diffrl.configs.vllm import VllmRolloutOptions
+
+
+def cpu_options(**overrides) -> VllmRolloutOptions:
+    """The rollout server of the CPU tests: fp32 (log-probs that match the fp32 trainer), a short context, prefills of
+    16 sequences never split (vLLM 0.24 on a CPU fails a seeded request whose prefill is split), generous timeouts."""
+    settings = dict(
+        dtype="float32",
+        max_model_len=512,
+        max_num_batched_tokens=512,
+        max_num_seqs=16,
+        start_timeout_s=300,
+        request_timeout_s=60,
+    )
+    return VllmRolloutOptions(**{**settings, **overrides})
+
 
 def wait_for_line(process: subprocess.Popen, prefix: str, timeout_s: float) -> tuple[str, list[str]]:
     """Read `process`'s stdout until a line starts with `prefix`; (that line, the lines before). AssertionError
