@@ -31,6 +31,7 @@ import sys
 import tempfile
 
 from benchmarks import common
+from benchmarks.leaderboard_rows import MINIATURE
 from benchmarks.train_e2e import REPO, STAGE_KEYS, device_name, run_engines
 
 CONFIG = "diffrl/configs/shapes_flow_grpo.yaml"
@@ -47,18 +48,13 @@ KEYS = (
 # --smoke: the CPU shapes model at the leaderboard miniature's sizes (benchmarks/leaderboard_rows.py MINIATURE)
 SMOKE = (
     "--config",
-    "shapes_quick",
+    MINIATURE["config"],
     "--steps",
     "3",
     "--warmup",
     "1",
     "algorithm={name: flow_grpo, kl_coef: 0.0, clip_ratio: 0.2, noise_level: 0.7}",
-    "rollout.prompts_per_step=2",
-    "rollout.group_size=4",
-    "rollout.batch_size=8",
-    "rollout.chunk_size=8",
-    "train.mini_batch_prompts=2",
-    "train.micro_batch_size=8",
+    *(o for o in MINIATURE["overrides"] if o.startswith(("rollout.", "train."))),  # its validation stays off
 )
 
 
