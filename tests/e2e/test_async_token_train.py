@@ -67,3 +67,27 @@ def test_one_step_off_token_run_records_versions_and_logs_staleness(workdir):
     pairs = set(zip(rows.column("step").to_pylist(), rows.column("policy_version").to_pylist()))
     assert pairs == {(1, 0), (2, 0), (3, 1)}  # (step number, the policy version that sampled it)
     assert rows.num_rows == 3 * 8  # every row once
+
+
+@pytest.mark.slow
+def test_a_killed_one_step_off_token_run_resumes_with_every_row_once_and_its_versions(workdir):
+    """kill -9 in step 3's update of a one-step-off token run; the same command resumes: every step's rows once, each
+    with one version that sampled it, every step trained once, none staler than the limit."""
+    from test_kill_resume import _diffrl
+
+    args = ["omni_quick", *SMALL, *ONE_STEP_OFF, "run.checkpoint_every=1"]
+    killed = _diffrl(args, workdir, DIFFRL_INJECT_FAULT="update_actor@3:exit")
+    assert killed.returncode == 137, killed.stderr[-2000:]
+    done = _diffrl(args, workdir)
+    assert done.returncode == 0 and "resuming after step" in done.stderr, done.stderr[-2000:]
+    rows = lance.dataset(f"{workdir}/runs/omni-quick/trajectories.lance").to_table().to_pylist()
+    assert {s: sum(r["step"] == s for r in rows) for s in (1, 2, 3)} == {1: 8, 2: 8, 3: 8}  # each step's rows once
+    versions = sorted({(r["step"], r["policy_version"]) for r in rows})
+    # step 3's rows: sampled at version 1 beside step 2's update when stored before the kill, else sampled again by
+    # the resumed run at step 2's checkpoint (version 2); one version either way
+    assert versions in ([(1, 0), (2, 0), (3, 1)], [(1, 0), (2, 0), (3, 2)]), versions
+    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    [run] = client.search_runs([client.get_experiment_by_name("diffrl-omni").experiment_id])
+    assert run.info.status == "FINISHED"
+    staleness = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "async/staleness_max"))
+    assert {s for s, _ in staleness} == {1, 2, 3} and all(v <= 1 for _, v in staleness)
