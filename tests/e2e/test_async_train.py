@@ -77,7 +77,10 @@ def test_a_killed_one_step_off_run_resumes_with_every_row_once_and_its_versions(
     killed = _diffrl([*TINY, *ONE_STEP_OFF], workdir, DIFFRL_INJECT_FAULT="update_actor@3:exit")
     assert killed.returncode == 137, killed.stderr[-2000:]
     done = _diffrl([*TINY, *ONE_STEP_OFF], workdir)
-    assert done.returncode == 0 and "resuming after step" in done.stderr, done.stderr[-2000:]
+    # it resumes after the newest checkpoint that landed, or, when the background writer had landed none before
+    # the kill (a loaded machine), runs the steps again whose writes did not land: rows once either way
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resuming after step" in done.stderr or "runs again from its first stage" in done.stderr
     rows = lance.dataset(f"{workdir}/runs/quickstart/trajectories.lance").to_table().to_pylist()
     counts = {s: sum(r["step"] == s for r in rows) for s in (1, 2, 3)}
     assert counts == {1: 8, 2: 8, 3: 8}  # each step's rows once
