@@ -10,6 +10,9 @@ the variants N times over, in turn). Variants, each on the same config and overr
     async1      `run.async.max_staleness: 1` with `train.rollout_correction: tis`: the next step's rollout beside
                 the update
 
+A direct-preference algorithm (`dpo`, `diffusion_nft`, `awm`: no importance ratio, nothing recomputed) runs `sync`
+and `async1` without the correction; its `sync` is the same work in turn, so `hidden_s` and `overlap` use it.
+
 images/s = images a step / the median seconds a step after `--warmup` (over the repeats). `gain` = async1's images/s
 over sync's. `hidden_s` = sync_tis's seconds a step less async1's: what running the rollout beside the update saved
 over the same work in turn; `overlap` = hidden_s / min(generate, update) of sync_tis (1: the shorter stage hid
@@ -18,6 +21,7 @@ takes for asynchronous steps (benchmarks/scaling_model.py `--overlap`).
 
     python -m benchmarks.async_shapes --steps 30 --out benchmarks/results/async_shapes_h200.json   # one GPU
     python -m benchmarks.async_shapes --smoke      # the CPU: the tiny shapes model, 3 steps, nothing written
+    python -m benchmarks.async_shapes --steps 30 "algorithm={name: diffusion_nft, ...}"   # the leaderboard's NFT row
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from benchmarks.train_e2e import REPO, STAGE_KEYS, device_name, run_engines
 CONFIG = "diffrl/configs/shapes_flow_grpo.yaml"
 CORRECTION = ("train.rollout_correction=tis",)
 VARIANTS = {"sync": (), "sync_tis": CORRECTION, "async1": ("run.async.max_staleness=1", *CORRECTION)}
+# a direct-preference loss has no ratio: no correction to set, no recompute to time apart
+DIRECT_PREFERENCE_VARIANTS = {"sync": (), "async1": ("run.async.max_staleness=1",)}
 KEYS = (
     *STAGE_KEYS,
     "timing_s/sync_rollout_wait",
@@ -58,14 +64,33 @@ SMOKE = (
 )
 
 
+def variants_for(config: str, overrides: list[str]) -> dict[str, tuple[str, ...]]:
+    """The variants of the config's algorithm (module docstring): direct preference (final samples) or policy
+    gradient."""
+    from diffrl.configs.schema import load_experiment
+
+    final_samples = load_experiment(config, list(overrides)).algorithm.needs.data == "final_samples"
+    return DIRECT_PREFERENCE_VARIANTS if final_samples else VARIANTS
+
+
 def run_variant(name: str, config: str, overrides: list[str], steps: int, out: str) -> None:
     """Train `steps` steps of one variant in this process and write its per-step metrics to `out`."""
-    result = run_engines(config, [*overrides, *VARIANTS[name], "run.name=async-shapes"], steps, keys=KEYS)
+    variant = variants_for(config, overrides)[name]
+    result = run_engines(config, [*overrides, *variant, "run.name=async-shapes"], steps, keys=KEYS)
     common.write_json(out, result)
 
 
-def summary(config: str, overrides: list[str], runs: dict[str, list[dict]], images: int, warmup: int) -> dict:
+def summary(
+    config: str,
+    overrides: list[str],
+    runs: dict[str, list[dict]],
+    images: int,
+    warmup: int,
+    variants_run: dict[str, tuple[str, ...]] | None = None,
+) -> dict:
     """Medians over the timed steps of each variant's repeats, images/s, the gain and the overlap (module docstring)."""
+
+    variants_run = variants_run or VARIANTS
 
     def median(name: str, key: str) -> float | None:
         values = [m[key] for run in runs[name] for m in run["per_step"][warmup:] if m.get(key) is not None]
@@ -75,14 +100,15 @@ def summary(config: str, overrides: list[str], runs: dict[str, list[dict]], imag
     for name in runs:
         seconds = median(name, "perf/time_per_step")
         variants[name] = {
-            "overrides": list(VARIANTS[name]),
+            "overrides": list(variants_run[name]),
             "seconds_per_step": seconds,
             "images_per_s": images / seconds,
             "build_seconds": [run["build_seconds"] for run in runs[name]],
             "medians": {k: median(name, k) for k in KEYS if k != "perf/time_per_step"},
             "per_step": [run["per_step"] for run in runs[name]],
         }
-    sync, serial, overlapped = variants["sync"], variants["sync_tis"], variants["async1"]
+    # the same work as async1 in turn: with the recompute (policy gradient), or the plain step (direct preference)
+    sync, serial, overlapped = variants["sync"], variants.get("sync_tis", variants["sync"]), variants["async1"]
     hidden = serial["seconds_per_step"] - overlapped["seconds_per_step"]
     shorter = min(serial["medians"]["timing_s/generate"] or 0.0, serial["medians"]["timing_s/update_actor"] or 0.0)
     return {
@@ -93,7 +119,7 @@ def summary(config: str, overrides: list[str], runs: dict[str, list[dict]], imag
         "warmup_steps": warmup,
         "variants": variants,
         "gain": overlapped["images_per_s"] / sync["images_per_s"],
-        "recompute_cost": serial["seconds_per_step"] / sync["seconds_per_step"] - 1.0,
+        "recompute_cost": serial["seconds_per_step"] / sync["seconds_per_step"] - 1.0 if serial is not sync else None,
         "hidden_s": hidden,
         "overlap": hidden / shorter if shorter > 0 else None,
     }
@@ -120,24 +146,26 @@ def main(argv: list[str] | None = None) -> dict | None:
 
     cfg = load_experiment(args.config, list(args.overrides))
     config = os.path.abspath(args.config) if os.path.exists(args.config) else args.config  # the children run elsewhere
-    runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
+    variants_run = variants_for(config, list(args.overrides))
+    runs: dict[str, list[dict]] = {name: [] for name in variants_run}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     with tempfile.TemporaryDirectory() as scratch:
         for repeat in range(args.repeats):
-            for name in VARIANTS:  # one at a time: each run has the device to itself
+            for name in variants_run:  # one at a time: each run has the device to itself
                 part = os.path.join(scratch, f"{name}_{repeat}.json")
                 child = [sys.executable, "-m", "benchmarks.async_shapes", "--config", config]
                 child += ["--steps", str(args.steps), "--variant", name, "--part", part, *args.overrides]
                 subprocess.run(child, check=True, cwd=scratch, env=env)
                 with open(part) as f:
                     runs[name].append(json.load(f))
-    result = summary(args.config, list(args.overrides), runs, cfg.rollout.samples_per_step, args.warmup)
+    result = summary(args.config, list(args.overrides), runs, cfg.rollout.samples_per_step, args.warmup, variants_run)
     command = " ".join(["python", "-m", "benchmarks.async_shapes", *given])
     result = {**result, "device": device_name(cfg), "command": command, "steps": args.steps, "repeats": args.repeats}
     for name, v in result["variants"].items():
         print(f"{name}: {v['seconds_per_step']:.3f} s a step, {v['images_per_s']:.1f} images/s", flush=True)
     overlap = "n/a" if result["overlap"] is None else f"{result['overlap']:.3f}"
-    print(f"gain {result['gain']:.3f}, recompute cost {result['recompute_cost']:+.3f}, overlap {overlap}", flush=True)
+    recompute = "n/a" if result["recompute_cost"] is None else f"{result['recompute_cost']:+.3f}"
+    print(f"gain {result['gain']:.3f}, recompute cost {recompute}, overlap {overlap}", flush=True)
     common.write_json(args.out, result)
     return result
 

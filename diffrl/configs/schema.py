@@ -473,22 +473,30 @@ def check_data_parallel(cfg: ExperimentConfig) -> None:
 
 def check_async(cfg: ExperimentConfig) -> None:
     """ValueError, one line naming what works, for an asynchronous run (run.async.max_staleness > 0) this version does
-    not run: it runs in one process, trains a LoRA adapter with a policy-gradient algorithm (on denoising steps, or on
-    tokens sampled in-process by transformers), and applies an explicit behaviour-policy correction."""
+    not run. It runs in one process and trains a LoRA adapter with a policy-gradient algorithm (on denoising steps, or
+    on tokens sampled in-process by transformers), which needs an explicit behaviour-policy correction, or with a
+    direct-preference algorithm on the run's own final samples (dpo, diffusion_nft, awm), whose loss has no importance
+    ratio to correct (docs/algorithms.md, "Off-policy correction")."""
     staleness = cfg.run.async_.max_staleness
     if staleness == 0:
         return
     who = f"run.async.max_staleness: {staleness}"
-    if not _async_algorithm(cfg.algorithm):
+    algo = cfg.algorithm
+    if not _async_algorithm(algo):
         from diffrl.algorithms.catalog import algorithms
 
         works = sorted(name for name, a in algorithms().items() if _async_algorithm(a))
         raise ValueError(
-            f"{who} runs the policy-gradient algorithms ({', '.join(works)}); algorithm {cfg.algorithm.name!r} "
-            f"trains on {'pairs of ' if cfg.algorithm.needs.pairs else ''}{cfg.algorithm.needs.data}, which is not "
+            f"{who} runs the policy-gradient and direct-preference algorithms ({', '.join(works)}); algorithm "
+            f"{algo.name!r} trains on {'pairs of ' if algo.needs.pairs else ''}{algo.needs.data}, which is not "
             "supported asynchronously yet (use run.async.max_staleness: 0)"
         )
-    if cfg.algorithm.needs.data == "tokens" and cfg.rollout.engine != "transformers":
+    if cfg.data.sample_source == "offline":
+        raise ValueError(
+            f"{who} samples the next step beside the update; data.sample_source 'offline' trains on a preference file "
+            "and samples nothing, so there is no rollout to run asynchronously (use run.async.max_staleness: 0)"
+        )
+    if algo.needs.data == "tokens" and cfg.rollout.engine != "transformers":
         raise ValueError(
             f"{who} samples tokens in-process (rollout.engine: transformers); rollout.engine {cfg.rollout.engine!r} "
             "is not supported asynchronously yet: on one GPU the vLLM server sleeps during the update to free its "
@@ -504,7 +512,14 @@ def check_async(cfg: ExperimentConfig) -> None:
             f"{who} samples with its own copy of the LoRA tensors beside the shared base weights, which needs "
             "train.lora: true (full fine-tuning is not supported asynchronously yet)"
         )
-    if cfg.train.rollout_correction == "off":
+    correction = cfg.train.rollout_correction
+    if algo.needs.data == "final_samples" and correction != "off":
+        raise ValueError(
+            f"{who}: algorithm {algo.name!r} trains on final samples with no behaviour log-probs and no importance "
+            f"ratio, so train.rollout_correction {correction!r} would be ignored; use train.rollout_correction: off "
+            '(staleness is bounded and stale groups dropped: docs/algorithms.md, "Off-policy correction")'
+        )
+    if algo.needs.data != "final_samples" and correction == "off":
         raise ValueError(
             f"{who} trains on samples of an older policy, which needs the behaviour-policy correction: set "
             'train.rollout_correction to tis or mask (docs/algorithms.md, "Off-policy correction")'
@@ -513,9 +528,11 @@ def check_async(cfg: ExperimentConfig) -> None:
 
 def _async_algorithm(algorithm) -> bool:
     """Whether an asynchronous run trains `algorithm`: a policy-gradient one (old log-probs in a ratio), on denoising
-    steps or on tokens."""
+    steps or on tokens, or a direct-preference one on final samples (no ratio: any sample with rewards trains)."""
     needs = algorithm.needs
-    return needs.data == "denoising_steps" or (needs.data == "tokens" and needs.old_log_probs and not needs.pairs)
+    if needs.data in ("denoising_steps", "final_samples"):
+        return True
+    return needs.data == "tokens" and needs.old_log_probs and not needs.pairs
 
 
 def _numbers(node, path: str):

@@ -1,5 +1,5 @@
 """The `run.async` section: a Python keyword as a YAML key (file, override, printed config, doc, resume diff), its
-values, and the one-line refusals of what asynchronous training does not run yet."""
+values, the families it runs, and the one-line refusals of what asynchronous training does not run yet."""
 
 from __future__ import annotations
 
@@ -52,7 +52,6 @@ def test_async_keys_are_checked_like_any_other():
 @pytest.mark.parametrize(
     ("overrides", "names"),
     [
-        (["algorithm=diffusion_nft"], "final_samples"),
         (["cluster.mode=ray"], "cluster.mode: local"),
         (["train.lora=false"], "train.lora: true"),
         (["train.rollout_correction='off'"], "train.rollout_correction to tis or mask"),
@@ -64,6 +63,35 @@ def test_unsupported_combinations_are_refused_in_one_line(overrides, names):
     message = str(error.value)
     assert names in message and "\n" not in message and "run.async.max_staleness: 1" in message
     load_experiment("shapes_flow_grpo", ["run.async.max_staleness=0", *overrides[:1]])  # the synchronous run takes it
+
+
+DP_ASYNC = ["run.async.max_staleness=1"]  # a direct-preference loss has no ratio: no rollout correction to set
+
+
+@pytest.mark.parametrize("algorithm", ["dpo", "diffusion_nft", "awm"])
+def test_direct_preference_runs_asynchronously_without_a_rollout_correction(algorithm):
+    cfg = load_experiment("quickstart", [*DP_ASYNC, f"algorithm={algorithm}"])
+    assert cfg.run.async_.enabled and cfg.train.rollout_correction == "off"
+    assert cfg.algorithm.needs.data == "final_samples"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        # the loss has no importance ratio: a correction would be silently ignored
+        (["train.rollout_correction=tis"], "train.rollout_correction: off"),
+        (["train.rollout_correction=mask"], "'mask' would be ignored"),
+        (["algorithm=dpo", "data.sample_source=offline"], "no rollout to run asynchronously"),
+        (["cluster.mode=ray"], "cluster.mode: local"),
+        (["train.lora=false"], "train.lora: true"),
+    ],
+)
+def test_unsupported_direct_preference_combinations_are_refused_in_one_line(overrides, names):
+    with pytest.raises(ConfigError) as error:
+        load_experiment("quickstart", [*DP_ASYNC, *overrides])
+    message = str(error.value)
+    assert names in message and "\n" not in message and "run.async.max_staleness: 1" in message
+    load_experiment("quickstart", ["run.async.max_staleness=0", *overrides])  # the synchronous run takes it
 
 
 def test_token_policy_gradient_runs_asynchronously_with_the_in_process_rollout():
@@ -86,6 +114,14 @@ def test_unsupported_token_combinations_are_refused_in_one_line(overrides, names
         load_experiment("omni_quick", [*ASYNC, "train.lora=true", *overrides])
     message = str(error.value)
     assert names in message and "\n" not in message and "run.async.max_staleness: 1" in message
+
+
+def test_the_refusal_of_an_algorithm_names_the_ones_that_run():
+    with pytest.raises(ConfigError) as error:
+        load_experiment("omni_quick", [*ASYNC, "train.lora=true", "algorithm=sequence_dpo"])
+    works = str(error.value).split("runs the policy-gradient and direct-preference algorithms (")[1].split(")")[0]
+    assert {"flow_grpo", "grpo", "dpo", "diffusion_nft", "awm"} <= set(works.split(", "))
+    assert "sequence_dpo" not in works.split(", ")
 
 
 def test_doc_and_resume_diff_name_the_yaml_key():

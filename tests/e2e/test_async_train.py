@@ -1,13 +1,14 @@
 """Asynchronous off-policy training (run.async) on the tiny SD3 on the CPU: max_staleness 0 is the synchronous run bit
-for bit; a one-step-off run through `diffrl train` trains every step, logs async/* and the correction's ratios, and
-records in each row the policy version that sampled it."""
+for bit; a one-step-off run through `diffrl train` trains every step, logs async/* and (policy gradient) the
+correction's ratios, and records in each row the policy version that sampled it. Both for FlowGRPO and for
+DiffusionNFT (the direct-preference family, whose rollout samples with its EMA "old" adapter)."""
 
 from __future__ import annotations
 
 import lance
 import pytest
 import torch
-from e2e_settings import TINY
+from e2e_settings import TINY, TINY_SIZES
 from mlflow.tracking import MlflowClient
 
 from diffrl.configs.schema import load_experiment
@@ -18,6 +19,8 @@ from diffrl.flows.build import build_engines
 from diffrl.flows.cli import main
 
 ONE_STEP_OFF = ["run.async.max_staleness=1", "train.rollout_correction=tis"]
+# the quickstart's DiffusionNFT at TINY's sizes, its window the last of the 2 denoising steps (it trains on x0)
+TINY_NFT = TINY_SIZES + ["algorithm.window={kind: random_start, size: 1, start_range: [1, 2]}"]
 
 
 def engines_only(config: str | None, overrides: list[str], name: str) -> tuple[list[dict], dict[str, torch.Tensor]]:
@@ -33,10 +36,15 @@ def engines_only(config: str | None, overrides: list[str], name: str) -> tuple[l
         cluster.drop(name)
 
 
-def test_max_staleness_0_is_the_synchronous_run_bit_for_bit(workdir):
-    before, before_weights = engines_only(None, TINY, "sync")
-    after, after_weights = engines_only(None, [*TINY, "run.async.max_staleness=0"], "async-0")
-    for key in ("critic/rewards/mean", "actor/pg_loss", "actor/grad_norm"):
+@pytest.mark.parametrize(
+    ("tiny", "loss"),
+    [(TINY, "actor/pg_loss"), (TINY_NFT, "actor/positive_loss")],
+    ids=["flow_grpo", "diffusion_nft"],
+)
+def test_max_staleness_0_is_the_synchronous_run_bit_for_bit(workdir, tiny, loss):
+    before, before_weights = engines_only(None, tiny, "sync")
+    after, after_weights = engines_only(None, [*tiny, "run.async.max_staleness=0"], "async-0")
+    for key in ("critic/rewards/mean", loss, "actor/grad_norm"):
         assert [m[key] for m in before] == [m[key] for m in after], key
     assert sorted(before_weights) == sorted(after_weights)
     for name, value in before_weights.items():
@@ -65,6 +73,44 @@ def test_one_step_off_run_records_versions_and_logs_staleness(workdir):
     pairs = set(zip(rows.column("step").to_pylist(), rows.column("policy_version").to_pylist()))
     assert pairs == {(1, 0), (2, 0), (3, 1)}  # (step number, the policy version that sampled it)
     assert rows.num_rows == 3 * 8  # every row once
+
+
+LAST_STEP = "{kind: random_start, size: 1, start_range: [1, 2]}"
+# per direct-preference algorithm: its run at TINY's sizes, its loss metric, the rows a step trains (DPO: per group
+# one (chosen, rejected) pair; the others: every sample)
+DIRECT_PREFERENCE = {
+    "diffusion_nft": (TINY_NFT, "actor/positive_loss", 8.0),
+    "dpo": ([*TINY_SIZES, f"algorithm={{name: dpo, window: {LAST_STEP}}}"], "actor/dpo_loss", 4.0),
+    "awm": ([*TINY_SIZES, f"algorithm={{name: awm, window: {LAST_STEP}}}"], "actor/fm_loss", 8.0),
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(DIRECT_PREFERENCE))
+def test_one_step_off_direct_preference_run_trains_each_row_once_within_the_bound(workdir, algorithm):
+    """One step off without a rollout correction (the loss has no ratio): the behaviour copy samples beside the update
+    (DiffusionNFT with its own old adapter), and each step trains its own rows, of one policy version, once."""
+    tiny, loss, trained_rows = DIRECT_PREFERENCE[algorithm]
+    assert main(["train", *tiny, "run.async.max_staleness=1"]) == 0
+    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    run = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])[0]
+
+    def history(key: str) -> list[tuple[int, float]]:
+        return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+
+    assert history("async/staleness_max") == [(1, 0.0), (2, 1.0), (3, 1.0)]
+    assert history("async/staleness_mean") == [(1, 0.0), (2, 1.0), (3, 1.0)]
+    assert history("async/dropped") == [(1, 0.0), (2, 0.0), (3, 0.0)]
+    assert history("dp/num_samples") == [(1, trained_rows), (2, trained_rows), (3, trained_rows)]
+    assert [s for s, _ in history(loss)] == [1, 2, 3]
+    assert history("sync/policy_version") == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    assert not history("rollout_corr/ratio_mean")  # nothing to correct: no behaviour log-probs in the loss
+    rows = lance.dataset(f"{workdir}/runs/quickstart/trajectories.lance").to_table(
+        columns=["step", "sample_index", "group_id", "policy_version"]
+    )
+    steps, versions = rows.column("step").to_pylist(), rows.column("policy_version").to_pylist()
+    assert set(zip(steps, versions)) == {(1, 0), (2, 0), (3, 1)}  # one version per step, trained at most 1 later
+    keys = list(zip(steps, rows.column("group_id").to_pylist(), rows.column("sample_index").to_pylist()))
+    assert len(keys) == len(set(keys)) == 3 * 8  # every row once
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Protocol, Sequence
@@ -33,6 +34,13 @@ from diffrl.engines.rollout.shortcut import run_shortcut, shortcut_bounds
 from diffrl.engines.rollout.step import denoise_step
 from diffrl.engines.trajectories import Trajectories
 from diffrl.models.base import Encoding, ModelAdapter, SampleShape, pad_and_cat
+
+# A run's engines share the text encoders and their tokenizers (an asynchronous run's behaviour copy encodes on the
+# rollout worker while the trainer's replay encodes in the update), and a fast tokenizer keeps its padding settings
+# from call to call: diffusers' SD3 encode pads to max_length, then to the longest (its truncation warning), so two
+# threads at once get the other's padding. One prompt encode at a time in a process; each prompt is encoded once an
+# engine, so nothing waits long.
+_ENCODE_LOCK = threading.Lock()
 
 
 class EmbeddingCacheLike(Protocol):
@@ -118,7 +126,8 @@ class RolloutEngine:
             # One prompt per call: the stored encoding (its padding length) is then the same whatever
             # batch the prompt first appeared in, and equals the upstream pipeline's batch of one.
             extra = {} if path is None else {"images": [path]}
-            fresh[text] = self.adapter.encode_prompt([prompt], max_sequence_length=cfg.max_sequence_length, **extra)
+            with _ENCODE_LOCK:
+                fresh[text] = self.adapter.encode_prompt([prompt], max_sequence_length=cfg.max_sequence_length, **extra)
             self._memory[key_of[text]] = fresh[text]
         if fresh and self.cache is not None:
             self.cache.put(fingerprint, fresh)

@@ -29,6 +29,7 @@ from diffrl.engines.step.plan import (
     validation_due,
 )
 from diffrl.engines.step.records import Generated, Scored
+from diffrl.engines.train.preference import sampling_with_old_adapter
 from diffrl.engines.trajectories import Trajectories
 from diffrl.models.base import SampleShape
 
@@ -115,15 +116,19 @@ def sample_chunk(engines: Engines, step: int, chunk: int) -> Trajectories:
 
 
 def _rollout_policy(engines: Engines):
-    """The policy a rollout samples with: the trained one, or DiffusionNFT's old adapter (the trainer's module)."""
+    """The policy a rollout samples with: the trained one, or DiffusionNFT's old adapter (the trainer's module, or in
+    an asynchronous run the behaviour copy's own old adapter, of the copy's version)."""
     if not uses_old_policy_rollout(engines.config.algorithm):
         return contextlib.nullcontext()
-    if engines.trainer is None or engines.rollout.adapter is not engines.trainer.adapter:
+    trainer, adapter = engines.trainer, engines.rollout.adapter
+    if trainer is not None and engines.config.run.async_.enabled and adapter is trainer.rollout_copy:
+        return sampling_with_old_adapter(adapter)
+    if trainer is None or adapter is not trainer.adapter:
         raise ValueError(
             f"{engines.config.algorithm.name} samples with the trainer's old LoRA adapter, so the rollout must run on "
-            "the trainer's model (cluster.placement: colocated)"
+            "the trainer's model (cluster.placement: colocated) or, in an asynchronous run, on its behaviour copy"
         )
-    return engines.trainer.old_policy()
+    return trainer.old_policy()
 
 
 def _append(engines: Engines, traj: Trajectories, step: int, chunk: int) -> None:

@@ -5,11 +5,14 @@ The clean sample x0 is the latent after the last denoising step, so the rollout'
 (algorithms.windows.ends_at_last_step). Each sample gets its own noise and noise level, drawn from a generator keyed
 by (seed, update, epoch, sample seed): x_t = (1 - sigma) x0 + sigma noise, flow-matching target = noise - x0.
 An algorithm whose needs.old_adapter keeps a second LoRA adapter "old", an EMA of "default" with decay
-`algorithm.old_adapter_decay(update)` applied after every update (DiffusionNFT's old policy).
+`algorithm.old_adapter_decay(update)` applied after every update (DiffusionNFT's old policy). Its rollout samples with
+that adapter: the trainer's own (`PolicyTrainer.old_policy`), or in an asynchronous run the behaviour copy's
+(:func:`sampling_with_old_adapter`), which holds the "old" tensors of its version.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 
 import torch
@@ -44,6 +47,27 @@ def activate(transformer, name: str) -> None:
     transformer.set_adapter(name)
     for pname, p in transformer.named_parameters():  # set_adapter also flips requires_grad: undo that
         p.requires_grad_(f".{ADAPTER_NAME}." in pname and "lora_" in pname)
+
+
+@contextlib.contextmanager
+def sampling_with_old_adapter(adapter: ModelAdapter):
+    """Within it, `adapter` (an asynchronous run's behaviour copy: every tensor frozen, diffrl/engines/train/sync.py)
+    samples with its "old" LoRA adapter, without autograd. Only its own LoRA tensors' flags are touched: set_adapter
+    marks the active adapter trainable, and the copy's LoRA tensors stay frozen."""
+
+    def use(name: str) -> None:
+        for transformer in adapter.denoisers():
+            transformer.set_adapter(name)
+            for pname, p in transformer.named_parameters():
+                if "lora_" in pname:
+                    p.requires_grad_(False)
+
+    with torch.no_grad():
+        use(OLD_ADAPTER)
+        try:
+            yield
+        finally:
+            use(ADAPTER_NAME)
 
 
 def add_old_adapter(adapter: ModelAdapter, cfg: TrainConfig, algorithm_name: str) -> None:

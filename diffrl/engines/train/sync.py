@@ -8,7 +8,8 @@ new version, and :func:`load_weights` applies them on the receiving side. Engine
 training LoRA are colocated (each keeps whole parameters: nothing to copy); fully fine-tuned they shard the
 denoiser with FSDP2 and each samples with an unsharded copy (:func:`rollout_copy`) in its process, which every rank
 loads after each update (:func:`send_weights`). An asynchronous run (run.async) samples with a behaviour copy
-(:func:`behaviour_copy`): the trainer's frozen tensors, its own LoRA tensors, loaded the same way at each sync.
+(:func:`behaviour_copy`): the trainer's frozen base tensors, its own LoRA tensors (every adapter's: DiffusionNFT's EMA
+"old" adapter, which its rollout samples with, too), loaded the same way at each sync.
 """
 
 from __future__ import annotations
@@ -100,12 +101,13 @@ def rollout_copy(adapter):
 
 def behaviour_copy(adapter):
     """The behaviour policy of an asynchronous run (run.async): a second adapter whose trained modules share every
-    frozen tensor and buffer of `adapter`'s (the same storage: no second copy of the base weights) and own a copy of
-    their trainable (LoRA) tensors, taken after the trainer added LoRA. The rollout samples with it while the trainer
-    updates its own adapter; each weight sync copies the trained tensors into it (:func:`send_weights`). A diffusion
-    adapter's copy gets its own denoisers (both Wan2.2 experts) and the same text encoders, VAE and scheduler objects,
-    as in :func:`rollout_copy`; a causal LM policy's (diffrl/models/causal_lm/policy.py) its own `model` and the same
-    tokenizer and processors."""
+    frozen base tensor and buffer of `adapter`'s (the same storage: no second copy of the base weights) and own a copy
+    of their LoRA tensors (every adapter's: the trained one and DiffusionNFT's frozen EMA "old" one, which the trainer
+    changes in place after each update), taken after the trainer added LoRA. The rollout samples with it while the
+    trainer updates its own adapter; each weight sync copies the LoRA tensors into it (:func:`send_weights`). A
+    diffusion adapter's copy gets its own denoisers (both Wan2.2 experts) and the same text encoders, VAE and scheduler
+    objects, as in :func:`rollout_copy`; a causal LM policy's (diffrl/models/causal_lm/policy.py) its own `model` and
+    the same tokenizer and processors."""
     twin = copy.copy(adapter)
     if getattr(adapter, "kind", "diffusion") == "autoregressive":
         twin.model = _frozen_shared(adapter.model)
@@ -119,24 +121,30 @@ def behaviour_copy(adapter):
 
 
 def _frozen_shared(module: torch.nn.Module) -> torch.nn.Module:
-    """A frozen copy of `module` that holds the same frozen parameters and buffers (not copies) and copies of its
-    trainable ones."""
-    frozen = [p for p in module.parameters() if not p.requires_grad] + list(module.buffers())
+    """A frozen copy of `module` that holds the same frozen base parameters and buffers (not copies) and copies of
+    the parameters a weight sync sends (:func:`_synced`)."""
+    frozen = [p for name, p in module.named_parameters() if not _synced(name, p)] + list(module.buffers())
     copied = copy.deepcopy(module, memo={id(t): t for t in frozen})  # the memo makes deepcopy reuse them
     return copied.requires_grad_(False)
 
 
+def _synced(name: str, param: torch.nn.Parameter) -> bool:
+    """Whether a weight sync into a rollout's own copy sends this parameter: a trained one, or a frozen LoRA tensor
+    (DiffusionNFT's "old" adapter: an EMA of the trained one, which its rollout samples with)."""
+    return param.requires_grad or "lora_" in name
+
+
 def send_weights(trainer, adapter) -> tuple[int, int]:
-    """Copy the trainer's trainable tensors into `adapter`, a rollout's own copy of the denoiser in this process
-    (adding the same LoRA first); returns (tensors, bytes) sent. Every rank of a sharded trainer gathers each
-    tensor in turn (DTensor.full_tensor: one tensor's all-gather at a time, never the whole model) and loads its own
-    copy."""
+    """Copy the trainer's trainable tensors and LoRA tensors (:func:`_synced`) into `adapter`, a rollout's own copy of
+    the denoiser in this process (adding the same LoRA first); returns (tensors, bytes) sent. Every rank of a sharded
+    trainer gathers each tensor in turn (DTensor.full_tensor: one tensor's all-gather at a time, never the whole model)
+    and loads its own copy."""
     _ensure_lora(trainer.cfg if trainer.cfg.lora else None, trainer.cfg.lora_targets, adapter)
     params = dict(trained_module(adapter).named_parameters())
     num_tensors, num_bytes = 0, 0
     with torch.no_grad():
         for name, param in trained_module(trainer.adapter).named_parameters():
-            if not param.requires_grad:
+            if not _synced(name, param):
                 continue
             full = param.full_tensor() if hasattr(param, "full_tensor") else param
             params[name].copy_(full)

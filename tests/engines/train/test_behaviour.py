@@ -1,15 +1,17 @@
 """The behaviour copy of an asynchronous run on the tiny SD3: it shares the trainer's frozen tensors, owns its LoRA
-tensors, samples exactly as the policy at its version while the trainer's weights move, and a weight sync brings it
-to the trainer's weights in memory, versioned."""
+tensors (DiffusionNFT's "old" adapter too), samples exactly as the policy at its version while the trainer's weights
+move, and a weight sync brings it to the trainer's weights in memory, versioned."""
 
 from __future__ import annotations
 
 import torch
 
 from diffrl.algorithms.catalog import get_algorithm
+from diffrl.algorithms.windows import WindowPolicy
 from diffrl.configs.rollout import SamplingConfig
 from diffrl.configs.train import TrainConfig
 from diffrl.engines.rollout.engine import RolloutEngine
+from diffrl.engines.train.preference import sampling_with_old_adapter
 from diffrl.engines.train.sync import behaviour_copy
 from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.models.base import load_adapter
@@ -62,3 +64,45 @@ def test_behaviour_copy_samples_as_the_policy_at_its_version(tiny_model):
     assert synced["sync/num_tensors"] == len(lora) and synced["sync/bytes"] == sum(p.numel() * 4 for p in lora)
     assert trainer.policy_version == version + 1 == synced["sync/policy_version"]
     assert _same(_sample(behaviour, 1), _sample(policy, 1))
+
+
+def test_behaviour_copy_samples_with_its_own_old_adapter_of_its_version(tiny_model):
+    """DiffusionNFT samples with its EMA "old" adapter, which the trainer changes in place after each update: the
+    behaviour copy owns the old tensors too, samples with them as the trainer's old policy at the copy's version, and a
+    sync brings both adapters over."""
+    adapter = load_adapter(tiny_model("sd3"))
+    policy = RolloutEngine(adapter, progress=False)
+    final = SamplingConfig(
+        num_inference_steps=3, height=32, width=32, noise_level=0.0, window=WindowPolicy("final", size=1), batch_size=4
+    )
+    trainer = PolicyTrainer(
+        adapter,
+        get_algorithm("diffusion_nft", window=WindowPolicy("final", size=1), old_policy_decay_max=0.0),
+        TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=2, micro_batch_size=4, seed=1),
+        final,
+        group_size=2,
+    )
+    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
+
+    def sample(engine: RolloutEngine, old):
+        with old():
+            return engine.generate(PROMPTS, GROUPS, [0, 1, 0, 1], [11, 12, 13, 14], final, policy_version=0)
+
+    trainer.update(sample(policy, trainer.old_policy), advantages, policy)  # decay 0: old <- the trained default
+    twin = behaviour_copy(adapter)
+    trainer.rollout_copy = twin
+    behaviour = RolloutEngine(twin, progress=False)
+    mine, theirs = dict(twin.transformer.named_parameters()), dict(adapter.transformer.named_parameters())
+    old = [name for name in theirs if ".old." in name]
+    assert old and all(not theirs[n].requires_grad and mine[n].data_ptr() != theirs[n].data_ptr() for n in old)
+
+    at_copy = sample(behaviour, lambda: sampling_with_old_adapter(twin))
+    assert _same(at_copy, sample(policy, trainer.old_policy))  # the trainer's old policy, bit for bit
+    assert all(not p.requires_grad for p in twin.transformer.parameters())  # the copy stays frozen
+    trainer.update(at_copy, advantages, behaviour)  # the trainer's EMA moves its old adapter; the copy's stays
+    assert not _same(sample(policy, trainer.old_policy), at_copy)
+    assert _same(sample(behaviour, lambda: sampling_with_old_adapter(twin)), at_copy)
+
+    synced = trainer.sync_weights(behaviour)  # both adapters' LoRA tensors
+    assert synced["sync/num_tensors"] == sum("lora_" in n for n in theirs)
+    assert _same(sample(behaviour, lambda: sampling_with_old_adapter(twin)), sample(policy, trainer.old_policy))
