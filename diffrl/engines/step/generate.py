@@ -126,7 +126,7 @@ def _rollout_policy(engines: Engines):
     if trainer is None or adapter is not trainer.adapter:
         raise ValueError(
             f"{engines.config.algorithm.name} samples with the trainer's old LoRA adapter, so the rollout must run on "
-            "the trainer's model (cluster.placement: colocated) or, in an asynchronous run, on its behaviour copy"
+            "the trainer's model (its engine replica's own) or, in an asynchronous run, on its behaviour copy"
         )
     return trainer.old_policy()
 
