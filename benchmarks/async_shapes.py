@@ -19,7 +19,7 @@ over the same work in turn; `overlap` = hidden_s / min(generate, update) of sync
 entirely behind the longer, 0: the device ran them no faster together than in turn), the input the scaling model
 takes for asynchronous steps (benchmarks/scaling_model.py `--overlap`).
 
-    python -m benchmarks.async_shapes --steps 30 --out benchmarks/results/async_shapes_h200.json   # one GPU
+    python -m benchmarks.async_shapes --steps 30 --out benchmarks/results/async_shapes_h100.json   # one GPU
     python -m benchmarks.async_shapes --smoke      # the CPU: the tiny shapes model, 3 steps, nothing written
     python -m benchmarks.async_shapes --steps 30 "algorithm={name: diffusion_nft, ...}"   # the leaderboard's NFT row
 """

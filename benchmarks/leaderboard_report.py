@@ -101,8 +101,8 @@ within the budget ends with a higher learning rate than one that runs more; `run
 """
 
 
-# The page's "Asynchronous rows" section, above their comparison (docs/leaderboard.md carries it while no GPU run of
-# them exists: tests/benchmarks/test_leaderboard_smoke.py checks that it does).
+# The page's "Asynchronous rows" section, above their comparison (tests/benchmarks/test_leaderboard_smoke.py checks
+# that docs/leaderboard.md carries it).
 ASYNC_TEXT = """## Asynchronous rows
 
 `flow_grpo_async1` and `flow_grpo_async2` are the flow_grpo row with `run.async.max_staleness` 1 and 2 and
@@ -114,13 +114,15 @@ GPU). Per row: held-out strict accuracy at the end of the budget (mean ± sample
 the on-policy row's mean, and whether it is within the on-policy seeds' spread (the on-policy mean ± its s.d.). In
 one process the rollout runs at most one step ahead, so `max_staleness: 2` trains samples at most one version old,
 as 1 does; each record's `staleness_max` is the largest staleness its run trained. Whether asynchronous training is
-faster is measured with each run alone on the GPU (`benchmarks/async_shapes.py`), not here.
+faster is measured with each run alone on the GPU (`benchmarks/async_shapes.py`), not here. A run takes ~12.8 GiB:
+an H200 holds 9 at once, an H100 (80 GB) 3 (`--parallel`: the budget is images, so how many run at once changes the
+seconds, not the result).
 
 <!-- skip: gpu -->
 ```bash
 python -m benchmarks.leaderboard run --algorithms flow_grpo flow_grpo_async1 flow_grpo_async2 --seeds 0 1 2 \\
-  --budget-images 25600 --eval-every-images 5120 --parallel 9 --deadline-s 540 \\
-  --out-dir benchmarks/results/leaderboard_async      # one H200, repeat until done
+  --budget-images 10240 --eval-every-images 5120 --parallel 3 \\
+  --out-dir benchmarks/results/leaderboard_async      # one H100; --parallel 9 on an H200
 python -m benchmarks.leaderboard report      # this page, the comparison below included
 python -m benchmarks.leaderboard run --miniature --algorithms flow_grpo flow_grpo_async1 --budget-images 16 \\
   --out-dir /tmp/lba      # the CPU miniature: 2 steps each
@@ -153,6 +155,7 @@ def async_comparison(runs: dict[str, list[dict]]) -> list[dict]:
                 "on_policy_final": theirs["final"],
                 "difference": difference,
                 "within": None if spread is None else abs(difference) <= spread + 1e-12,
+                "device": ", ".join(sorted({r.get("device", "unknown") for r in runs[row.name] + runs[row.on_policy]})),
             }
         )
     return out
@@ -166,8 +169,8 @@ def async_section(runs: dict[str, list[dict]]) -> list[str]:
     lines = [
         ASYNC_TEXT,
         "| row | max_staleness | trained staleness (max) | seeds | images seen | final (%) | on-policy final (%) "
-        "| difference (points) | within the on-policy spread |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| difference (points) | within the on-policy spread | device |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in comparisons:
         n, m = len(c["seeds"]), len(c["on_policy_seeds"])
@@ -175,7 +178,7 @@ def async_section(runs: dict[str, list[dict]]) -> list[str]:
         lines.append(
             f"| {c['row']} | {', '.join(map(str, c['max_staleness']))} | {c['staleness_max']:.0f} | {n} "
             f"| {c['images']:.0f} (on-policy {c['on_policy_images']:.0f}) | {_pct(c['final'], n)} "
-            f"| {_pct(c['on_policy_final'], m)} | {100 * c['difference']:+.1f} | {within} |"
+            f"| {_pct(c['on_policy_final'], m)} | {100 * c['difference']:+.1f} | {within} | {c['device']} |"
         )
     return lines
 

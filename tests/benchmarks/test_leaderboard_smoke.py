@@ -88,6 +88,8 @@ def test_async_rows_compare_with_the_on_policy_spread_and_the_doc_carries_their_
     for record in one_off:
         record |= {"max_staleness": 1, "staleness_max": 1.0}
     two_off[0] |= {"max_staleness": 2, "staleness_max": 1.0}  # the local pipeline runs one step ahead at most
+    for record in on_policy + one_off + two_off:
+        record["device"] = "NVIDIA H100 80GB HBM3"
     runs = {"flow_grpo": on_policy, "flow_grpo_async1": one_off, "flow_grpo_async2": two_off}
     first, second = leaderboard_report.async_comparison(runs)
     # on-policy: mean 0.22, sample s.d. 0.02; one off: mean 0.22 (within); two off: 0.19, 3 points below (outside)
@@ -99,8 +101,9 @@ def test_async_rows_compare_with_the_on_policy_spread_and_the_doc_carries_their_
     assert leaderboard_report.async_comparison({**runs, "flow_grpo": on_policy[:1]})[0]["within"] is None
     assert leaderboard_report.async_comparison({"flow_grpo_async1": one_off}) == []  # nothing to compare with
     lines = leaderboard_report.async_section(runs)
-    assert "| flow_grpo_async2 | 2 | 1 | 1 | 512 (on-policy 512) | 19.0 | 22.0 ± 2.0 | -3.0 | no |" in lines
-    # docs/leaderboard.md is regenerated from GPU records; until the async rows have run it carries their section
+    row = "| flow_grpo_async2 | 2 | 1 | 1 | 512 (on-policy 512) | 19.0 | 22.0 ± 2.0 | -3.0 | no | NVIDIA H100 80GB HBM3"
+    assert row + " |" in lines
+    # docs/leaderboard.md is regenerated from the records: it carries the section's text
     with open(os.path.join(REPO, "docs", "leaderboard.md")) as f:
         assert leaderboard_report.ASYNC_TEXT in f.read()
 
