@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Protocol, Sequence
@@ -33,6 +34,12 @@ from diffrl.engines.rollout.shortcut import run_shortcut, shortcut_bounds
 from diffrl.engines.rollout.step import denoise_step
 from diffrl.engines.trajectories import Trajectories
 from diffrl.models.base import Encoding, ModelAdapter, SampleShape, pad_and_cat
+
+# One prompt encoding at a time in the process. An asynchronous run's behaviour copy shares the trainer's text encoders
+# and tokenizers, and its rollout encodes the next step's prompts while the trainer's replay encodes this step's: a
+# fast tokenizer's padding and truncation are settings of the one shared Rust object, so two calls at once read each
+# other's (SD3's CLIP padded to 26 tokens instead of 77, and the concatenation failed).
+_ENCODING = threading.Lock()
 
 
 class EmbeddingCacheLike(Protocol):
@@ -118,7 +125,8 @@ class RolloutEngine:
             # One prompt per call: the stored encoding (its padding length) is then the same whatever
             # batch the prompt first appeared in, and equals the upstream pipeline's batch of one.
             extra = {} if path is None else {"images": [path]}
-            fresh[text] = self.adapter.encode_prompt([prompt], max_sequence_length=cfg.max_sequence_length, **extra)
+            with _ENCODING:
+                fresh[text] = self.adapter.encode_prompt([prompt], max_sequence_length=cfg.max_sequence_length, **extra)
             self._memory[key_of[text]] = fresh[text]
         if fresh and self.cache is not None:
             self.cache.put(fingerprint, fresh)
