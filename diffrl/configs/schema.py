@@ -473,8 +473,10 @@ def check_data_parallel(cfg: ExperimentConfig) -> None:
 
 def check_async(cfg: ExperimentConfig) -> None:
     """ValueError, one line naming what works, for an asynchronous run (run.async.max_staleness > 0) this version does
-    not run: it runs in one process, trains a LoRA adapter with a policy-gradient algorithm (on denoising steps, or on
-    tokens sampled in-process by transformers), and applies an explicit behaviour-policy correction."""
+    not run: it trains a LoRA adapter with a policy-gradient algorithm and applies an explicit behaviour-policy
+    correction; on denoising steps in one process or on engine replicas (cluster.mode: ray, each replica sampling with
+    its own behaviour copy beside the trainer's frozen tensors in GPU memory), on tokens in one process, sampled
+    in-process by transformers."""
     staleness = cfg.run.async_.max_staleness
     if staleness == 0:
         return
@@ -494,10 +496,15 @@ def check_async(cfg: ExperimentConfig) -> None:
             "is not supported asynchronously yet: on one GPU the vLLM server sleeps during the update to free its "
             "memory, which serialises rollout and update; overlapping them needs the server on another device"
         )
-    if cfg.cluster.mode != "local":
+    if cfg.cluster.mode != "local" and cfg.algorithm.needs.data == "tokens":
         raise ValueError(
-            f"{who} interleaves rollout and update in one process (cluster.mode: local); cluster.mode "
-            f"{cfg.cluster.mode!r} is not supported asynchronously yet"
+            f"{who} runs token policies in one process (cluster.mode: local); cluster.mode {cfg.cluster.mode!r} "
+            "is not supported for them asynchronously yet"
+        )
+    if cfg.cluster.mode == "ray" and cfg.train.offload_optimizer:
+        raise ValueError(
+            f"{who} on engine replicas samples with the trainer's frozen tensors in GPU memory, which "
+            "train.offload_optimizer moves to the host: set train.offload_optimizer: false"
         )
     if not cfg.train.lora:
         raise ValueError(
