@@ -473,10 +473,12 @@ def check_data_parallel(cfg: ExperimentConfig) -> None:
 
 def check_async(cfg: ExperimentConfig) -> None:
     """ValueError, one line naming what works, for an asynchronous run (run.async.max_staleness > 0) this version does
-    not run. It runs in one process and trains a LoRA adapter with a policy-gradient algorithm (on denoising steps, or
-    on tokens sampled in-process by transformers), which needs an explicit behaviour-policy correction, or with a
-    direct-preference algorithm on the run's own final samples (dpo, diffusion_nft, awm), whose loss has no importance
-    ratio to correct (docs/algorithms.md, "Off-policy correction")."""
+    not run. It trains a LoRA adapter with a policy-gradient algorithm, which needs an explicit behaviour-policy
+    correction (on denoising steps in one process or on engine replicas, cluster.mode: ray, each replica sampling with
+    its own behaviour copy beside the trainer's frozen tensors in GPU memory; on tokens in one process, sampled
+    in-process by transformers), or in one process with a direct-preference algorithm on the run's own final samples
+    (dpo, diffusion_nft, awm), whose loss has no importance ratio to correct (docs/algorithms.md, "Off-policy
+    correction")."""
     staleness = cfg.run.async_.max_staleness
     if staleness == 0:
         return
@@ -502,10 +504,15 @@ def check_async(cfg: ExperimentConfig) -> None:
             "is not supported asynchronously yet: on one GPU the vLLM server sleeps during the update to free its "
             "memory, which serialises rollout and update; overlapping them needs the server on another device"
         )
-    if cfg.cluster.mode != "local":
+    if cfg.cluster.mode != "local" and algo.needs.data != "denoising_steps":
         raise ValueError(
-            f"{who} interleaves rollout and update in one process (cluster.mode: local); cluster.mode "
-            f"{cfg.cluster.mode!r} is not supported asynchronously yet"
+            f"{who} runs on engine replicas for the diffusion policy-gradient algorithms; algorithm {algo.name!r} "
+            f"trains on {algo.needs.data}, which runs asynchronously in one process only (cluster.mode: local)"
+        )
+    if cfg.cluster.mode == "ray" and cfg.train.offload_optimizer:
+        raise ValueError(
+            f"{who} on engine replicas samples with the trainer's frozen tensors in GPU memory, which "
+            "train.offload_optimizer moves to the host: set train.offload_optimizer: false"
         )
     if not cfg.train.lora:
         raise ValueError(

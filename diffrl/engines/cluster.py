@@ -13,8 +13,8 @@ fails the caller with the actor's error instead of hanging. Both kinds of handle
 `run(role, fn, *args)` and `run_one(role, index, fn, *args)`. The actor body is diffrl/engines/host.py.
 
     <run>/engine, <run>/engine-1 ... <run>/engine-{N-1} with cluster.gpus: N (one GPU each; the trainers are
-    one FSDP2 group: LoRA replicated, the rollout on the trainer's module; full fine-tuning sharded, the rollout
-    on an unsharded copy in the same actor)
+    one FSDP2 group: LoRA replicated, the rollout on the trainer's module, or in an asynchronous run on its own
+    behaviour copy beside it; full fine-tuning sharded, the rollout on an unsharded copy in the same actor)
 
 A role names which replicas run a call: "trainer" every one at once (a collective stage), "rollout" and "reward"
 the first (validation, logged examples) unless `run_one` picks one.

@@ -18,7 +18,7 @@ from diffrl.engines.store.prompts import PromptDataset, PromptSampler, compositi
 from diffrl.engines.store.tokens import TokenStore
 from diffrl.engines.store.trajectories import TrajectoryStore
 from diffrl.engines.train.setup import world
-from diffrl.engines.train.sync import behaviour_copy, rollout_copy, send_weights
+from diffrl.engines.train.sync import rollout_copy, send_weights
 from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.flows.build_preference import build_preference_cache, check_preference_config, train_prompts
 from diffrl.flows.build_tokens import build_token_model, check_token_config
@@ -111,7 +111,8 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", *, durable: bool 
     Actors: "local" (the flow's process) and "engine" (a Ray replica) build the same engines. An "engine" that is one
     of several replicas (cluster.gpus > 1; torch.distributed is up) trains with the others: LoRA on whole parameters
     on every replica (its rollout samples with the trainer's module, as a single engine does), full fine-tuning
-    sharded over them (its rollout samples with its own unsharded copy, loaded after every update).
+    sharded over them (its rollout samples with its own unsharded copy, loaded after every update). An asynchronous
+    run (run.async) samples with the trainer's behaviour copy instead, on one replica or several.
     durable=False (the engines-only benchmarks): no trajectory store and no embedding cache on disk; the
     step core hands everything over in memory and writes nothing.
     """
@@ -172,10 +173,10 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", *, durable: bool 
             group_size=cfg.rollout.group_size,
             device=device,
             replicate=replica and cfg.train.lora,
+            behaviour=cfg.run.async_.enabled,
         )
         if cfg.run.async_.enabled:  # the rollout samples with its own LoRA tensors while the trainer updates
-            rollout = RolloutEngine(behaviour_copy(adapter), cache=embed_cache, progress=sys.stderr.isatty())
-            trainer.rollout_copy = rollout.adapter
+            rollout = RolloutEngine(trainer.rollout_copy, cache=embed_cache, progress=sys.stderr.isatty())
         elif rollout is not None and rollout.adapter is not adapter:  # a replica: the copy starts at the trainer's
             trainer.rollout_copy = rollout.adapter
             trainer.replayer.cache = embed_cache  # prompts another replica sampled are encoded once, in the cache

@@ -72,12 +72,18 @@ def _task_states(flow_run: str, like: str, *, runs: int, timeout_s: float = 120.
     return states
 
 
-def _task_names(url: str, like: str) -> list[str]:
+def _task_names(flow_run: str, like: str) -> list[str]:
+    """The names of the task runs named like `like` in the flow runs named `flow_run` (other tests of the session
+    run replicas too)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, TaskRunFilter, TaskRunFilterName
 
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=like)), limit=200)
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run])),
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=like)),
+            limit=200,
+        )
     return sorted(r.name for r in runs)
 
 
@@ -116,8 +122,8 @@ def test_two_replicas_train_as_one(ray_cluster, prefect_server, workdir):
     assert replicas[0]["gpus"] != replicas[1]["gpus"] and all(len(a["gpus"]) == 1 for a in replicas)
     assert [a["policy_version"] for a in replicas] == [2, 2]
 
-    # one Prefect task per replica and stage (step 1 of run "two": the only replica-named tasks of the session)
-    assert _task_names(prefect_server, "-step1-replica") == [
+    # one Prefect task per replica and stage (step 1 of run "two")
+    assert _task_names("two-step-1", "-step1-replica") == [
         "advantages-step1-replica0",
         "advantages-step1-replica1",
         "generate-step1-replica0-chunk0",

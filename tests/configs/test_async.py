@@ -52,7 +52,8 @@ def test_async_keys_are_checked_like_any_other():
 @pytest.mark.parametrize(
     ("overrides", "names"),
     [
-        (["cluster.mode=ray"], "cluster.mode: local"),
+        (["algorithm=awm", "train.rollout_correction='off'", "cluster.mode=ray"], "cluster.mode: local"),
+        (["cluster.mode=ray", "train.offload_optimizer=true"], "train.offload_optimizer: false"),
         (["train.lora=false"], "train.lora: true"),
         (["train.rollout_correction='off'"], "train.rollout_correction to tis or mask"),
     ],

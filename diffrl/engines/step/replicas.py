@@ -70,12 +70,15 @@ def _all_gather(local: Trajectories, size: int, device: str) -> Trajectories:
         tensors[name] = torch.cat(parts).to(device="cpu", dtype=mine.dtype)
     lists: list[Any] = [None] * size
     dist.all_gather_object(lists, {name: getattr(local, name) for name in _LISTS})
+    # the oldest policy version of the step's chunks (an asynchronous run trains them by their staleness)
+    version = torch.tensor([local.policy_version], dtype=torch.int64, device=device)
+    dist.all_reduce(version, op=dist.ReduceOp.MIN)
     total = len(local) * size
     return Trajectories(
         **{name: [item for part in lists for item in part[name]] for name in _LISTS},
         **tensors,
         images=torch.zeros((total, 0, 0, 3), dtype=torch.uint8),  # as the store returns a step read without images
-        policy_version=local.policy_version,
+        policy_version=int(version.item()),
     )
 
 

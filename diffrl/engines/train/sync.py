@@ -9,7 +9,9 @@ training LoRA are colocated (each keeps whole parameters: nothing to copy); full
 denoiser with FSDP2 and each samples with an unsharded copy (:func:`rollout_copy`) in its process, which every rank
 loads after each update (:func:`send_weights`). An asynchronous run (run.async) samples with a behaviour copy
 (:func:`behaviour_copy`): the trainer's frozen base tensors, its own LoRA tensors (every adapter's: DiffusionNFT's EMA
-"old" adapter, which its rollout samples with, too), loaded the same way at each sync.
+"old" adapter, which its rollout samples with, too), loaded the same way at each sync. On engine replicas the
+trainer's module is FSDP2-wrapped, so the copy is made before it is sharded, with placeholders for the frozen base
+tensors, and pointed at the trainer's own tensors once it is (:func:`behaviour_frame`, :func:`bind_frozen`).
 """
 
 from __future__ import annotations
@@ -118,6 +120,63 @@ def behaviour_copy(adapter):
         if module is not None:
             setattr(twin.pipe, name, _frozen_shared(module))
     return twin
+
+
+def behaviour_frame(adapter):
+    """The behaviour copy of an engine replica's asynchronous run, made after the trainer added LoRA and before FSDP2
+    wraps the denoisers (a wrapped module cannot be copied): as :func:`behaviour_copy`, but each frozen parameter is a
+    placeholder on the meta device (no memory) until :func:`bind_frozen` points it at the trainer's own tensor."""
+    twin = copy.copy(adapter)
+    twin.pipe = copy.copy(adapter.pipe)
+    for name in ("transformer", "transformer_2"):  # Wan2.2's low-noise expert too
+        module = getattr(adapter.pipe, name, None)
+        if module is not None:
+            setattr(twin.pipe, name, _frozen_frame(module))
+    return twin
+
+
+def bind_frozen(twin, adapter):
+    """Point every frozen placeholder of `twin` (:func:`behaviour_frame`) at the same tensor of `adapter`'s sharded
+    denoisers, and its buffers at theirs; returns `twin`. A LoRA trainer of engine replicas keeps whole parameters
+    (HSDP over a shard group of one: diffrl/engines/train/setup.shard), so each DTensor's local tensor is the whole
+    tensor: the copy shares its storage, as the single-process copy does."""
+    from torch.distributed.tensor import DTensor
+
+    for name in ("transformer", "transformer_2"):
+        mine = getattr(twin.pipe, name, None)
+        if mine is None:
+            continue
+        theirs = getattr(adapter.pipe, name)
+        trained = dict(theirs.named_parameters(remove_duplicate=False))
+        for path, param in list(mine.named_parameters(remove_duplicate=False)):
+            if not param.is_meta:
+                continue
+            source = trained[path]
+            local = (source.to_local() if isinstance(source, DTensor) else source).detach()
+            if local.shape != param.shape:
+                raise ValueError(
+                    f"the behaviour copy shares the trainer's whole frozen tensors, but {path} is sharded "
+                    f"({tuple(local.shape)} of {tuple(param.shape)}): run.async needs the replicas to train LoRA"
+                )
+            owner, _, leaf = path.rpartition(".")
+            mine.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(local, requires_grad=False)
+        buffers = dict(theirs.named_buffers(remove_duplicate=False))
+        for path, _ in list(mine.named_buffers(remove_duplicate=False)):
+            owner, _, leaf = path.rpartition(".")
+            mine.get_submodule(owner)._buffers[leaf] = buffers[path]
+    return twin
+
+
+def _frozen_frame(module: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of `module` with meta placeholders for its frozen base parameters, copies of the parameters a
+    weight sync sends (:func:`_synced`) and the same buffers."""
+    memo = {
+        id(p): torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False)
+        for name, p in module.named_parameters()
+        if not _synced(name, p)
+    }
+    memo.update({id(b): b for b in module.buffers()})
+    return copy.deepcopy(module, memo=memo).requires_grad_(False)
 
 
 def _frozen_shared(module: torch.nn.Module) -> torch.nn.Module:

@@ -85,9 +85,12 @@ class PolicyTrainer(TrainerBase):
         group_size: int,
         device: str | torch.device | None = None,
         replicate: bool = False,
+        behaviour: bool = False,
     ):
         """`replicate`: with world size > 1, keep whole parameters on every rank and all-reduce the gradients (engine
-        replicas training LoRA, whose rollouts sample with this module) instead of sharding them."""
+        replicas training LoRA, whose rollouts sample with this module) instead of sharding them. `behaviour`: an
+        asynchronous run's behaviour copy of the policy (`rollout_copy`: diffrl/engines/train/sync.behaviour_copy),
+        sharing this module's frozen tensors."""
         if algorithm.needs.data not in TRAINED_DATA:
             raise ValueError(
                 f"algorithm {algorithm.name!r} trains on {algorithm.needs.data}; PolicyTrainer trains a diffusion "
@@ -105,6 +108,8 @@ class PolicyTrainer(TrainerBase):
         if algorithm.needs.old_adapter:
             add_old_adapter(adapter, cfg, algorithm.name)
         self.reference = self._build_reference()
+        # a wrapped module cannot be copied: engine replicas take the behaviour copy before FSDP2 wraps the denoiser
+        frame = sync.behaviour_frame(adapter) if behaviour and self.world_size > 1 else None
         if self.world_size > 1:
             shard(adapter, cfg, self.device, replicate=replicate)
         # one optimizer (and one gradient clip) over every denoiser's trainable parameters (both Wan2.2 experts)
@@ -120,6 +125,8 @@ class PolicyTrainer(TrainerBase):
         # A data-parallel replica's rollout adapter: an unsharded copy of this denoiser in this process that every
         # weight sync loads (diffrl/engines/train/sync.py), so its samples carry this policy's numerics.
         self.rollout_copy: ModelAdapter | None = None
+        if behaviour:  # its own LoRA tensors, loaded by each weight sync
+            self.rollout_copy = sync.behaviour_copy(adapter) if frame is None else sync.bind_frozen(frame, adapter)
         self._stepped_since_sync = False
 
     # ---- setup helpers -------------------------------------------------------------------------

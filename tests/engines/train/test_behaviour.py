@@ -4,6 +4,8 @@ move, and a weight sync brings it to the trainer's weights in memory, versioned.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from diffrl.algorithms.catalog import get_algorithm
@@ -106,3 +108,43 @@ def test_behaviour_copy_samples_with_its_own_old_adapter_of_its_version(tiny_mod
     synced = trainer.sync_weights(behaviour)  # both adapters' LoRA tensors
     assert synced["sync/num_tensors"] == sum("lora_" in n for n in theirs)
     assert _same(sample(behaviour, lambda: sampling_with_old_adapter(twin)), sample(policy, trainer.old_policy))
+
+
+def test_a_replicas_behaviour_copy_shares_the_sharded_trainers_frozen_tensors(tiny_model, tmp_path):
+    """Engine replicas' trainers are FSDP2-wrapped (LoRA: HSDP over a shard group of one, here a process group of one):
+    the copy is framed before the wrap and bound after it to the DTensors' local tensors, the same storage; it samples
+    as the wrapped policy and a weight sync (DTensor.full_tensor) brings it to the trainer's LoRA tensors."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from diffrl.engines.train.setup import prepare_denoiser, shard
+    from diffrl.engines.train.sync import behaviour_frame, bind_frozen, send_weights
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        adapter = load_adapter(tiny_model("sd3"))
+        cfg = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=2, micro_batch_size=4, seed=1)
+        prepare_denoiser(adapter, cfg, torch.device("cpu"))
+        frame = behaviour_frame(adapter)
+        frozen = [p for p in adapter.transformer.parameters() if not p.requires_grad]
+        assert sum(p.is_meta for p in frame.transformer.parameters()) == len(frozen) > 0  # placeholders: no memory
+        shard(adapter, cfg, torch.device("cpu"), replicate=True)
+        twin = bind_frozen(frame, adapter)
+        theirs = dict(adapter.transformer.named_parameters())
+        mine = dict(twin.transformer.named_parameters())
+        assert mine.keys() == theirs.keys() and all(isinstance(p, DTensor) for p in theirs.values())
+        for name, param in theirs.items():
+            local = param.to_local()
+            assert not mine[name].is_meta and not isinstance(mine[name], DTensor), name
+            assert (mine[name].data_ptr() == local.data_ptr()) != param.requires_grad, name  # frozen: shared
+        with torch.no_grad():  # the trainer's LoRA moves; the copy's does not until the sync
+            for param in theirs.values():
+                if param.requires_grad:
+                    param.to_local().add_(0.05)
+        policy, behaviour = RolloutEngine(adapter, progress=False), RolloutEngine(twin, progress=False)
+        assert not _same(_sample(behaviour, 0), _sample(policy, 0))
+        num_tensors, _ = send_weights(SimpleNamespace(cfg=cfg, adapter=adapter), twin)
+        assert num_tensors == sum(p.requires_grad for p in theirs.values()) > 0
+        assert _same(_sample(behaviour, 1), _sample(policy, 1))
+    finally:
+        dist.destroy_process_group()
