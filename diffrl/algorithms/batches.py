@@ -46,6 +46,7 @@ class SampleBatch:
     target, x_t, x0: (b, *S). sigma: (b,). advantages: (b,).
     old_velocity: (b, *S) the old adapter's velocity (Needs.old_adapter), else None.
     ref_velocity: (b, *S) the reference policy's velocity (Needs.reference), else None.
+    group_index: (b,) int64, the group of each row numbered 0.. within the micro-batch (Needs.groups), else None.
     """
 
     velocity: torch.Tensor
@@ -56,6 +57,7 @@ class SampleBatch:
     advantages: torch.Tensor
     old_velocity: torch.Tensor | None = None
     ref_velocity: torch.Tensor | None = None
+    group_index: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

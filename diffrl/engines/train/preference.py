@@ -70,10 +70,23 @@ def preference_pairs(advantages: torch.Tensor, group_ids: list[str]) -> list[tup
     return pairs
 
 
-def training_units(advantages: torch.Tensor, group_ids: list[str], pairs: bool) -> list[list[int]]:
-    """What one loss term trains on: (chosen, rejected) pairs when the algorithm needs pairs, else each sample."""
+def whole_groups(group_ids: list[str]) -> list[list[int]]:
+    """The rows of each group, groups in the order they first appear."""
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, g in enumerate(group_ids):
+        members[g].append(i)
+    return list(members.values())
+
+
+def training_units(
+    advantages: torch.Tensor, group_ids: list[str], pairs: bool, groups: bool = False
+) -> list[list[int]]:
+    """What one loss term trains on: (chosen, rejected) pairs when the algorithm needs pairs, whole groups when it
+    needs groups, else each sample."""
     if pairs:
         return [list(p) for p in preference_pairs(advantages, group_ids)]
+    if groups:
+        return whole_groups(group_ids)
     return [[i] for i in range(len(group_ids))]
 
 

@@ -125,7 +125,8 @@ class PolicyTrainer(TrainerBase):
     # ---- setup helpers -------------------------------------------------------------------------
     def _build_reference(self):
         """Full fine-tuning with a reference policy: a frozen copy of the initial denoiser (optionally on CPU)."""
-        if self.cfg.lora or not self.algorithm.needs.reference:
+        needs = self.algorithm.needs
+        if self.cfg.lora or not needs.reference or needs.moving_reference:
             return None
         if len(self.adapter.denoisers()) > 1:
             raise ValueError(
@@ -227,7 +228,7 @@ class PolicyTrainer(TrainerBase):
         return replay
 
     def _reference_step(self, replay, sub: Trajectories, j: int, encodings):
-        with self.reference_policy():
+        with self.old_policy() if self.algorithm.needs.moving_reference else self.reference_policy():
             return replay(sub, j, encodings)
 
     def _old_policy(self, traj: Trajectories, engine: RolloutEngine, same_numerics: bool) -> OldPolicy:
@@ -314,17 +315,22 @@ class PolicyTrainer(TrainerBase):
         check_final_latents(traj, n, self.algorithm.name)
         shape = SampleShape(self.sampling.height, self.sampling.width, self.sampling.num_frames)
         sigmas_N = self.adapter.sigmas(n, shape).float().cpu()
-        pairs = self.algorithm.needs.pairs
-        units = training_units(advantages, traj.group_ids, pairs)
-        mini = self.cfg.mini_batch_prompts * (1 if pairs else self.group_size)
+        needs = self.algorithm.needs
+        units = training_units(advantages, traj.group_ids, needs.pairs, needs.groups)
+        mini = self.cfg.mini_batch_prompts * (1 if needs.pairs or needs.groups else self.group_size)
+        # a unit is a sample, a pair or a whole group; micro_batch_size counts samples (pairs for pair algorithms),
+        # so a micro-batch of an algorithm on groups holds as many whole groups as fit, at least one
+        micro = max(1, self.cfg.micro_batch_size // self.group_size) if needs.groups else self.cfg.micro_batch_size
         for epoch, _, picked in self._mini_batches(len(units), mini):
             local = rank_rows(picked)
+            local_rows = sum(len(units[int(u)]) for u in local)
             self.optimizer.zero_grad(set_to_none=True)
-            for mb in range(0, len(local), self.cfg.micro_batch_size):
-                chunk = [units[int(u)] for u in local[mb : mb + self.cfg.micro_batch_size]]
+            for mb in range(0, len(local), micro):
+                chunk = [units[int(u)] for u in local[mb : mb + micro]]
                 batch = self._sample_batch(traj, chunk, advantages, engine, sigmas_N, shape, epoch)
                 loss, metrics = self.algorithm.loss(batch)
-                (loss * (len(chunk) / len(local))).backward()
+                # the micro-batch's loss is a mean over its rows (pairs: over pairs, two rows each)
+                (loss * (sum(len(unit) for unit in chunk) / local_rows)).backward()
                 _accumulate(sums, counts, metrics)
             self._optimizer_step(sums, counts)
 
@@ -346,14 +352,14 @@ class PolicyTrainer(TrainerBase):
         rows = [i for unit in chunk for i in unit]
         sub = traj.select(rows)
         x0 = sub.latents[:, -1]
-        # A pair shares its noise and noise level: key both by the chosen sample's seed.
+        # A pair (a group) shares its noise and noise level: key every row by the unit's first sample's seed.
         key_seeds = torch.tensor([traj.seeds[unit[0]] for unit in chunk for _ in unit])
         sigma, x_t, target = self._noised(x0, key_seeds, sigmas_N, epoch)
         encoding = engine.encode(sub.prompts, self.sampling, sub.metadata)[0]
         velocity = self._velocity(x_t, sigma, encoding, shape)
         ref_velocity = old_velocity = None
         if needs.reference:
-            with self.reference_policy():
+            with self.old_policy() if needs.moving_reference else self.reference_policy():
                 ref_velocity = self._velocity(x_t, sigma, encoding, shape)
         if needs.old_adapter:
             with self.old_policy():
@@ -367,6 +373,9 @@ class PolicyTrainer(TrainerBase):
             advantages=to_device(advantages[rows], self.device),
             old_velocity=old_velocity,
             ref_velocity=ref_velocity,
+            group_index=torch.tensor([g for g, unit in enumerate(chunk) for _ in unit], device=self.device)
+            if needs.groups
+            else None,
         )
 
     def export_lora(self, path: str) -> str:
