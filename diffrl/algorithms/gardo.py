@@ -77,14 +77,14 @@ def diversity_advantages(rewards: torch.Tensor, group_ids: Sequence[Hashable], f
 
 @dataclass(frozen=True)
 class GARDO(DiffusionAlgorithm):
-    """GARDO with Flow-GRPO as its RL algorithm, on denoising steps.
+    """GARDO with Flow-GRPO as its RL algorithm, on denoising steps. The bundle's advantages are not divided by the
+    std (norm_by_std False), as GARDO's.
 
     clip_ratio, adv_clip_max: PPO ratio clip and advantage clamp. kl_coef: weight of the gated KL (0 = none).
     reference_reset_every: the KL's reference is the "old" LoRA adapter, a copy of the policy taken every this many
         RL steps (0 = the initial weights, LoRA off, as Flow-GRPO).
     kl_gate_fraction: the fraction of samples the KL gates; only 1.0 (every sample) runs here.
     diversity_aware: diversity-aware advantages; only False runs here.
-    The bundle's advantages are not divided by the std (norm_by_std False), as GARDO's.
 
     Deviations: the KL gate is every sample and the advantages are plain (r - group mean): the step hands the
     algorithm neither per-sample auxiliary reward scores nor image features (uncertainty_gate and
