@@ -49,7 +49,10 @@ def activate(transformer, name: str) -> None:
 def add_old_adapter(adapter: ModelAdapter, cfg: TrainConfig, algorithm_name: str) -> None:
     """The "old" LoRA adapter, a copy of "default" (after LoRA injection, before sharding and the optimizer)."""
     if not cfg.lora:
-        raise ValueError(f"{algorithm_name} needs lora: true (its old policy is a second LoRA adapter)")
+        raise ValueError(
+            f"{algorithm_name} needs lora: true (its old policy, or its moving reference, is a second LoRA adapter "
+            "named 'old'); docs/algorithms.md says which of its settings run without one"
+        )
     for transformer in adapter.denoisers():  # each Wan2.2 expert keeps its own old adapter
         add_lora(transformer, cfg, cfg.lora_targets or tuple(adapter.default_lora_targets), name=OLD_ADAPTER)
         activate(transformer, ADAPTER_NAME)
