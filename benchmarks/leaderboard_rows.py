@@ -98,9 +98,10 @@ ROWS = (
     ),
     Row(
         "gardo",
-        ("algorithm={name: gardo, noise_level: 0.7, clip_ratio: 0.0001, kl_coef: 0.04, reference_reset_every: 15}",),
+        ("algorithm={name: gardo, noise_level: 0.7, clip_ratio: 0.0001, kl_coef: 0.04, reference_reset_every: 16}",),
         "GARDO (arXiv:2512.24138): Flow-GRPO with advantages not divided by the std and a KL 0.04 to a reference reset"
-        " to the policy every 15 steps (flow_grpo's OCR settings); every sample pays the KL (no uncertainty gate)",
+        " to the policy every 16 steps (flow_grpo's OCR settings, reset_freq 15); every sample pays the KL (no"
+        " uncertainty gate)",
     ),
 )
 ROW_NAMES = tuple(r.name for r in ROWS)

@@ -82,7 +82,8 @@ class GARDO(DiffusionAlgorithm):
 
     clip_ratio, adv_clip_max: PPO ratio clip and advantage clamp. kl_coef: weight of the gated KL (0 = none).
     reference_reset_every: the KL's reference is the "old" LoRA adapter, a copy of the policy taken every this many
-        RL steps (0 = the initial weights, LoRA off, as Flow-GRPO).
+        RL steps (0 = the initial weights, LoRA off, as Flow-GRPO); 16 is flow_grpo's ``reset_freq`` 15, which copies
+        when more than 15 steps have passed since the last copy.
     kl_gate_fraction: the fraction of samples the KL gates; only 1.0 (every sample) runs here.
     diversity_aware: diversity-aware advantages; only False runs here.
 
@@ -96,7 +97,7 @@ class GARDO(DiffusionAlgorithm):
     clip_ratio: float = 1e-4
     adv_clip_max: float = 5.0
     kl_coef: float = 0.04
-    reference_reset_every: int = 15
+    reference_reset_every: int = 16
     kl_gate_fraction: float = 1.0
     diversity_aware: bool = False
 
