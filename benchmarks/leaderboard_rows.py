@@ -92,9 +92,13 @@ ROWS = (
     ),
     Row(
         "dgpo",
-        ("algorithm={name: dgpo, beta: 100.0, clip_ratio: 0.01, kl_coef: 0.02, window: {kind: final, size: 1}}",),
+        (
+            "algorithm={name: dgpo, beta: 100.0, clip_ratio: 0.01, kl_coef: 0.02, train_sigma_steps: 3, window: "
+            "{kind: final, size: 1}}",
+        ),
         "DGPO (arXiv:2510.08425): group preference on ODE samples, whole groups sharing their noise; the authors' OCR"
-        " settings (beta 100, error clip 1e-2 against an EMA old policy, velocity KL 0.02)",
+        " settings (beta 100, error clip 1e-2 against an EMA old policy, velocity KL 0.02); timestep clip: paper 7"
+        " of 10 steps, scaled: 3 of 4",
     ),
     Row(
         "gardo",

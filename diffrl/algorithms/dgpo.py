@@ -35,11 +35,13 @@ class DGPO(DiffusionAlgorithm):
     ema_reference: the group preference measures the error gap against the old (EMA) adapter instead of the
         reference policy (the published ``use_ema_ref``).
     old_policy_decay_ramp, old_policy_decay_max: the old adapter's EMA decay after `k` updates, min(ramp k, max).
+    train_sigma_steps: the timestep clip: re-noise only at the sampling schedule's first this many sigmas, the highest
+        noise levels (0 = every non-zero sigma); the authors' ``trunc_steps`` 6 trains step indices 0..6, i.e. 7.
 
-    Deviations from the published code: one noise level per group and PPO epoch, uniform over the sampling
-    schedule's non-zero sigmas (published: ``num_train_timesteps`` levels from the high-noise part of the schedule,
-    ``trunc_steps``); rollouts always sample with the policy (published: with the EMA after ``switch_ema_ref`` steps);
-    the old adapter's decay counts RL steps (published: optimizer steps); |g| is the group's rows in the batch.
+    Deviations from the published code: one noise level per group and PPO epoch, uniform over the allowed sigmas
+    (published: ``num_train_timesteps`` 4 of them per sample and update, drawn without replacement); rollouts always
+    sample with the policy (published: with the EMA after ``switch_ema_ref`` steps); the old adapter's decay counts
+    RL steps (published: optimizer steps); |g| is the group's rows in the batch.
     """
 
     noise_level: float = 0.0
@@ -51,13 +53,20 @@ class DGPO(DiffusionAlgorithm):
     ema_reference: bool = False
     old_policy_decay_ramp: float = 0.001
     old_policy_decay_max: float = 0.3
+    train_sigma_steps: int = 7
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_fields(
             self,
             positive=("beta", "adv_clip_max"),
-            non_negative=("clip_ratio", "kl_coef", "old_policy_decay_ramp", "old_policy_decay_max"),
+            non_negative=(
+                "clip_ratio",
+                "kl_coef",
+                "old_policy_decay_ramp",
+                "old_policy_decay_max",
+                "train_sigma_steps",
+            ),
         )
         if self.old_policy_decay_max > 1:
             raise ValueError(f"Algorithm.old_policy_decay_max must be in [0, 1]; got {self.old_policy_decay_max}")
@@ -67,6 +76,7 @@ class DGPO(DiffusionAlgorithm):
         return Needs(
             "final_samples",
             groups=True,
+            highest_sigmas=self.train_sigma_steps,
             reference=self.kl_coef > 0 or not self.ema_reference,
             old_adapter=self.clip_ratio > 0 or self.ema_reference,
         )

@@ -95,6 +95,7 @@ def test_published_defaults():
     dgpo = get_algorithm("dgpo")  # Luo-Yihong/DGPO config/dgpo.py general_ocr_sd3_4gpu
     assert (dgpo.beta, dgpo.clip_ratio, dgpo.kl_coef, dgpo.adv_clip_max) == (100.0, 1e-2, 0.02, 5.0)
     assert (dgpo.old_policy_decay_ramp, dgpo.old_policy_decay_max, dgpo.ema_reference) == (0.001, 0.3, False)
+    assert dgpo.train_sigma_steps == 7  # trunc_steps 6: step indices 0..6
     gardo = get_algorithm("gardo")  # flow_grpo config/grpo_gardo.py general_ocr_sd3
     assert (gardo.kl_coef, gardo.reference_reset_every, gardo.norm_by_std, gardo.clip_ratio) == (0.04, 16, False, 1e-4)
     assert [gardo.old_adapter_decay(k) for k in (1, 15, 16, 17, 32)] == [1.0, 1.0, 0.0, 1.0, 0.0]

@@ -103,6 +103,14 @@ def check_final_latents(traj: Trajectories, num_steps: int, algorithm_name: str)
         )
 
 
+def training_sigmas(sigmas_N: torch.Tensor, highest: int) -> torch.Tensor:
+    """The schedule `noised_samples` draws from: all of it, or (0 < highest < N) its first `highest` sigmas, the
+    highest noise levels, then its final 0 (which is never drawn)."""
+    if 0 < highest < len(sigmas_N) - 1:
+        return torch.cat([sigmas_N[:highest], sigmas_N[-1:]])
+    return sigmas_N
+
+
 def noised_samples(x0: torch.Tensor, seeds: torch.Tensor, sigmas_N: torch.Tensor, key: int):
     """Per sample (sigma (b,), x_t, target) on the CPU, drawn from a generator keyed by `key` + the sample's seed:
     sigma uniform over the schedule's non-zero sigmas, x_t = (1 - sigma) x0 + sigma noise, target = noise - x0."""

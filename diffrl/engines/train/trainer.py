@@ -49,6 +49,7 @@ from diffrl.engines.train.preference import (
     check_final_latents,
     ema_update,
     noised_samples,
+    training_sigmas,
     training_units,
 )
 from diffrl.engines.train.setup import (
@@ -316,6 +317,7 @@ class PolicyTrainer(TrainerBase):
         shape = SampleShape(self.sampling.height, self.sampling.width, self.sampling.num_frames)
         sigmas_N = self.adapter.sigmas(n, shape).float().cpu()
         needs = self.algorithm.needs
+        sigmas_N = training_sigmas(sigmas_N, needs.highest_sigmas)
         units = training_units(advantages, traj.group_ids, needs.pairs, needs.groups)
         mini = self.cfg.mini_batch_prompts * (1 if needs.pairs or needs.groups else self.group_size)
         # a unit is a sample, a pair or a whole group; micro_batch_size counts samples (pairs for pair algorithms),

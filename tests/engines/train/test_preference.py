@@ -13,7 +13,14 @@ from diffrl.algorithms.windows import WindowPolicy
 from diffrl.configs.rollout import SamplingConfig
 from diffrl.configs.train import TrainConfig
 from diffrl.engines.rollout.engine import RolloutEngine
-from diffrl.engines.train.preference import lora_pairs, preference_pairs, training_units, whole_groups
+from diffrl.engines.train.preference import (
+    lora_pairs,
+    noised_samples,
+    preference_pairs,
+    training_sigmas,
+    training_units,
+    whole_groups,
+)
 from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.models.base import SampleShape, load_adapter
 
@@ -108,6 +115,16 @@ def test_a_group_algorithm_trains_whole_groups_that_share_their_noise(tiny_model
     first = trainer.update(traj, ADVANTAGES, engine)
     # before any step the policy is the reference: every group's preference is sigmoid(0)
     assert first["actor/group_weight"] == pytest.approx(0.5) and first["actor/skipped_steps"] == 0
+
+
+def test_the_timestep_clip_draws_only_the_highest_noise_levels():
+    """DGPO's train_sigma_steps k (Needs.highest_sigmas): sigmas from the schedule's first k only; 0 or k >= N: all."""
+    sigmas_N = torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0])
+    torch.testing.assert_close(training_sigmas(sigmas_N, 2), torch.tensor([1.0, 0.75, 0.0]))
+    assert training_sigmas(sigmas_N, 0) is sigmas_N and training_sigmas(sigmas_N, 4) is sigmas_N
+    drawn, _, _ = noised_samples(torch.zeros(64, 2), torch.arange(64), training_sigmas(sigmas_N, 2), key=5)
+    assert set(drawn.tolist()) == {1.0, 0.75}
+    assert get_algorithm("dgpo").needs.highest_sigmas == 7 and get_algorithm("dpo").needs.highest_sigmas == 0
 
 
 def test_gardo_kl_reference_is_the_old_adapter_reset_every_k_updates(tiny_model):
