@@ -49,6 +49,8 @@ class Needs:
     groups: trains on whole groups (every valid sample of a prompt) instead of single samples: a micro-batch holds
         whole groups, each group shares its forward-process noise and noise level, and SampleBatch.group_index
         numbers the groups of a micro-batch (data "final_samples").
+    reward_gate: the loss gets a per-sample gate, ``algorithm.reward_gate(components)`` of the trained samples'
+        reward component scores (StepBatch.kl_gate; data "denoising_steps").
     highest_sigmas: final samples are re-noised only at the sampling schedule's first `highest_sigmas` sigmas, the
         highest noise levels (0 = at any non-zero sigma; data "final_samples").
     varied_groups: trains only on the groups whose rewards differ (DAPO's dynamic sampling: a constant group has
@@ -67,6 +69,7 @@ class Needs:
     pairs: bool = False
     groups: bool = False
     highest_sigmas: int = 0
+    reward_gate: bool = False
     varied_groups: bool = False
     overlong_shaping: bool = False
 
@@ -84,6 +87,8 @@ class Needs:
             )
         if self.groups and (self.pairs or self.data != "final_samples"):
             raise ValueError("Needs.groups trains on whole groups of final samples (data 'final_samples', not pairs)")
+        if self.reward_gate and self.data != "denoising_steps":
+            raise ValueError("Needs.reward_gate gates a loss on denoising steps (data 'denoising_steps')")
         if self.highest_sigmas < 0 or (self.highest_sigmas and self.data != "final_samples"):
             raise ValueError("Needs.highest_sigmas must be >= 0, and > 0 only for data 'final_samples'")
         if self.overlong_shaping and self.data != "tokens":

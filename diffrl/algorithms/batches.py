@@ -23,6 +23,7 @@ class StepBatch:
     weights: (b,) rollout-correction weights times the trained-step mask, or None.
     old_prev_sample_mean: (b, *S) the old policy's transition mean (Needs.old_means), else None.
     ref_prev_sample_mean: (b, *S) the reference policy's transition mean (Needs.reference), else None.
+    kl_gate: (b,) bool, the samples that pay the KL (Needs.reward_gate), else None.
     """
 
     log_prob: torch.Tensor
@@ -34,6 +35,7 @@ class StepBatch:
     weights: torch.Tensor | None = None
     old_prev_sample_mean: torch.Tensor | None = None
     ref_prev_sample_mean: torch.Tensor | None = None
+    kl_gate: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

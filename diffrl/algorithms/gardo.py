@@ -5,9 +5,9 @@ Flow-GRPO on denoising steps with three changes against reward hacking: (1) a ga
 reward is most uncertain pay, (2) an adaptive reference, the policy copied into the "old" LoRA adapter every
 ``reference_reset_every`` RL steps, and (3) diversity-aware advantages, (r - group mean) scaled by each above-mean
 sample's distance to its nearest group neighbour. The policy loss is
-:func:`~diffrl.algorithms.losses_group.gardo_loss`; (1) and (3) are the pure functions below, which need per-sample
-auxiliary reward scores and image features that the step does not hand to the algorithm yet, so the catalog object
-refuses them (docs/algorithms.md says what runs).
+:func:`~diffrl.algorithms.losses_group.gardo_loss`; (1) and (3) are the pure functions below. (1) runs from the
+step's reward components (Needs.reward_gate); (3) needs image features the advantages stage does not compute, so the
+catalog object refuses it (docs/algorithms.md says what runs).
 """
 
 from __future__ import annotations
@@ -84,13 +84,16 @@ class GARDO(DiffusionAlgorithm):
     reference_reset_every: the KL's reference is the "old" LoRA adapter, a copy of the policy taken every this many
         RL steps (0 = the initial weights, LoRA off, as Flow-GRPO); 16 is flow_grpo's ``reset_freq`` 15, which copies
         when more than 15 steps have passed since the last copy.
-    kl_gate_fraction: the fraction of samples the KL gates; only 1.0 (every sample) runs here.
+    kl_gate_fraction: the share of the trained samples that pay the KL, those whose main reward is most uncertain
+        (uncertainty_gate against the other reward components; 1.0 = every sample, no gate; flow_grpo starts at 0.1).
+    main_reward: the reward component the gate ranks against the others (reward.components names; needed when
+        kl_gate_fraction < 1, with at least one other component).
     diversity_aware: diversity-aware advantages; only False runs here.
 
-    Deviations: the KL gate is every sample and the advantages are plain (r - group mean): the step hands the
-    algorithm neither per-sample auxiliary reward scores nor image features (uncertainty_gate and
-    diversity_advantages compute them where they exist); the reference is reset on a fixed period only (flow_grpo
-    also resets it when the mean KL of an optimizer step exceeds ``kl_thres``).
+    Deviations: the gate's share is fixed (flow_grpo adapts it in [0.02, 0.2] from the last 20 steps' uncertainty);
+    the advantages are plain (r - group mean): the step hands the algorithm no image features (diversity_advantages
+    computes them where they exist); the reference is reset on a fixed period only (flow_grpo also resets it when the
+    mean KL of an optimizer step exceeds ``kl_thres``).
     """
 
     norm_by_std: bool = False
@@ -99,15 +102,18 @@ class GARDO(DiffusionAlgorithm):
     kl_coef: float = 0.04
     reference_reset_every: int = 16
     kl_gate_fraction: float = 1.0
+    main_reward: str = ""
     diversity_aware: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_fields(self, positive=("clip_ratio", "adv_clip_max"), non_negative=("kl_coef", "reference_reset_every"))
-        if self.kl_gate_fraction != 1.0:
+        if not 0 < self.kl_gate_fraction <= 1:
+            raise ValueError(f"Algorithm.kl_gate_fraction must be in (0, 1]; got {self.kl_gate_fraction}")
+        if self.kl_gate_fraction < 1 and not self.main_reward:
             raise ValueError(
-                f"Algorithm.kl_gate_fraction must be 1.0 (every sample pays the KL); got {self.kl_gate_fraction}: the "
-                "uncertainty gate needs each sample's auxiliary reward scores, which the step does not pass to the loss"
+                "Algorithm.main_reward must name the reward component the KL gate ranks against the others when "
+                f"kl_gate_fraction < 1 (got {self.kl_gate_fraction})"
             )
         if self.diversity_aware:
             raise ValueError(
@@ -124,7 +130,18 @@ class GARDO(DiffusionAlgorithm):
             reference=self.kl_coef > 0,
             moving_reference=moving,
             old_adapter=moving,
+            reward_gate=self.kl_coef > 0 and self.kl_gate_fraction < 1,
         )
+
+    def reward_gate(self, components: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B,) bool: the samples that pay the KL, from the trained samples' reward component scores {name: (B,)}."""
+        if self.main_reward not in components or len(components) < 2:
+            raise ValueError(
+                f"Algorithm.main_reward {self.main_reward!r} must be one of the reward components "
+                f"{sorted(components)}, and the KL gate needs at least one other component to rank it against"
+            )
+        aux = torch.stack([scores for name, scores in components.items() if name != self.main_reward])
+        return uncertainty_gate(components[self.main_reward], aux, self.kl_gate_fraction)
 
     def old_adapter_decay(self, update: int) -> float:
         """0 (copy the policy) every ``reference_reset_every`` updates, else 1 (keep the reference)."""
@@ -144,6 +161,7 @@ class GARDO(DiffusionAlgorithm):
             clip_ratio=self.clip_ratio,
             adv_clip_max=self.adv_clip_max,
             ref_prev_sample_mean=batch.ref_prev_sample_mean,
+            kl_gate=batch.kl_gate,
             kl_coef=self.kl_coef,
             weights=batch.weights,
         )

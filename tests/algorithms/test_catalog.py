@@ -85,6 +85,8 @@ def test_all_named_bundles_exist_and_declare_their_needs():
     frozen = get_algorithm("gardo", reference_reset_every=0).needs
     assert frozen.reference and not frozen.moving_reference and not frozen.old_adapter
     assert not get_algorithm("gardo", kl_coef=0.0).needs.reference
+    assert not get_algorithm("gardo").needs.reward_gate  # kl_gate_fraction 1: every sample pays the KL
+    assert get_algorithm("gardo", kl_gate_fraction=0.1, main_reward="ocr").needs.reward_gate
 
 
 def test_published_defaults():
@@ -286,8 +288,14 @@ def test_errors():
         get_algorithm("dgpo", clip_ratio=-0.1)
     with pytest.raises(ValueError, match=r"old_policy_decay_max must be in \[0, 1\]"):
         get_algorithm("dgpo", old_policy_decay_max=1.5)
-    with pytest.raises(ValueError, match="kl_gate_fraction must be 1.0.*auxiliary reward"):
+    with pytest.raises(ValueError, match=r"kl_gate_fraction must be in \(0, 1\]"):
+        get_algorithm("gardo", kl_gate_fraction=0.0)
+    with pytest.raises(ValueError, match="main_reward must name the reward component"):
         get_algorithm("gardo", kl_gate_fraction=0.1)
+    with pytest.raises(ValueError, match="main_reward 'ocr' must be one of the reward components"):
+        get_algorithm("gardo", kl_gate_fraction=0.1, main_reward="ocr").reward_gate({"ocr": torch.zeros(3)})
+    with pytest.raises(ValueError, match="Needs.reward_gate"):
+        Needs("final_samples", reward_gate=True)
     with pytest.raises(ValueError, match="diversity_aware must be false.*image features"):
         get_algorithm("gardo", diversity_aware=True)
     with pytest.raises(ValueError, match="reference_reset_every must be >= 0"):

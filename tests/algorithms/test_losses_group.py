@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from diffrl.algorithms.catalog import get_algorithm
 from diffrl.algorithms.gardo import diversity_advantages, uncertainty_gate
 from diffrl.algorithms.losses import dgpo_loss, gardo_loss
 
@@ -167,6 +168,10 @@ def test_uncertainty_gate_by_hand():
     assert uncertainty_gate(main, -aux, 0.5).tolist() == [False, False, False, False]  # u = 0 everywhere
     with pytest.raises(ValueError, match="fraction must be in"):
         uncertainty_gate(main, aux, 0.0)
+    # the GARDO object ranks its main reward component against the others
+    gardo = get_algorithm("gardo", kl_gate_fraction=0.5, main_reward="ocr")
+    components = {"aesthetic": aux[0], "ocr": main, "imagereward": aux[1]}
+    assert gardo.reward_gate(components).tolist() == [False, False, False, True]
 
 
 def test_diversity_advantages_by_hand():

@@ -122,6 +122,7 @@ class PolicyTrainer(TrainerBase):
         # weight sync loads (diffrl/engines/train/sync.py), so its samples carry this policy's numerics.
         self.rollout_copy: ModelAdapter | None = None
         self._stepped_since_sync = False
+        self._kl_gate: torch.Tensor | None = None  # the update's per-sample KL gate (needs.reward_gate)
 
     # ---- setup helpers -------------------------------------------------------------------------
     def _build_reference(self):
@@ -176,18 +177,26 @@ class PolicyTrainer(TrainerBase):
 
     # ---- the update ----------------------------------------------------------------------------
     def update(
-        self, traj: Trajectories, advantages: torch.Tensor, rollout: RolloutEngine | None = None
+        self,
+        traj: Trajectories,
+        advantages: torch.Tensor,
+        rollout: RolloutEngine | None = None,
+        kl_gate: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """One RL step's update with the algorithm's loss; returns its metrics (docs/training.md, "Metrics").
 
         `traj` and `advantages` (B,) are the whole step's, identical on every rank; each rank trains
         on its share of every mini-batch. `rollout` is the engine that sampled `traj`: when it runs
-        on this trainer's adapter at the current policy version its log-probs are the old ones.
+        on this trainer's adapter at the current policy version its log-probs are the old ones. `kl_gate` (B,) bool:
+        the samples that pay the KL, for an algorithm whose needs.reward_gate.
         """
         started = time.perf_counter()
         advantages = torch.as_tensor(advantages, dtype=torch.float32).reshape(-1).cpu()
         if advantages.shape[0] != len(traj):
             raise ValueError(f"advantages has {advantages.shape[0]} entries but traj has {len(traj)} samples")
+        if self.algorithm.needs.reward_gate and (kl_gate is None or kl_gate.reshape(-1).shape[0] != len(traj)):
+            raise ValueError(f"algorithm {self.algorithm.name!r} needs kl_gate, one flag per sample ({len(traj)})")
+        self._kl_gate = None if kl_gate is None else torch.as_tensor(kl_gate).reshape(-1).bool().cpu()
         engine = rollout if rollout is not None and rollout.adapter is self.adapter else self.replayer
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
@@ -307,6 +316,7 @@ class PolicyTrainer(TrainerBase):
             weights=to_device(weights, device),
             old_prev_sample_mean=None if old.means is None else to_device(old.means[idx, j], device),
             ref_prev_sample_mean=None if ref is None else ref.prev_sample_mean,
+            kl_gate=None if self._kl_gate is None else to_device(self._kl_gate[idx], device),
         )
 
     # ---- final samples (needs.data "final_samples") ---------------------------------------------
