@@ -90,6 +90,23 @@ ROWS = (
         ("algorithm={name: awm, ref_coef: 0.1, awm_weighting: uniform, window: {kind: final, size: 1}}",),
         "AWM (advantage-weighted matching): the catalog's reference coefficient 0.1, uniform timestep weighting",
     ),
+    Row(
+        "dgpo",
+        (
+            "algorithm={name: dgpo, beta: 100.0, clip_ratio: 0.01, kl_coef: 0.02, train_sigma_steps: 3, window: "
+            "{kind: final, size: 1}}",
+        ),
+        "DGPO (arXiv:2510.08425): group preference on ODE samples, whole groups sharing their noise; the authors' OCR"
+        " settings (beta 100, error clip 1e-2 against an EMA old policy, velocity KL 0.02); timestep clip: paper 7"
+        " of 10 steps, scaled: 3 of 4",
+    ),
+    Row(
+        "gardo",
+        ("algorithm={name: gardo, noise_level: 0.7, clip_ratio: 0.0001, kl_coef: 0.04, reference_reset_every: 16}",),
+        "GARDO (arXiv:2512.24138): Flow-GRPO with advantages not divided by the std and a KL 0.04 to a reference reset"
+        " to the policy every 16 steps (flow_grpo's OCR settings, reset_freq 15); every sample pays the KL (no"
+        " uncertainty gate)",
+    ),
 )
 ROW_NAMES = tuple(r.name for r in ROWS)
 

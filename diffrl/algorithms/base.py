@@ -39,11 +39,20 @@ class Needs:
         update when the rollout's numerics differ (TrainConfig.old_log_probs).
     old_means: the old policy's transition means too; always recomputed before the first optimizer step.
     reference: a forward of the reference policy (LoRA off, or a frozen copy of the initial weights).
+    moving_reference: that reference forward runs the "old" adapter instead (a reference that moves with the policy,
+        as ``old_adapter_decay`` updates it); needs reference and old_adapter.
     old_adapter: a second LoRA adapter "old", an EMA of the policy with decay ``old_adapter_decay(updates)`` after
         every update; its prediction is the batch's old-policy prediction.
     samples_with_old_adapter: rollouts sample with that adapter instead of the policy.
     pairs: trains on (chosen, rejected) pairs -- per group the best and the worst valid sample -- instead of every
         valid sample weighted by its advantage.
+    groups: trains on whole groups (every valid sample of a prompt) instead of single samples: a micro-batch holds
+        whole groups, each group shares its forward-process noise and noise level, and SampleBatch.group_index
+        numbers the groups of a micro-batch (data "final_samples").
+    reward_gate: the loss gets a per-sample gate, ``algorithm.reward_gate(components)`` of the trained samples'
+        reward component scores (StepBatch.kl_gate; data "denoising_steps").
+    highest_sigmas: final samples are re-noised only at the sampling schedule's first `highest_sigmas` sigmas, the
+        highest noise levels (0 = at any non-zero sigma; data "final_samples").
     varied_groups: trains only on the groups whose rewards differ (DAPO's dynamic sampling: a constant group has
         zero advantages and only dilutes a token-mean loss).
     overlong_shaping: the step's rewards get the algorithm's length penalty before the advantages
@@ -54,9 +63,13 @@ class Needs:
     old_log_probs: bool = False
     old_means: bool = False
     reference: bool = False
+    moving_reference: bool = False
     old_adapter: bool = False
     samples_with_old_adapter: bool = False
     pairs: bool = False
+    groups: bool = False
+    highest_sigmas: int = 0
+    reward_gate: bool = False
     varied_groups: bool = False
     overlong_shaping: bool = False
 
@@ -67,6 +80,17 @@ class Needs:
             raise ValueError("Needs.samples_with_old_adapter needs old_adapter: the rollout samples with that adapter")
         if self.old_means and self.data != "denoising_steps":
             raise ValueError("Needs.old_means are transition means of denoising steps (data 'denoising_steps')")
+        if self.moving_reference and not (self.reference and self.old_adapter):
+            raise ValueError(
+                "Needs.moving_reference runs the reference forward on the old adapter: it needs reference "
+                "and old_adapter"
+            )
+        if self.groups and (self.pairs or self.data != "final_samples"):
+            raise ValueError("Needs.groups trains on whole groups of final samples (data 'final_samples', not pairs)")
+        if self.reward_gate and self.data != "denoising_steps":
+            raise ValueError("Needs.reward_gate gates a loss on denoising steps (data 'denoising_steps')")
+        if self.highest_sigmas < 0 or (self.highest_sigmas and self.data != "final_samples"):
+            raise ValueError("Needs.highest_sigmas must be >= 0, and > 0 only for data 'final_samples'")
         if self.overlong_shaping and self.data != "tokens":
             raise ValueError("Needs.overlong_shaping penalises response lengths: it needs data 'tokens'")
 

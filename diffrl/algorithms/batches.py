@@ -23,6 +23,7 @@ class StepBatch:
     weights: (b,) rollout-correction weights times the trained-step mask, or None.
     old_prev_sample_mean: (b, *S) the old policy's transition mean (Needs.old_means), else None.
     ref_prev_sample_mean: (b, *S) the reference policy's transition mean (Needs.reference), else None.
+    kl_gate: (b,) bool, the samples that pay the KL (Needs.reward_gate), else None.
     """
 
     log_prob: torch.Tensor
@@ -34,6 +35,7 @@ class StepBatch:
     weights: torch.Tensor | None = None
     old_prev_sample_mean: torch.Tensor | None = None
     ref_prev_sample_mean: torch.Tensor | None = None
+    kl_gate: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class SampleBatch:
     target, x_t, x0: (b, *S). sigma: (b,). advantages: (b,).
     old_velocity: (b, *S) the old adapter's velocity (Needs.old_adapter), else None.
     ref_velocity: (b, *S) the reference policy's velocity (Needs.reference), else None.
+    group_index: (b,) int64, the group of each row numbered 0.. within the micro-batch (Needs.groups), else None.
     """
 
     velocity: torch.Tensor
@@ -56,6 +59,7 @@ class SampleBatch:
     advantages: torch.Tensor
     old_velocity: torch.Tensor | None = None
     ref_velocity: torch.Tensor | None = None
+    group_index: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ import dataclasses
 
 from diffrl import registry
 from diffrl.algorithms.base import Algorithm, DiffusionAlgorithm, Needs
+from diffrl.algorithms.dgpo import DGPO
 from diffrl.algorithms.direct_preference import AWM, DiffusionDPO, DiffusionNFT
+from diffrl.algorithms.gardo import GARDO
 from diffrl.algorithms.gspo import GSPO
 from diffrl.algorithms.policy_gradient import FlowDPPO, FlowGRPO, GRPOGuard
 from diffrl.algorithms.token_pg import DAPO, SequenceDPO, TokenGRPO
@@ -61,6 +63,8 @@ register(FlowDPPO("flow_dppo", kl_threshold=1e-5))
 register(DiffusionDPO("dpo", beta=5000.0))
 register(DiffusionNFT("diffusion_nft", ref_coef=1e-4, old_policy_decay_ramp=0.001, old_policy_decay_max=0.5))
 register(AWM("awm", ref_coef=0.1))
+register(DGPO("dgpo"))
+register(GARDO("gardo"))
 
 # On an autoregressive model's tokens (Needs.data "tokens"); names distinct from the diffusion bundles above
 # ("dpo" is Diffusion-DPO; DPO on token sequences is "sequence_dpo").

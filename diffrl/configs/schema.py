@@ -376,6 +376,8 @@ class ExperimentConfig:
                 "and the run would learn nothing from its rewards"
             )
             raise ValueError(f"rollout.group_size=1: algorithm {self.algorithm.name!r} {why}; use 2 or more")
+        if self.algorithm.needs.reward_gate:  # the gate ranks reward components: they must exist, fail now
+            self.algorithm.reward_gate({c.name: torch.zeros(1) for c in self.reward.components})
         check_data_parallel(self)
         check_async(self)
         if self.algorithm.needs.data == "tokens" and self.rollout.engine == "vllm":

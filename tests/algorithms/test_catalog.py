@@ -26,6 +26,8 @@ NEEDS = {
     "dpo": ("final_samples", False, True, False, True),
     "diffusion_nft": ("final_samples", False, True, True, False),  # ref_coef 1e-4
     "awm": ("final_samples", False, True, False, False),  # ref_coef 0.1
+    "dgpo": ("final_samples", False, True, True, False),  # kl_coef 0.02; the old adapter for the clip
+    "gardo": ("denoising_steps", False, True, True, False),  # the KL's reference is the periodically reset adapter
 }
 
 
@@ -67,12 +69,24 @@ def test_all_named_bundles_exist_and_declare_their_needs():
             pairs,
         ), name
         assert needs.old_log_probs == (data == "denoising_steps")
-        assert needs.samples_with_old_adapter == old_adapter
+        assert needs.samples_with_old_adapter == (name == "diffusion_nft")
+        assert needs.groups == (name == "dgpo") and needs.moving_reference == (name == "gardo"), name
     # the settings that switch a need
     assert not get_algorithm("flow_grpo", kl_coef=0.0).needs.reference
     assert not get_algorithm("awm", ref_coef=0.0).needs.reference
     assert not get_algorithm("diffusion_nft", ref_coef=0.0).needs.reference
     assert get_algorithm("flow_dppo", kl_coef=0.01).needs.reference
+    # DGPO: the group preference's reference is the reference policy, or the EMA adapter (no reference forward
+    # without a KL); no clip and no EMA reference: no old adapter
+    assert not get_algorithm("dgpo", kl_coef=0.0, ema_reference=True).needs.reference
+    assert get_algorithm("dgpo", kl_coef=0.0, ema_reference=True).needs.old_adapter
+    assert not get_algorithm("dgpo", clip_ratio=0.0).needs.old_adapter
+    # GARDO: reset 0 is Flow-GRPO's frozen reference; no KL, no reference at all
+    frozen = get_algorithm("gardo", reference_reset_every=0).needs
+    assert frozen.reference and not frozen.moving_reference and not frozen.old_adapter
+    assert not get_algorithm("gardo", kl_coef=0.0).needs.reference
+    assert not get_algorithm("gardo").needs.reward_gate  # kl_gate_fraction 1: every sample pays the KL
+    assert get_algorithm("gardo", kl_gate_fraction=0.1, main_reward="ocr").needs.reward_gate
 
 
 def test_published_defaults():
@@ -80,7 +94,14 @@ def test_published_defaults():
     assert (fg.noise_level, fg.clip_ratio, fg.adv_clip_max, fg.kl_coef) == (0.7, 1e-4, 5.0, 0.04)
     assert get_algorithm("dance_grpo").window == WindowPolicy("dance_fraction", timestep_fraction=0.6)
     assert get_algorithm("mix_grpo").window.kind == "mix_progressive"
-    for name in ("dpo", "diffusion_nft", "awm"):  # ODE rollouts whose window is the final step
+    dgpo = get_algorithm("dgpo")  # Luo-Yihong/DGPO config/dgpo.py general_ocr_sd3_4gpu
+    assert (dgpo.beta, dgpo.clip_ratio, dgpo.kl_coef, dgpo.adv_clip_max) == (100.0, 1e-2, 0.02, 5.0)
+    assert (dgpo.old_policy_decay_ramp, dgpo.old_policy_decay_max, dgpo.ema_reference) == (0.001, 0.3, False)
+    assert dgpo.train_sigma_steps == 7  # trunc_steps 6: step indices 0..6
+    gardo = get_algorithm("gardo")  # flow_grpo config/grpo_gardo.py general_ocr_sd3
+    assert (gardo.kl_coef, gardo.reference_reset_every, gardo.norm_by_std, gardo.clip_ratio) == (0.04, 16, False, 1e-4)
+    assert [gardo.old_adapter_decay(k) for k in (1, 15, 16, 17, 32)] == [1.0, 1.0, 0.0, 1.0, 0.0]
+    for name in ("dpo", "diffusion_nft", "awm", "dgpo"):  # ODE rollouts whose window is the final step
         algo = get_algorithm(name)
         assert (algo.noise_level, algo.window) == (0.0, WindowPolicy("final", size=1)), name
 
@@ -182,6 +203,38 @@ def test_each_bundles_loss_is_its_pure_loss_function():
         weighting="t",
     )
     _equal(awm.loss(fb), expected)
+    groups = dataclasses.replace(fb, group_index=torch.tensor([0, 0, 1, 1]))
+    expected = losses.dgpo_loss(
+        fb.velocity,
+        fb.target,
+        fb.ref_velocity,
+        fb.advantages,
+        groups.group_index,
+        beta=100.0,
+        adv_clip_max=5.0,
+        old_velocity=fb.old_velocity,
+        clip_ratio=1e-2,
+        kl_velocity=fb.ref_velocity,
+        kl_coef=0.02,
+    )
+    _equal(get_algorithm("dgpo").loss(groups), expected)
+    expected = losses.dgpo_loss(
+        fb.velocity, fb.target, fb.old_velocity, fb.advantages, groups.group_index, beta=100.0, adv_clip_max=5.0
+    )
+    _equal(get_algorithm("dgpo", ema_reference=True, clip_ratio=0.0, kl_coef=0.0).loss(groups), expected)
+    expected = losses.gardo_loss(
+        sb.log_prob,
+        sb.old_log_prob,
+        sb.advantages,
+        prev_sample_mean=sb.prev_sample_mean,
+        std_dev_t=sb.std_dev_t,
+        clip_ratio=1e-4,
+        adv_clip_max=5.0,
+        ref_prev_sample_mean=sb.ref_prev_sample_mean,
+        kl_coef=0.04,
+        weights=sb.weights,
+    )
+    _equal(get_algorithm("gardo").loss(sb), expected)
 
 
 def test_a_missing_input_the_algorithm_needs_is_a_clear_error():
@@ -192,6 +245,10 @@ def test_a_missing_input_the_algorithm_needs_is_a_clear_error():
         get_algorithm("dpo").loss(dataclasses.replace(fb, ref_velocity=None))
     with pytest.raises(ValueError, match="old_velocity"):
         get_algorithm("diffusion_nft").loss(dataclasses.replace(fb, old_velocity=None))
+    with pytest.raises(ValueError, match="group_index"):
+        get_algorithm("dgpo").loss(fb)
+    with pytest.raises(ValueError, match="ref_prev_sample_mean"):
+        get_algorithm("gardo").loss(dataclasses.replace(sb, ref_prev_sample_mean=None))
 
 
 def test_overrides():
@@ -225,3 +282,25 @@ def test_errors():
         register(get_algorithm("flow_grpo"))
     with pytest.raises(ValueError, match="Needs.data must be one of"):
         Needs("images")
+    with pytest.raises(ValueError, match=r"Algorithm.beta must be > 0"):
+        get_algorithm("dgpo", beta=0.0)
+    with pytest.raises(ValueError, match=r"Algorithm.clip_ratio must be >= 0"):
+        get_algorithm("dgpo", clip_ratio=-0.1)
+    with pytest.raises(ValueError, match=r"old_policy_decay_max must be in \[0, 1\]"):
+        get_algorithm("dgpo", old_policy_decay_max=1.5)
+    with pytest.raises(ValueError, match=r"kl_gate_fraction must be in \(0, 1\]"):
+        get_algorithm("gardo", kl_gate_fraction=0.0)
+    with pytest.raises(ValueError, match="main_reward must name the reward component"):
+        get_algorithm("gardo", kl_gate_fraction=0.1)
+    with pytest.raises(ValueError, match="main_reward 'ocr' must be one of the reward components"):
+        get_algorithm("gardo", kl_gate_fraction=0.1, main_reward="ocr").reward_gate({"ocr": torch.zeros(3)})
+    with pytest.raises(ValueError, match="Needs.reward_gate"):
+        Needs("final_samples", reward_gate=True)
+    with pytest.raises(ValueError, match="diversity_aware must be false.*image features"):
+        get_algorithm("gardo", diversity_aware=True)
+    with pytest.raises(ValueError, match="reference_reset_every must be >= 0"):
+        get_algorithm("gardo", reference_reset_every=-1)
+    with pytest.raises(ValueError, match="moving_reference .*needs reference and old_adapter"):
+        Needs("denoising_steps", moving_reference=True)
+    with pytest.raises(ValueError, match="Needs.groups"):
+        Needs("final_samples", groups=True, pairs=True)

@@ -191,3 +191,12 @@ def test_config_list_prints_each_shipped_config_with_its_one_line_summary(capsys
     for line, name in zip(lines, shipped):
         summary = line[len(name) :].strip()
         assert 10 <= len(summary) <= 100, f"{name}.yaml needs a one-line summary as its first line: {summary!r}"
+
+
+def test_a_reward_gate_needs_its_main_component_and_another_when_the_config_loads():
+    """GARDO's KL gate ranks `main_reward` against the other reward components: checked before any rollout."""
+    gate = "algorithm={name: gardo, kl_gate_fraction: 0.1, main_reward: ocr}"
+    with pytest.raises((ConfigError, ValueError), match="main_reward 'ocr' must be one of the reward components"):
+        load_experiment(None, [gate])
+    two = "reward.components=[{name: ocr, weight: 0.8}, {name: aesthetic, weight: 0.2}]"
+    assert load_experiment(None, [gate, two]).algorithm.needs.reward_gate

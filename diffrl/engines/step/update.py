@@ -159,7 +159,7 @@ def update(engines: Engines, step: int, chunk: int = 0) -> Updated:
     engines.memory.release_writes()  # the step's rows, rewards and advantages land while the GPU trains
     traj, exchange = training_samples(engines, step)  # engine replicas: every one's chunks, all-gathered
     advantages_B = step_advantages(engines, step)
-    rewards, _, valid = step_rewards(engines, step)
+    rewards, components, valid = step_rewards(engines, step)
     rows, stats = training_rows(engines.config.algorithm, rewards, advantages_B, traj.group_ids, valid)
     asynchronous = engines.config.run.async_
     if asynchronous.enabled:
@@ -170,7 +170,10 @@ def update(engines: Engines, step: int, chunk: int = 0) -> Updated:
         stats.update(staleness)
     if inject_fault("loss", step):  # DIFFRL_INJECT_FAULT=loss@<step>:nan -> NaN advantages: a NaN loss and gradient
         advantages_B = advantages_B * float("nan")
-    metrics = engines.trainer.update(traj.select(rows), advantages_B[rows], engines.rollout)
+    gate = {}
+    if engines.config.algorithm.needs.reward_gate:  # GARDO: the KL gate from the trained samples' reward components
+        gate["kl_gate"] = engines.config.algorithm.reward_gate({name: c[rows] for name, c in components.items()})
+    metrics = engines.trainer.update(traj.select(rows), advantages_B[rows], engines.rollout, **gate)
     checkpoint.check_finite_weights(engines.trainer, step)  # never trained on, or checkpointed, past this point
     metrics = {**{k: float(v) for k, v in metrics.items()}, **stats, **exchange}
     metrics["timing_s/update_actor"] = time.perf_counter() - started

@@ -73,7 +73,10 @@ def sampling_with_old_adapter(adapter: ModelAdapter):
 def add_old_adapter(adapter: ModelAdapter, cfg: TrainConfig, algorithm_name: str) -> None:
     """The "old" LoRA adapter, a copy of "default" (after LoRA injection, before sharding and the optimizer)."""
     if not cfg.lora:
-        raise ValueError(f"{algorithm_name} needs lora: true (its old policy is a second LoRA adapter)")
+        raise ValueError(
+            f"{algorithm_name} needs lora: true (its old policy, or its moving reference, is a second LoRA adapter "
+            "named 'old'); docs/algorithms.md says which of its settings run without one"
+        )
     for transformer in adapter.denoisers():  # each Wan2.2 expert keeps its own old adapter
         add_lora(transformer, cfg, cfg.lora_targets or tuple(adapter.default_lora_targets), name=OLD_ADAPTER)
         activate(transformer, ADAPTER_NAME)
@@ -94,10 +97,23 @@ def preference_pairs(advantages: torch.Tensor, group_ids: list[str]) -> list[tup
     return pairs
 
 
-def training_units(advantages: torch.Tensor, group_ids: list[str], pairs: bool) -> list[list[int]]:
-    """What one loss term trains on: (chosen, rejected) pairs when the algorithm needs pairs, else each sample."""
+def whole_groups(group_ids: list[str]) -> list[list[int]]:
+    """The rows of each group, groups in the order they first appear."""
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, g in enumerate(group_ids):
+        members[g].append(i)
+    return list(members.values())
+
+
+def training_units(
+    advantages: torch.Tensor, group_ids: list[str], pairs: bool, groups: bool = False
+) -> list[list[int]]:
+    """What one loss term trains on: (chosen, rejected) pairs when the algorithm needs pairs, whole groups when it
+    needs groups, else each sample."""
     if pairs:
         return [list(p) for p in preference_pairs(advantages, group_ids)]
+    if groups:
+        return whole_groups(group_ids)
     return [[i] for i in range(len(group_ids))]
 
 
@@ -109,6 +125,14 @@ def check_final_latents(traj: Trajectories, num_steps: int, algorithm_name: str)
             f"({num_steps - 1}); e.g. WindowPolicy('final', size=1) or WindowPolicy('random_start', size=1, "
             f"start_range=({num_steps - 1}, {num_steps}))"
         )
+
+
+def training_sigmas(sigmas_N: torch.Tensor, highest: int) -> torch.Tensor:
+    """The schedule `noised_samples` draws from: all of it, or (0 < highest < N) its first `highest` sigmas, the
+    highest noise levels, then its final 0 (which is never drawn)."""
+    if 0 < highest < len(sigmas_N) - 1:
+        return torch.cat([sigmas_N[:highest], sigmas_N[-1:]])
+    return sigmas_N
 
 
 def noised_samples(x0: torch.Tensor, seeds: torch.Tensor, sigmas_N: torch.Tensor, key: int):

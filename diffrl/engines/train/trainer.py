@@ -49,6 +49,7 @@ from diffrl.engines.train.preference import (
     check_final_latents,
     ema_update,
     noised_samples,
+    training_sigmas,
     training_units,
 )
 from diffrl.engines.train.setup import (
@@ -128,11 +129,13 @@ class PolicyTrainer(TrainerBase):
         if behaviour:  # its own LoRA tensors, loaded by each weight sync
             self.rollout_copy = sync.behaviour_copy(adapter) if frame is None else sync.bind_frozen(frame, adapter)
         self._stepped_since_sync = False
+        self._kl_gate: torch.Tensor | None = None  # the update's per-sample KL gate (needs.reward_gate)
 
     # ---- setup helpers -------------------------------------------------------------------------
     def _build_reference(self):
         """Full fine-tuning with a reference policy: a frozen copy of the initial denoiser (optionally on CPU)."""
-        if self.cfg.lora or not self.algorithm.needs.reference:
+        needs = self.algorithm.needs
+        if self.cfg.lora or not needs.reference or needs.moving_reference:
             return None
         if len(self.adapter.denoisers()) > 1:
             raise ValueError(
@@ -181,18 +184,26 @@ class PolicyTrainer(TrainerBase):
 
     # ---- the update ----------------------------------------------------------------------------
     def update(
-        self, traj: Trajectories, advantages: torch.Tensor, rollout: RolloutEngine | None = None
+        self,
+        traj: Trajectories,
+        advantages: torch.Tensor,
+        rollout: RolloutEngine | None = None,
+        kl_gate: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """One RL step's update with the algorithm's loss; returns its metrics (docs/training.md, "Metrics").
 
         `traj` and `advantages` (B,) are the whole step's, identical on every rank; each rank trains
         on its share of every mini-batch. `rollout` is the engine that sampled `traj`: when it runs
-        on this trainer's adapter at the current policy version its log-probs are the old ones.
+        on this trainer's adapter at the current policy version its log-probs are the old ones. `kl_gate` (B,) bool:
+        the samples that pay the KL, for an algorithm whose needs.reward_gate.
         """
         started = time.perf_counter()
         advantages = torch.as_tensor(advantages, dtype=torch.float32).reshape(-1).cpu()
         if advantages.shape[0] != len(traj):
             raise ValueError(f"advantages has {advantages.shape[0]} entries but traj has {len(traj)} samples")
+        if self.algorithm.needs.reward_gate and (kl_gate is None or kl_gate.reshape(-1).shape[0] != len(traj)):
+            raise ValueError(f"algorithm {self.algorithm.name!r} needs kl_gate, one flag per sample ({len(traj)})")
+        self._kl_gate = None if kl_gate is None else torch.as_tensor(kl_gate).reshape(-1).bool().cpu()
         engine = rollout if rollout is not None and rollout.adapter is self.adapter else self.replayer
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
@@ -234,7 +245,7 @@ class PolicyTrainer(TrainerBase):
         return replay
 
     def _reference_step(self, replay, sub: Trajectories, j: int, encodings):
-        with self.reference_policy():
+        with self.old_policy() if self.algorithm.needs.moving_reference else self.reference_policy():
             return replay(sub, j, encodings)
 
     def _old_policy(self, traj: Trajectories, engine: RolloutEngine, same_numerics: bool) -> OldPolicy:
@@ -312,6 +323,7 @@ class PolicyTrainer(TrainerBase):
             weights=to_device(weights, device),
             old_prev_sample_mean=None if old.means is None else to_device(old.means[idx, j], device),
             ref_prev_sample_mean=None if ref is None else ref.prev_sample_mean,
+            kl_gate=None if self._kl_gate is None else to_device(self._kl_gate[idx], device),
         )
 
     # ---- final samples (needs.data "final_samples") ---------------------------------------------
@@ -321,17 +333,23 @@ class PolicyTrainer(TrainerBase):
         check_final_latents(traj, n, self.algorithm.name)
         shape = SampleShape(self.sampling.height, self.sampling.width, self.sampling.num_frames)
         sigmas_N = self.adapter.sigmas(n, shape).float().cpu()
-        pairs = self.algorithm.needs.pairs
-        units = training_units(advantages, traj.group_ids, pairs)
-        mini = self.cfg.mini_batch_prompts * (1 if pairs else self.group_size)
+        needs = self.algorithm.needs
+        sigmas_N = training_sigmas(sigmas_N, needs.highest_sigmas)
+        units = training_units(advantages, traj.group_ids, needs.pairs, needs.groups)
+        mini = self.cfg.mini_batch_prompts * (1 if needs.pairs or needs.groups else self.group_size)
+        # a unit is a sample, a pair or a whole group; micro_batch_size counts samples (pairs for pair algorithms),
+        # so a micro-batch of an algorithm on groups holds as many whole groups as fit, at least one
+        micro = max(1, self.cfg.micro_batch_size // self.group_size) if needs.groups else self.cfg.micro_batch_size
         for epoch, _, picked in self._mini_batches(len(units), mini):
             local = rank_rows(picked)
+            local_rows = sum(len(units[int(u)]) for u in local)
             self.optimizer.zero_grad(set_to_none=True)
-            for mb in range(0, len(local), self.cfg.micro_batch_size):
-                chunk = [units[int(u)] for u in local[mb : mb + self.cfg.micro_batch_size]]
+            for mb in range(0, len(local), micro):
+                chunk = [units[int(u)] for u in local[mb : mb + micro]]
                 batch = self._sample_batch(traj, chunk, advantages, engine, sigmas_N, shape, epoch)
                 loss, metrics = self.algorithm.loss(batch)
-                (loss * (len(chunk) / len(local))).backward()
+                # the micro-batch's loss is a mean over its rows (pairs: over pairs, two rows each)
+                (loss * (sum(len(unit) for unit in chunk) / local_rows)).backward()
                 _accumulate(sums, counts, metrics)
             self._optimizer_step(sums, counts)
 
@@ -353,14 +371,14 @@ class PolicyTrainer(TrainerBase):
         rows = [i for unit in chunk for i in unit]
         sub = traj.select(rows)
         x0 = sub.latents[:, -1]
-        # A pair shares its noise and noise level: key both by the chosen sample's seed.
+        # A pair (a group) shares its noise and noise level: key every row by the unit's first sample's seed.
         key_seeds = torch.tensor([traj.seeds[unit[0]] for unit in chunk for _ in unit])
         sigma, x_t, target = self._noised(x0, key_seeds, sigmas_N, epoch)
         encoding = engine.encode(sub.prompts, self.sampling, sub.metadata)[0]
         velocity = self._velocity(x_t, sigma, encoding, shape)
         ref_velocity = old_velocity = None
         if needs.reference:
-            with self.reference_policy():
+            with self.old_policy() if needs.moving_reference else self.reference_policy():
                 ref_velocity = self._velocity(x_t, sigma, encoding, shape)
         if needs.old_adapter:
             with self.old_policy():
@@ -374,6 +392,9 @@ class PolicyTrainer(TrainerBase):
             advantages=to_device(advantages[rows], self.device),
             old_velocity=old_velocity,
             ref_velocity=ref_velocity,
+            group_index=torch.tensor([g for g, unit in enumerate(chunk) for _ in unit], device=self.device)
+            if needs.groups
+            else None,
         )
 
     def export_lora(self, path: str) -> str:

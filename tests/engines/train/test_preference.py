@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -11,7 +13,14 @@ from diffrl.algorithms.windows import WindowPolicy
 from diffrl.configs.rollout import SamplingConfig
 from diffrl.configs.train import TrainConfig
 from diffrl.engines.rollout.engine import RolloutEngine
-from diffrl.engines.train.preference import lora_pairs, preference_pairs
+from diffrl.engines.train.preference import (
+    lora_pairs,
+    noised_samples,
+    preference_pairs,
+    training_sigmas,
+    training_units,
+    whole_groups,
+)
 from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.models.base import SampleShape, load_adapter
 
@@ -88,3 +97,49 @@ def test_each_ppo_epoch_trains_a_sample_at_new_noise(tiny_model):
     for sigma, x_t, target in (first, second):  # x_t on the flow-matching line, target noise - x0
         s = sigma.reshape(-1, *[1] * (x0.ndim - 1))
         torch.testing.assert_close(x_t, (1 - s) * x0 + s * (target + x0))
+
+
+def test_a_group_algorithm_trains_whole_groups_that_share_their_noise(tiny_model):
+    """DGPO (Needs.groups): a micro-batch holds whole groups, numbered by group_index, each on one noise and sigma."""
+    assert whole_groups(["b", "a", "b", "a", "c"]) == [[0, 2], [1, 3], [4]]
+    assert training_units(ADVANTAGES, ["0", "0", "1", "1"], pairs=False, groups=True) == [[0, 1], [2, 3]]
+    _, engine, trainer, traj = _setup(tiny_model("sd3"), get_algorithm("dgpo"))
+    sigmas_N = trainer.adapter.sigmas(SAMPLING.num_inference_steps, SampleShape(32, 32)).float().cpu()
+    batch = trainer._sample_batch(traj, [[0, 1], [2, 3]], ADVANTAGES, engine, sigmas_N, SampleShape(32, 32), 0)
+    assert batch.group_index.tolist() == [0, 0, 1, 1]
+    noise = batch.target + batch.x0
+    for a, b in ((0, 1), (2, 3)):
+        assert batch.sigma[a] == batch.sigma[b]
+        torch.testing.assert_close(noise[a], noise[b])  # target = noise - x0, rounded in fp32
+    assert (noise[0] - noise[2]).abs().max() > 0.1
+    first = trainer.update(traj, ADVANTAGES, engine)
+    # before any step the policy is the reference: every group's preference is sigmoid(0)
+    assert first["actor/group_weight"] == pytest.approx(0.5) and first["actor/skipped_steps"] == 0
+
+
+def test_the_timestep_clip_draws_only_the_highest_noise_levels():
+    """DGPO's train_sigma_steps k (Needs.highest_sigmas): sigmas from the schedule's first k only; 0 or k >= N: all."""
+    sigmas_N = torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0])
+    torch.testing.assert_close(training_sigmas(sigmas_N, 2), torch.tensor([1.0, 0.75, 0.0]))
+    assert training_sigmas(sigmas_N, 0) is sigmas_N and training_sigmas(sigmas_N, 4) is sigmas_N
+    drawn, _, _ = noised_samples(torch.zeros(64, 2), torch.arange(64), training_sigmas(sigmas_N, 2), key=5)
+    assert set(drawn.tolist()) == {1.0, 0.75}
+    assert get_algorithm("dgpo").needs.highest_sigmas == 7 and get_algorithm("dpo").needs.highest_sigmas == 0
+
+
+def test_gardo_kl_reference_is_the_old_adapter_reset_every_k_updates(tiny_model):
+    """Needs.moving_reference: the KL's reference forward runs the "old" adapter, a copy of the policy taken every
+    reference_reset_every updates; in the update right after a copy the first pass's KL is exactly 0."""
+    sde = dataclasses.replace(SAMPLING, num_inference_steps=2, noise_level=0.7, window=WindowPolicy("all_but_last"))
+    kl = {}
+    for every in (1, 2):
+        adapter = load_adapter(tiny_model("sd3"))
+        engine = RolloutEngine(adapter, progress=False)
+        config = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=2, micro_batch_size=4)
+        trainer = PolicyTrainer(adapter, get_algorithm("gardo", reference_reset_every=every), config, sde, group_size=2)
+        traj = engine.generate(
+            ["a cat", "a cat", "a dog", "a dog"], ["0", "0", "1", "1"], [0, 1, 0, 1], [1, 2, 3, 4], sde
+        )
+        trainer.update(traj, ADVANTAGES, engine)
+        kl[every] = trainer.update(traj, ADVANTAGES, engine)["actor/kl_loss"]
+    assert kl[1] == 0.0 and kl[2] > 0.0
