@@ -479,7 +479,7 @@ def check_async(cfg: ExperimentConfig) -> None:
     correction (on denoising steps in one process or on engine replicas, cluster.mode: ray, each replica sampling with
     its own behaviour copy beside the trainer's frozen tensors in GPU memory; on tokens in one process, sampled
     in-process by transformers), or in one process with a direct-preference algorithm on the run's own final samples
-    (dpo, diffusion_nft, awm), whose loss has no importance ratio to correct (docs/algorithms.md, "Off-policy
+    (dpo, diffusion_nft, awm, dgpo), whose loss has no importance ratio to correct (docs/algorithms.md, "Off-policy
     correction")."""
     staleness = cfg.run.async_.max_staleness
     if staleness == 0:

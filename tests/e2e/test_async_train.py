@@ -52,8 +52,10 @@ def test_max_staleness_0_is_the_synchronous_run_bit_for_bit(workdir, tiny, loss)
     assert not any(k.startswith("async/") for m in after for k in m)  # the synchronous step, as before
 
 
-def test_one_step_off_run_records_versions_and_logs_staleness(workdir):
-    assert main(["train", *TINY, *ONE_STEP_OFF]) == 0
+@pytest.mark.parametrize("algorithm", [[], ["algorithm=gardo"]], ids=["flow_grpo", "gardo"])
+def test_one_step_off_run_records_versions_and_logs_staleness(workdir, algorithm):
+    """GARDO's reference is its "old" adapter, which the behaviour copy owns as the policy's LoRA."""
+    assert main(["train", *TINY, *algorithm, *ONE_STEP_OFF]) == 0
     client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     run = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])[0]
 
@@ -82,6 +84,7 @@ DIRECT_PREFERENCE = {
     "diffusion_nft": (TINY_NFT, "actor/positive_loss", 8.0),
     "dpo": ([*TINY_SIZES, f"algorithm={{name: dpo, window: {LAST_STEP}}}"], "actor/dpo_loss", 4.0),
     "awm": ([*TINY_SIZES, f"algorithm={{name: awm, window: {LAST_STEP}}}"], "actor/fm_loss", 8.0),
+    "dgpo": ([*TINY_SIZES, "algorithm=dgpo"], "actor/dsm_loss", 8.0),
 }
 
 
