@@ -142,3 +142,28 @@ def test_a_killed_one_step_off_run_resumes_with_every_row_once_and_its_versions(
     assert run.info.status == "FINISHED"
     staleness = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "async/staleness_max"))
     assert {s for s, _ in staleness} == {1, 2, 3} and all(v <= 1 for _, v in staleness)
+
+
+@pytest.mark.parametrize("fault", ["update_actor@2", "sync_weights@2"])
+def test_a_one_step_off_run_failed_in_a_stage_runs_again_from_it(workdir, monkeypatch, fault):
+    """A stage of step 2 fails (its update starts step 3's rollout, its weight sync waits for it); the same command, as
+    a rerun from the Prefect UI does, goes on from that stage: step 2's rows are the ones stored before the failure,
+    every step is trained and logged once, every row stored once, each step at one policy version."""
+    monkeypatch.setenv("DIFFRL_INJECT_FAULT", fault)
+    assert main(["train", *TINY, *ONE_STEP_OFF]) != 0
+    table = f"{workdir}/runs/quickstart/trajectories.lance"
+    before = lance.dataset(table).to_table(filter="step = 2", columns=["write_id"]).column("write_id").to_pylist()
+    assert len(before) == 8
+    monkeypatch.delenv("DIFFRL_INJECT_FAULT")
+    assert main(["train", *TINY, *ONE_STEP_OFF]) == 0
+    rows = lance.dataset(table).to_table(columns=["step", "group_id", "sample_index", "policy_version", "write_id"])
+    after = [w for s, w in zip(rows.column("step").to_pylist(), rows.column("write_id").to_pylist()) if s == 2]
+    assert sorted(after) == sorted(before)  # step 2's rollout was not redone
+    keys = list(zip(*(rows.column(c).to_pylist() for c in ("step", "group_id", "sample_index"))))
+    assert len(keys) == len(set(keys)) == 3 * 8
+    versions = sorted(set(zip(rows.column("step").to_pylist(), rows.column("policy_version").to_pylist())))
+    assert [s for s, _ in versions] == [1, 2, 3] and versions[:2] == [(1, 0), (2, 0)]  # one version a step
+    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    [run] = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])
+    for key in ("perf/time_per_step", "actor/grad_norm", "async/staleness_max"):
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2, 3], key
