@@ -19,6 +19,27 @@ from diffrl.flows.build import build_engines
 from diffrl.flows.cli import main
 
 ONE_STEP_OFF = ["run.async.max_staleness=1", "train.rollout_correction=tis"]
+
+
+def _history_of_the_run(workdir):
+    """A function of a metric's key: the (step, value) history of the run's one MLflow run."""
+    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    run = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])[0]
+
+    def history(key: str) -> list[tuple[int, float]]:
+        return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+
+    return history
+
+
+def _assert_one_step_off(history) -> None:
+    """Step 1 samples at version 0 and trains at 0; step 2's rollout ran beside step 1's update, on the behaviour copy
+    at version 0, and trains at 1; step 3's ran beside step 2's, at 1, and trains at 2; nothing dropped."""
+    assert history("async/staleness_max") == [(1, 0.0), (2, 1.0), (3, 1.0)]
+    assert history("async/staleness_mean") == [(1, 0.0), (2, 1.0), (3, 1.0)]
+    assert history("async/dropped") == [(1, 0.0), (2, 0.0), (3, 0.0)]
+
+
 # the quickstart's DiffusionNFT at TINY's sizes, its window the last of the 2 denoising steps (it trains on x0)
 TINY_NFT = TINY_SIZES + ["algorithm.window={kind: random_start, size: 1, start_range: [1, 2]}"]
 
@@ -56,17 +77,8 @@ def test_max_staleness_0_is_the_synchronous_run_bit_for_bit(workdir, tiny, loss)
 def test_one_step_off_run_records_versions_and_logs_staleness(workdir, algorithm):
     """GARDO's reference is its "old" adapter, which the behaviour copy owns as the policy's LoRA."""
     assert main(["train", *TINY, *algorithm, *ONE_STEP_OFF]) == 0
-    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
-    run = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])[0]
-
-    def history(key: str) -> list[tuple[int, float]]:
-        return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
-
-    # step 1 samples at version 0 and trains at 0; step 2's rollout ran beside step 1's update, on the behaviour
-    # copy at version 0, and trains at 1; step 3's ran beside step 2's, at 1, and trains at 2
-    assert history("async/staleness_max") == [(1, 0.0), (2, 1.0), (3, 1.0)]
-    assert history("async/staleness_mean") == [(1, 0.0), (2, 1.0), (3, 1.0)]
-    assert history("async/dropped") == [(1, 0.0), (2, 0.0), (3, 0.0)]
+    history = _history_of_the_run(workdir)
+    _assert_one_step_off(history)
     for key in ("rollout_corr/ratio_mean", "rollout_corr/ratio_max", "rollout_corr/ratio_corrected"):
         assert [s for s, _ in history(key)] == [1, 2, 3], key
     ratio_at_staleness_0 = history("rollout_corr/ratio_mean")[0][1]
@@ -94,15 +106,8 @@ def test_one_step_off_direct_preference_run_trains_each_row_once_within_the_boun
     (DiffusionNFT with its own old adapter), and each step trains its own rows, of one policy version, once."""
     tiny, loss, trained_rows = DIRECT_PREFERENCE[algorithm]
     assert main(["train", *tiny, "run.async.max_staleness=1"]) == 0
-    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
-    run = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])[0]
-
-    def history(key: str) -> list[tuple[int, float]]:
-        return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
-
-    assert history("async/staleness_max") == [(1, 0.0), (2, 1.0), (3, 1.0)]
-    assert history("async/staleness_mean") == [(1, 0.0), (2, 1.0), (3, 1.0)]
-    assert history("async/dropped") == [(1, 0.0), (2, 0.0), (3, 0.0)]
+    history = _history_of_the_run(workdir)
+    _assert_one_step_off(history)
     assert history("dp/num_samples") == [(1, trained_rows), (2, trained_rows), (3, trained_rows)]
     assert [s for s, _ in history(loss)] == [1, 2, 3]
     assert history("sync/policy_version") == [(1, 1.0), (2, 2.0), (3, 3.0)]

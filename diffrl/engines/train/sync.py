@@ -114,24 +114,24 @@ def behaviour_copy(adapter):
     if getattr(adapter, "kind", "diffusion") == "autoregressive":
         twin.model = _frozen_shared(adapter.model)
         return twin
-    twin.pipe = copy.copy(adapter.pipe)
-    for name in ("transformer", "transformer_2"):  # Wan2.2's low-noise expert too
-        module = getattr(adapter.pipe, name, None)
-        if module is not None:
-            setattr(twin.pipe, name, _frozen_shared(module))
-    return twin
+    return _with_denoisers(twin, adapter, _frozen_shared)
 
 
 def behaviour_frame(adapter):
     """The behaviour copy of an engine replica's asynchronous run, made after the trainer added LoRA and before FSDP2
     wraps the denoisers (a wrapped module cannot be copied): as :func:`behaviour_copy`, but each frozen parameter is a
     placeholder on the meta device (no memory) until :func:`bind_frozen` points it at the trainer's own tensor."""
-    twin = copy.copy(adapter)
+    return _with_denoisers(copy.copy(adapter), adapter, _frozen_frame)
+
+
+def _with_denoisers(twin, adapter, make):
+    """`twin` (a shallow copy of a diffusion `adapter`) with its own pipeline object whose denoisers are `make` of
+    `adapter`'s (both Wan2.2 experts); returns `twin`."""
     twin.pipe = copy.copy(adapter.pipe)
     for name in ("transformer", "transformer_2"):  # Wan2.2's low-noise expert too
         module = getattr(adapter.pipe, name, None)
         if module is not None:
-            setattr(twin.pipe, name, _frozen_frame(module))
+            setattr(twin.pipe, name, make(module))
     return twin
 
 
