@@ -378,6 +378,7 @@ class ExperimentConfig:
             raise ValueError(f"rollout.group_size=1: algorithm {self.algorithm.name!r} {why}; use 2 or more")
         if self.algorithm.needs.reward_gate:  # the gate ranks reward components: they must exist, fail now
             self.algorithm.reward_gate({c.name: torch.zeros(1) for c in self.reward.components})
+        check_final_samples(self)
         check_data_parallel(self)
         check_async(self)
         if self.algorithm.needs.data == "tokens" and self.rollout.engine == "vllm":
@@ -473,6 +474,18 @@ def check_data_parallel(cfg: ExperimentConfig) -> None:
         )
 
 
+def check_final_samples(cfg: ExperimentConfig) -> None:
+    """ValueError for a rollout correction on an algorithm that trains on final samples (the direct-preference
+    family): its loss reads no behaviour log-prob and has no importance ratio, so the correction would be ignored."""
+    correction = cfg.train.rollout_correction
+    if cfg.algorithm.needs.data == "final_samples" and correction != "off":
+        raise ValueError(
+            f"algorithm {cfg.algorithm.name!r} trains on final samples with no behaviour log-probs and no importance "
+            f"ratio, so train.rollout_correction {correction!r} would be ignored; use train.rollout_correction: off "
+            '(docs/algorithms.md, "Off-policy correction")'
+        )
+
+
 def check_async(cfg: ExperimentConfig) -> None:
     """ValueError, one line naming what works, for an asynchronous run (run.async.max_staleness > 0) this version does
     not run. It trains a LoRA adapter with a policy-gradient algorithm, which needs an explicit behaviour-policy
@@ -521,14 +534,8 @@ def check_async(cfg: ExperimentConfig) -> None:
             f"{who} samples with its own copy of the LoRA tensors beside the shared base weights, which needs "
             "train.lora: true (full fine-tuning is not supported asynchronously yet)"
         )
-    correction = cfg.train.rollout_correction
-    if algo.needs.data == "final_samples" and correction != "off":
-        raise ValueError(
-            f"{who}: algorithm {algo.name!r} trains on final samples with no behaviour log-probs and no importance "
-            f"ratio, so train.rollout_correction {correction!r} would be ignored; use train.rollout_correction: off "
-            '(staleness is bounded and stale groups dropped: docs/algorithms.md, "Off-policy correction")'
-        )
-    if algo.needs.data != "final_samples" and correction == "off":
+    # a direct-preference loss has no ratio to correct: check_final_samples refused a correction for it already
+    if algo.needs.data != "final_samples" and cfg.train.rollout_correction == "off":
         raise ValueError(
             f"{who} trains on samples of an older policy, which needs the behaviour-policy correction: set "
             'train.rollout_correction to tis or mask (docs/algorithms.md, "Off-policy correction")'

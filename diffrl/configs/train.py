@@ -29,7 +29,8 @@ class TrainConfig:
     step is a single pass (``ppo_epochs`` 1 and the step's samples one mini-batch, no dropout): then no optimizer step
     precedes any replay, the replay's own log-probs are the old policy's (the ratio is 1) and no recompute runs.
     ``rollout_correction``: "tis" multiplies each sample's loss by min(exp(old - rollout), is_cap);
-    "mask" drops samples whose ratio exp(old - rollout) lies outside [1/rs_threshold, rs_threshold].
+    "mask" drops samples whose ratio exp(old - rollout) lies outside [1/rs_threshold, rs_threshold]. A
+    direct-preference algorithm (final samples: dpo, diffusion_nft, awm, dgpo) has no ratio and refuses both.
     """
 
     # the adapter's shape and scale: fixed on resume, and run.init_from must match them (diffrl/configs/changes.py)

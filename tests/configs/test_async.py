@@ -79,9 +79,6 @@ def test_direct_preference_runs_asynchronously_without_a_rollout_correction(algo
 @pytest.mark.parametrize(
     ("overrides", "names"),
     [
-        # the loss has no importance ratio: a correction would be silently ignored
-        (["train.rollout_correction=tis"], "train.rollout_correction: off"),
-        (["train.rollout_correction=mask"], "'mask' would be ignored"),
         (["algorithm=dpo", "data.sample_source=offline"], "no rollout to run asynchronously"),
         (["cluster.mode=ray"], "cluster.mode: local"),
         (["train.lora=false"], "train.lora: true"),
@@ -93,6 +90,19 @@ def test_unsupported_direct_preference_combinations_are_refused_in_one_line(over
     message = str(error.value)
     assert names in message and "\n" not in message and "run.async.max_staleness: 1" in message
     load_experiment("quickstart", ["run.async.max_staleness=0", *overrides])  # the synchronous run takes it
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+@pytest.mark.parametrize("correction", ["tis", "mask"])
+def test_a_rollout_correction_on_a_direct_preference_loss_is_refused(staleness, correction):
+    """The loss has no importance ratio: the correction would be silently ignored, synchronous or not."""
+    with pytest.raises(ConfigError) as error:
+        load_experiment(
+            "quickstart", [f"run.async.max_staleness={staleness}", f"train.rollout_correction={correction}"]
+        )
+    message = str(error.value)
+    assert f"{correction!r} would be ignored" in message and "train.rollout_correction: off" in message
+    assert "\n" not in message
 
 
 def test_token_policy_gradient_runs_asynchronously_with_the_in_process_rollout():
