@@ -21,6 +21,7 @@ from diffrl.algorithms.losses_pg import (
     _per_sample,
     _prepare,
     _ratio_metrics,
+    kl_per_sample,
 )
 
 
@@ -152,9 +153,7 @@ def gardo_loss(
     if kl_coef > 0 and bool(gate.any()):
         if ref_prev_sample_mean is None or ref_prev_sample_mean.shape != prev_sample_mean.shape:
             raise ValueError("kl_coef > 0 needs ref_prev_sample_mean of prev_sample_mean's shape")
-        mu = prev_sample_mean.to(dtype)
-        gap = (mu - ref_prev_sample_mean.to(dtype).detach()) ** 2
-        kl = (_mean_over_non_batch(gap) / (2 * std**2))[gate].mean()
+        kl = kl_per_sample(prev_sample_mean.to(dtype), ref_prev_sample_mean, std)[gate].mean()
     loss = policy + kl_coef * kl if kl_coef > 0 else policy
     metrics = _ratio_metrics(ratio, log_ratio, clip_ratio)
     metrics.update(

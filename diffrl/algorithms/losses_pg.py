@@ -119,6 +119,13 @@ def kl_loss(
     "sde" sampler also divides by dt (its std is std_dev_t * sqrt(-dt)), i.e. exact = this / -dt.
     The reference mean is a constant (detached). The trainer logs it as actor/kl_loss.
     """
+    return kl_per_sample(prev_sample_mean, ref_prev_sample_mean, std_dev_t).mean()
+
+
+def kl_per_sample(
+    prev_sample_mean: torch.Tensor, ref_prev_sample_mean: torch.Tensor, std_dev_t: torch.Tensor
+) -> torch.Tensor:
+    """(b,) Flow-GRPO's scaled KL of each sample (:func:`kl_loss` before its batch mean)."""
     dtype = _dtype(prev_sample_mean, ref_prev_sample_mean)
     mu = prev_sample_mean.to(dtype)
     if ref_prev_sample_mean.shape != mu.shape:
@@ -129,7 +136,7 @@ def kl_loss(
     if std.ndim == 1 and mu.ndim > 1:
         std = std.reshape(-1, *([1] * (mu.ndim - 1)))
     per_element = (mu - ref_prev_sample_mean.to(dtype).detach()) ** 2 / (2 * std**2)
-    return _mean_over_non_batch(per_element).mean()
+    return _mean_over_non_batch(per_element)
 
 
 def _mean_gap(prev_sample_mean, old_prev_sample_mean, dtype) -> torch.Tensor:
