@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from diffrl.algorithms.advantages import _group_index
 from diffrl.algorithms.base import DiffusionAlgorithm, Metrics, Needs, check_fields
 from diffrl.algorithms.batches import StepBatch
 from diffrl.algorithms.losses_group import gardo_loss
@@ -59,11 +60,10 @@ def diversity_advantages(rewards: torch.Tensor, group_ids: Sequence[Hashable], f
     rewards = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1)
     feats = torch.as_tensor(features, dtype=torch.float64).reshape(rewards.shape[0], -1)
     feats = feats / feats.norm(dim=1, keepdim=True)
-    if len(group_ids) != rewards.shape[0]:
-        raise ValueError(f"group_ids must hold one id per reward (B={rewards.shape[0]}); got {len(group_ids)}")
+    index, num_groups = _group_index(group_ids, rewards.shape[0])
     out = torch.zeros_like(rewards)
-    for g in dict.fromkeys(group_ids):
-        rows = torch.tensor([i for i, h in enumerate(group_ids) if h == g])
+    for g in range(num_groups):
+        rows = (index == g).nonzero().flatten()
         if rows.numel() < 2:
             continue
         r, f = rewards[rows], feats[rows]

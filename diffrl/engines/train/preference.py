@@ -85,11 +85,8 @@ def add_old_adapter(adapter: ModelAdapter, cfg: TrainConfig, algorithm_name: str
 
 def preference_pairs(advantages: torch.Tensor, group_ids: list[str]) -> list[tuple[int, int]]:
     """(chosen, rejected) per group: the highest- and lowest-advantage samples; groups without a gap are skipped."""
-    members: dict[str, list[int]] = defaultdict(list)
-    for i, g in enumerate(group_ids):
-        members[g].append(i)
     pairs = []
-    for rows in members.values():
+    for rows in whole_groups(group_ids):
         best = max(rows, key=lambda i: float(advantages[i]))
         worst = min(rows, key=lambda i: float(advantages[i]))
         if float(advantages[best]) > float(advantages[worst]):
