@@ -153,7 +153,12 @@ class PolicyTrainer(TrainerBase):
     # ---- the policies the update reads -----------------------------------------------------------
     @contextlib.contextmanager
     def reference_policy(self):
-        """Within it, the adapter runs the reference policy (no autograd): LoRA off, or the frozen copy."""
+        """Within it, the adapter runs the reference policy (no autograd): LoRA off, or the frozen copy; the "old"
+        adapter when the reference moves with the policy (needs.moving_reference)."""
+        if self.algorithm.needs.moving_reference:
+            with self.old_policy():
+                yield
+            return
         with torch.no_grad():
             if self.cfg.lora:
                 with contextlib.ExitStack() as stack:
@@ -245,7 +250,7 @@ class PolicyTrainer(TrainerBase):
         return replay
 
     def _reference_step(self, replay, sub: Trajectories, j: int, encodings):
-        with self.old_policy() if self.algorithm.needs.moving_reference else self.reference_policy():
+        with self.reference_policy():
             return replay(sub, j, encodings)
 
     def _old_policy(self, traj: Trajectories, engine: RolloutEngine, same_numerics: bool) -> OldPolicy:
@@ -378,7 +383,7 @@ class PolicyTrainer(TrainerBase):
         velocity = self._velocity(x_t, sigma, encoding, shape)
         ref_velocity = old_velocity = None
         if needs.reference:
-            with self.old_policy() if needs.moving_reference else self.reference_policy():
+            with self.reference_policy():
                 ref_velocity = self._velocity(x_t, sigma, encoding, shape)
         if needs.old_adapter:
             with self.old_policy():
