@@ -10,8 +10,8 @@ the variants N times over, in turn). Variants, each on the same config and overr
     async1      `run.async.max_staleness: 1` with `train.rollout_correction: tis`: the next step's rollout beside
                 the update
 
-A direct-preference algorithm (`dpo`, `diffusion_nft`, `awm`: no importance ratio, nothing recomputed) runs `sync`
-and `async1` without the correction; its `sync` is the same work in turn, so `hidden_s` and `overlap` use it.
+A direct-preference algorithm (`dpo`, `diffusion_nft`, `awm`, `dgpo`: no importance ratio, nothing recomputed) runs
+`sync` and `async1` without the correction; its `sync` is the same work in turn, so `hidden_s` and `overlap` use it.
 
 images/s = images a step / the median seconds a step after `--warmup` (over the repeats). `gain` = async1's images/s
 over sync's. `hidden_s` = sync_tis's seconds a step less async1's: what running the rollout beside the update saved
