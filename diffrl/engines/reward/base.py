@@ -250,6 +250,8 @@ class AudioBatch:
         return len(self.waveform)
 
     def __getitem__(self, index: slice) -> "AudioBatch":
+        if not isinstance(index, slice):  # an int would drop B and read the channels as the batch
+            raise TypeError(f"an AudioBatch is sliced (batch[a:b]), not indexed by {type(index).__name__}")
         video = None if self.video is None else self.video[index]
         return AudioBatch(self.waveform[index], self.sample_rate, video, self.fps)
 

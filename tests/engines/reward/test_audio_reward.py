@@ -75,3 +75,12 @@ def test_audio_batch_contract_errors():
         AudioBatch(np.zeros((1, 8), dtype=np.float32), 16000.0)
     with pytest.raises(ValueError, match=r"\(B, C, T\) or \(B, T\)"):
         AudioBatch(np.zeros(8, dtype=np.float32), RATE)
+
+
+def test_audio_batch_slices_both_streams():
+    video = np.arange(3 * 2 * 48, dtype=np.uint8).reshape(3, 2, 4, 4, 3)
+    batch = AudioBatch(np.arange(12, dtype=np.float32).reshape(3, 4), RATE, video=video, fps=8)
+    part = batch[1:3]
+    assert len(part) == 2 and part.waveform.shape == (2, 1, 4) and (part.video == video[1:3]).all()
+    with pytest.raises(TypeError, match="sliced"):
+        batch[0]
