@@ -1,8 +1,11 @@
 """Reward contracts: the output type, the function protocol, the registry, option parsing.
 
-Legend: B = batch, F = frames, H/W = height/width. Images arrive as uint8 (B, H, W, 3), videos
-as uint8 (B, F, H, W, 3), either as torch tensors or numpy arrays; the decoded text responses of an
-autoregressive rollout arrive as a list of B str (answer.py's rewards take those).
+Legend: B = batch, F = frames, H/W = height/width, C = audio channels, T = audio samples. Images arrive as uint8
+(B, H, W, 3), videos as uint8 (B, F, H, W, 3), either as torch tensors or numpy arrays; the decoded text responses of
+an autoregressive rollout arrive as a list of B str (answer.py's rewards take those). Audio arrives as an AudioBatch:
+waveform float32 (B, C, T) in [-1, 1] (a (B, T) waveform is mono, C = 1) with its sample rate in Hz and, for a model
+that makes video with its audio track, that video (B, F, H, W, 3) and its frames per second. An image or video reward
+given an AudioBatch scores its video (to_uint8_numpy), so per-frame rewards work on video-with-audio unchanged.
 
 Conventions every reward follows:
 - `scores` is float32 (B,); `valid` is bool (B,). A sample a reward could not score (a malformed
@@ -38,6 +41,9 @@ _BUILTIN_MODULES = (
     "diffrl.engines.reward.aesthetic",
     "diffrl.engines.reward.http_scorer",
     "diffrl.engines.reward.answer",
+    "diffrl.engines.reward.video",
+    "diffrl.engines.reward.audio",
+    "diffrl.engines.reward.av_sync",
 )
 registry.declare("reward", _BUILTIN_MODULES)
 
@@ -202,8 +208,61 @@ def _convert(value: Any, hint: Any, key: str, owner: str) -> Any:
     return value
 
 
-def to_uint8_numpy(images: torch.Tensor | np.ndarray) -> np.ndarray:
-    """Checks images (B, H, W, 3) / videos (B, F, H, W, 3) uint8 and returns a numpy view."""
+@dataclass
+class AudioBatch:
+    """Generated audio, with the video it accompanies when the model makes both.
+
+    waveform: float32 (B, C, T) in [-1, 1]; a (B, T) waveform is taken as (B, 1, T). sample_rate: Hz.
+    video: uint8 (B, F, H, W, 3) or None; fps: the video's frames per second (required with a video).
+    Torch tensors are converted to numpy; slicing (`batch[a:b]`) slices both streams.
+    """
+
+    waveform: np.ndarray
+    sample_rate: int
+    video: np.ndarray | None = None
+    fps: float | None = None
+
+    def __post_init__(self):
+        waveform = self.waveform
+        if isinstance(waveform, torch.Tensor):
+            waveform = waveform.detach().cpu().float().numpy()
+        if not isinstance(waveform, np.ndarray) or not np.issubdtype(waveform.dtype, np.floating):
+            raise ValueError(f"audio waveform must be a float array (B, C, T) or (B, T), got {type(waveform).__name__}")
+        if waveform.ndim == 2:
+            waveform = waveform[:, None, :]
+        if waveform.ndim != 3:
+            raise ValueError(f"audio waveform must be (B, C, T) or (B, T), got shape {tuple(waveform.shape)}")
+        self.waveform = waveform.astype(np.float32, copy=False)
+        if isinstance(self.sample_rate, bool) or not isinstance(self.sample_rate, int) or self.sample_rate <= 0:
+            raise ValueError(f"audio sample_rate must be a positive int (Hz), got {self.sample_rate!r}")
+        if self.video is None:
+            return
+        self.video = to_uint8_numpy(self.video)
+        if self.video.ndim != 5 or len(self.video) != len(self.waveform):
+            raise ValueError(
+                f"the video of an audio batch must be (B, F, H, W, 3) with B = {len(self.waveform)}, "
+                f"got shape {tuple(self.video.shape)}"
+            )
+        if self.fps is None or not self.fps > 0:
+            raise ValueError(f"an audio batch with a video needs its fps > 0, got {self.fps!r}")
+
+    def __len__(self) -> int:
+        return len(self.waveform)
+
+    def __getitem__(self, index: slice) -> "AudioBatch":
+        if not isinstance(index, slice):  # an int would drop B and read the channels as the batch
+            raise TypeError(f"an AudioBatch is sliced (batch[a:b]), not indexed by {type(index).__name__}")
+        video = None if self.video is None else self.video[index]
+        return AudioBatch(self.waveform[index], self.sample_rate, video, self.fps)
+
+
+def to_uint8_numpy(images: torch.Tensor | np.ndarray | AudioBatch) -> np.ndarray:
+    """Checks images (B, H, W, 3) / videos (B, F, H, W, 3) uint8 and returns a numpy view; an AudioBatch gives its
+    video (TypeError when it has none: an image reward cannot score audio alone)."""
+    if isinstance(images, AudioBatch):
+        if images.video is None:
+            raise TypeError("this reward scores images or videos; the batch is audio without video")
+        return images.video
     if isinstance(images, torch.Tensor):
         images = images.detach().cpu().numpy()
     if not isinstance(images, np.ndarray):
@@ -225,9 +284,19 @@ def to_texts(responses: Any) -> list[str]:
     return list(responses)
 
 
-def to_samples(samples: Any) -> np.ndarray | list[str]:
-    """A batch as rewards take it: text responses when a list or tuple (to_texts), else images/videos."""
+def to_samples(samples: Any) -> np.ndarray | list[str] | AudioBatch:
+    """A batch as rewards take it: text responses when a list or tuple (to_texts), an AudioBatch as it is, else
+    images/videos."""
+    if isinstance(samples, AudioBatch):
+        return samples
     return to_texts(samples) if isinstance(samples, (list, tuple)) else to_uint8_numpy(samples)
+
+
+def to_audio(samples: Any, owner: str) -> AudioBatch:
+    """The batch as an AudioBatch; TypeError naming the reward (`owner`) when it is images, videos or text."""
+    if not isinstance(samples, AudioBatch):
+        raise TypeError(f"{owner} scores audio (an AudioBatch); got {type(samples).__name__}")
+    return samples
 
 
 def sample_frames(sample: np.ndarray, frame_stride: int) -> list[np.ndarray]:

@@ -8,6 +8,7 @@ import base64
 import io
 import logging
 import os
+import wave
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
@@ -17,7 +18,7 @@ from PIL import Image
 
 from diffrl.engines.http_call import MIB, HttpCallError, call_with_retries
 from diffrl.engines.redact import redact_text
-from diffrl.engines.reward.base import RewardError
+from diffrl.engines.reward.base import RewardError, RewardOutput, check_choice, check_positive, to_uint8_numpy
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -50,6 +51,20 @@ def encode_image(image_HW3: np.ndarray, image_format: str = "png") -> bytes:
         Image.fromarray(image_HW3).save(buffer, format="PNG")
     else:
         Image.fromarray(image_HW3).save(buffer, format="JPEG", quality=95)
+    return buffer.getvalue()
+
+
+def encode_wav(waveform_CT: np.ndarray, sample_rate: int) -> bytes:
+    """Float waveform (C, T) in [-1, 1] -> a 16-bit PCM WAV file (C channels) as diffrl/models/wav.py reads it.
+
+    Samples beyond [-1, 1] are clipped to full scale (16-bit PCM has no headroom); x maps to round(x * 32767)."""
+    pcm_TC = np.round(np.clip(waveform_CT, -1.0, 1.0) * 32767.0).astype("<i2").T
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as f:
+        f.setnchannels(waveform_CT.shape[0])
+        f.setsampwidth(2)
+        f.setframerate(sample_rate)
+        f.writeframes(np.ascontiguousarray(pcm_TC).tobytes())
     return buffer.getvalue()
 
 
@@ -127,15 +142,15 @@ def score_each_concurrently(
     images,
     prompts: list[str],
     metadata: list[dict],
-    score_one: Callable[[np.ndarray, str, dict], tuple[float | None, Any]],
+    score_one: Callable[[Any, str, dict], tuple[float | None, Any]],
     concurrency: int,
     info_key: str,
-):
-    """A reward's output from one request per sample (`score_one(image, prompt, metadata)` ->
-    (score or None for an excluded sample, info)), at most `concurrency` requests at once."""
-    from diffrl.engines.reward.base import RewardOutput, to_uint8_numpy
-
-    array = to_uint8_numpy(images)
+    split: Callable[[Any], Any] = to_uint8_numpy,
+) -> RewardOutput:
+    """A reward's output from one request per sample (`score_one(sample, prompt, metadata)` ->
+    (score or None for an excluded sample, info)), at most `concurrency` requests at once; `split(images)` gives
+    the samples (by default the uint8 images or videos)."""
+    array = split(images)
     if not len(array) == len(prompts) == len(metadata):
         raise ValueError(f"{name}: got {len(array)} images, {len(prompts)} prompts, {len(metadata)} metadata")
     results = map_concurrently(lambda i: score_one(array[i], prompts[i], metadata[i]), len(array), concurrency)
@@ -144,14 +159,15 @@ def score_each_concurrently(
 
 def check_request_options(options, owner: str, url_field: str) -> None:
     """The request options every HTTP reward shares: the URL's scheme, image format, concurrency,
-    timeout, answer size, frame stride, batch size (> 0), retries and backoff (>= 0). ValueError naming the option."""
-    from diffrl.engines.reward.base import check_choice, check_positive
-
+    timeout, answer size, frame stride, batch size (> 0), retries and backoff (>= 0), those of them `options` has.
+    ValueError naming the option."""
     url = getattr(options, url_field)
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"{owner}: option '{url_field}' must start with http:// or https://, got {url!r}")
-    check_choice(options.image_format, "image_format", owner, ("png", "jpeg"))
+    if hasattr(options, "image_format"):  # the audio scorer has no images
+        check_choice(options.image_format, "image_format", owner, ("png", "jpeg"))
     for name in ("concurrency", "timeout_s", "max_answer_mib", "frame_stride", "batch_size"):
-        check_positive(getattr(options, name), name, owner)
+        if hasattr(options, name):
+            check_positive(getattr(options, name), name, owner)
     check_positive(options.retries, "retries", owner, allow_zero=True)
     check_positive(options.backoff_s, "backoff_s", owner, allow_zero=True)

@@ -3,12 +3,13 @@ conftest.py, standing in for a user's scoring service)."""
 
 import io
 import json
+import wave
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from diffrl.engines.reward.base import RewardError, build_reward
+from diffrl.engines.reward.base import AudioBatch, RewardError, build_reward
 
 FAST = {"timeout_s": 1.0, "retries": 1, "backoff_s": 0.01}
 
@@ -51,3 +52,27 @@ def test_server_error_raises_after_retries(scripted_server):
     with pytest.raises(RewardError, match="failed after 2 attempts; last error: HTTP 500"):
         reward(np.zeros((1, 8, 8, 3), dtype=np.uint8), ["a"], [{}])
     assert len(server.requests) == 2
+
+
+def test_audio_scorer_posts_each_clip_as_a_wav_file(scripted_server):
+    """http_audio_scorer: one request per clip, the WAV keeps channels and sample rate; a clip that cannot be sent
+    (non-finite) is excluded without a request."""
+
+    def respond(path, headers, body):
+        with wave.open(io.BytesIO(_field(body, "audio")), "rb") as f:
+            pcm = np.frombuffer(f.readframes(f.getnframes()), dtype="<i2").reshape(-1, f.getnchannels())
+            rate = f.getframerate()
+        return 200, {"loud": float(np.abs(pcm).max()) / 32767 + rate / 1e6 + pcm.shape[1]}, 0
+
+    server = scripted_server(respond)
+    waveform = np.zeros((3, 2, 400), dtype=np.float32)
+    waveform[0, 1, 7] = 0.5
+    waveform[1, 0, 3] = -2.0  # clipped to full scale
+    waveform[2, 0, 0] = np.inf
+    reward = build_reward("http_audio_scorer", {"url": server.url, "score_key": "loud", **FAST})
+    out = reward(AudioBatch(waveform, 8000), ["ab", "c", "d"], [{}, {}, {}])
+    assert out.scores[:2].tolist() == pytest.approx([round(0.5 * 32767) / 32767 + 2.008, 1 + 2.008], rel=1e-6)
+    assert out.valid.tolist() == [True, True, False] and out.info["error"][2] == "not sent: non-finite audio samples"
+    assert len(server.requests) == 2 and {_field(r["body"], "prompt") for r in server.requests} == {b"ab", b"c"}
+    with pytest.raises(TypeError, match="http_audio_scorer scores audio"):
+        reward(np.zeros((1, 8, 8, 3), dtype=np.uint8), ["a"], [{}])

@@ -15,6 +15,12 @@ def test_builtin_rewards_are_registered():
         "pickscore",
         "aesthetic",
         "http_scorer",
+        "http_audio_scorer",
+        "temporal_consistency",
+        "audio_loudness",
+        "audio_silence",
+        "audio_spectral_centroid",
+        "av_sync",
     } <= set(reward_names())
 
 
