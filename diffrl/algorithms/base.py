@@ -143,12 +143,11 @@ class DiffusionAlgorithm:
     norm_by_std, global_std, adv_eps, adv_std_ddof: group advantages (algorithms.advantages): divide by the batch's
         (global_std) or each group's std, population (ddof 0) or sample (ddof 1), plus adv_eps.
     reference: the reference policy of the algorithm's KL or reference penalty: "frozen" (the initial weights: LoRA
-        off, or a frozen copy) or "ema", an EMA of the policy kept in the "old" LoRA adapter (Needs.moving_reference),
-        updated after every update with decay :func:`reference_decay_at`. An algorithm that keeps an old adapter of
-        its own (OLD_ADAPTER_DECAY) uses that adapter, with its own decay, as the EMA reference.
-    reference_decay, reference_decay_ramp: the EMA reference's decay after k updates: reference_decay, or with a
-        ramp > 0 min(reference_decay_ramp * k, reference_decay) (DiffusionNFT's old-policy schedule); 0 with
-        reference "frozen".
+        off, or a frozen copy) or "ema" (an exponential moving average of the policy, kept as a second LoRA adapter
+        "old" and updated after every RL step; needs lora: true). DiffusionNFT's EMA reference is its old policy.
+    reference_decay, reference_decay_ramp: the EMA reference's decay after k RL steps, reference <- decay * reference
+        + (1 - decay) * policy: reference_decay, or with a ramp > 0 min(reference_decay_ramp * k, reference_decay).
+        In (0, 1] with reference "ema" (DiffusionNFT: 0, its old_policy_decay_* apply), 0 with "frozen".
     """
 
     # the sampler of the stored rows: fixed on resume (diffrl/configs/changes.py)
