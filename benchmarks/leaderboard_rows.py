@@ -107,6 +107,16 @@ ROWS = (
         " to the policy every 16 steps (flow_grpo's OCR settings, reset_freq 15); every sample pays the KL (no"
         " uncertainty gate)",
     ),
+    Row(
+        "flow_grpo_ema_ref",
+        (
+            "algorithm={name: flow_grpo, clip_ratio: 0.2, noise_level: 0.7, kl_coef: 0.001, kl_space: velocity, "
+            "reference: ema, reference_decay: 0.3, reference_decay_ramp: 0.001}",
+        ),
+        "the flow_grpo row with a velocity-space KL (Flow-Factory kl_type v-based, its suggested kl_beta ~1e-3) to an"
+        " EMA of the policy, decay min(0.001 step, 0.3) (Flow-Factory's old-policy EMA, DGPO ema_ref_ramp_rate and"
+        " ema_ref_max_decay)",
+    ),
 )
 ROW_NAMES = tuple(r.name for r in ROWS)
 

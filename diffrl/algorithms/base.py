@@ -14,6 +14,7 @@ Adding an algorithm is one file here and one ``register(...)`` line in algorithm
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -26,6 +27,8 @@ Metrics = dict[str, torch.Tensor]
 
 # What an algorithm trains on (Needs.data).
 DATA = ("denoising_steps", "final_samples", "tokens")
+# The reference policy of a KL or reference penalty (DiffusionAlgorithm.reference).
+REFERENCES = ("frozen", "ema")
 
 
 @dataclass(frozen=True)
@@ -139,10 +142,21 @@ class DiffusionAlgorithm:
     window: which steps are stochastic, stored and trained (algorithms.windows).
     norm_by_std, global_std, adv_eps, adv_std_ddof: group advantages (algorithms.advantages): divide by the batch's
         (global_std) or each group's std, population (ddof 0) or sample (ddof 1), plus adv_eps.
+    reference: the reference policy of the algorithm's KL or reference penalty: "frozen" (the initial weights: LoRA
+        off, or a frozen copy) or "ema" (an exponential moving average of the policy, kept as a second LoRA adapter
+        "old" and updated after every RL step; needs lora: true). DiffusionNFT's EMA reference is its old policy.
+    reference_decay, reference_decay_ramp: the EMA reference's decay after k RL steps, reference <- decay * reference
+        + (1 - decay) * policy: reference_decay, or with a ramp > 0 min(reference_decay_ramp * k, reference_decay).
+        In (0, 1] with reference "ema" (DiffusionNFT: 0, its old_policy_decay_* apply), 0 with "frozen".
     """
 
     # the sampler of the stored rows: fixed on resume (diffrl/configs/changes.py)
     FIXED_ON_RESUME: ClassVar[dict[str, str]] = dict.fromkeys(("name", "sde_type", "noise_level", "window"), "data")
+    # An algorithm that keeps an old adapter of its own names the fields of that adapter's decay: its EMA reference is
+    # that adapter (reference_decay and reference_decay_ramp stay 0).
+    OLD_ADAPTER_DECAY: ClassVar[str] = ""
+    # Why reference "ema" does not apply to this algorithm ("" = it does).
+    NO_EMA_REFERENCE: ClassVar[str] = ""
 
     name: str
     sde_type: str = "sde"
@@ -152,6 +166,9 @@ class DiffusionAlgorithm:
     global_std: bool = True
     adv_eps: float = 1e-4
     adv_std_ddof: int = 0
+    reference: str = "frozen"
+    reference_decay: float = 0.0
+    reference_decay_ramp: float = 0.0
 
     def __post_init__(self) -> None:
         if self.sde_type not in SDE_TYPES:
@@ -160,6 +177,7 @@ class DiffusionAlgorithm:
             raise ValueError(f"Algorithm.window must be a WindowPolicy; got {type(self.window).__name__}")
         check_fields(self, non_negative=("noise_level",))
         check_advantage_fields(self)
+        check_reference_fields(self)
 
     @property
     def needs(self) -> Needs:
@@ -168,6 +186,57 @@ class DiffusionAlgorithm:
     def loss(self, batch: Any) -> tuple[torch.Tensor, Metrics]:
         raise NotImplementedError(f"{type(self).__name__} must define its loss")
 
+    def with_reference(self, needs: Needs) -> Needs:
+        """`needs` with the reference the `reference` field selects: "ema" runs the reference forward on the "old"
+        adapter. ValueError when the algorithm's settings run no reference forward to move."""
+        if self.reference == "frozen":
+            return needs
+        if not needs.reference:
+            raise ValueError(
+                f"Algorithm.reference 'ema' moves the reference policy, but {self.name!r} with these settings has no "
+                "reference (its KL or reference weight is 0): set that weight > 0, or reference: frozen"
+            )
+        return dataclasses.replace(needs, moving_reference=True, old_adapter=True)
+
     def old_adapter_decay(self, update: int) -> float:
-        """EMA decay of the "old" adapter after `update` updates (only for algorithms whose needs.old_adapter)."""
+        """EMA decay of the "old" adapter after `update` updates (only for algorithms whose needs.old_adapter): the EMA
+        reference's (:func:`reference_decay_at`) unless the algorithm keeps an old adapter of its own."""
+        if self.reference == "ema":
+            return reference_decay_at(update, self.reference_decay, self.reference_decay_ramp)
         raise NotImplementedError(f"{type(self).__name__} keeps no old adapter (needs.old_adapter is False)")
+
+
+def reference_decay_at(update: int, decay: float, ramp: float = 0.0) -> float:
+    """The EMA reference's decay after `update` updates: `decay`, or with ramp > 0 min(ramp * update, decay) (a linear
+    warm-up from a reference that follows the policy to one that lags it; Flow-Factory's "piecewise_linear" schedule
+    with no flat phase). The reference after the update is decay * reference + (1 - decay) * policy."""
+    return decay if ramp == 0 else min(ramp * update, decay)
+
+
+def check_reference_fields(algorithm: DiffusionAlgorithm) -> None:
+    """ValueError naming the field for a reference setting that is unknown, out of range or has no effect."""
+    if algorithm.reference not in REFERENCES:
+        raise ValueError(f"Algorithm.reference must be one of {REFERENCES}; got {algorithm.reference!r}")
+    check_fields(algorithm, non_negative=("reference_decay", "reference_decay_ramp"))
+    if algorithm.reference_decay > 1:
+        raise ValueError(f"Algorithm.reference_decay must be in [0, 1]; got {algorithm.reference_decay}")
+    decay_set = algorithm.reference_decay > 0 or algorithm.reference_decay_ramp > 0
+    if algorithm.reference == "frozen":
+        if decay_set:
+            raise ValueError("Algorithm.reference_decay and reference_decay_ramp apply only with reference: ema")
+        return
+    if algorithm.NO_EMA_REFERENCE:
+        raise ValueError(
+            f"Algorithm.reference 'ema' does not apply to {algorithm.name!r}: {algorithm.NO_EMA_REFERENCE}"
+        )
+    if algorithm.OLD_ADAPTER_DECAY and decay_set:
+        raise ValueError(
+            f"Algorithm.reference 'ema' of {algorithm.name!r} is its old adapter, whose decay "
+            f"{algorithm.OLD_ADAPTER_DECAY} set: leave reference_decay and reference_decay_ramp at 0"
+        )
+    if not algorithm.OLD_ADAPTER_DECAY and algorithm.reference_decay == 0:
+        raise ValueError(
+            "Algorithm.reference_decay must be in (0, 1] with reference: ema (0 would copy the policy after every "
+            "update); Flow-Factory's DGPO reference uses 0.3 with reference_decay_ramp 0.001"
+        )
+    _ = algorithm.needs  # with_reference raises when these settings run no reference forward

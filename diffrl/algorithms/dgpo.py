@@ -44,6 +44,11 @@ class DGPO(DiffusionAlgorithm):
     RL steps (published: optimizer steps); |g| is the group's rows in the batch.
     """
 
+    NO_EMA_REFERENCE = (
+        "its group preference measures against the EMA old adapter with ema_reference: true; its KL keeps the "
+        "initial weights"
+    )
+
     noise_level: float = 0.0
     window: WindowPolicy = field(default_factory=_final_window)
     beta: float = 100.0

@@ -45,7 +45,7 @@ class DiffusionDPO(DiffusionAlgorithm):
 
     @property
     def needs(self) -> Needs:
-        return Needs("final_samples", reference=True, pairs=True)
+        return self.with_reference(Needs("final_samples", reference=True, pairs=True))
 
     def loss(self, batch: SampleBatch) -> tuple[torch.Tensor, Metrics]:
         if batch.ref_velocity is None:
@@ -65,7 +65,10 @@ class DiffusionNFT(DiffusionAlgorithm):
     adv_clip_max: advantage clamp (and scale of the optimality probability). mix_beta: the mix between the current
     and the old policy. ref_coef: weight of the velocity-space reference penalty (0 = no reference forward).
     old_policy_decay_ramp, old_policy_decay_max: the EMA decay after `k` updates, min(ramp * k, max).
+    reference "ema": the reference penalty's reference is the old adapter itself.
     """
+
+    OLD_ADAPTER_DECAY = "old_policy_decay_ramp and old_policy_decay_max"
 
     noise_level: float = 0.0
     window: WindowPolicy = field(default_factory=_final_window)
@@ -85,7 +88,9 @@ class DiffusionNFT(DiffusionAlgorithm):
 
     @property
     def needs(self) -> Needs:
-        return Needs("final_samples", reference=self.ref_coef > 0, old_adapter=True, samples_with_old_adapter=True)
+        return self.with_reference(
+            Needs("final_samples", reference=self.ref_coef > 0, old_adapter=True, samples_with_old_adapter=True)
+        )
 
     def old_adapter_decay(self, update: int) -> float:
         """EMA decay of the old policy after `update` updates: min(ramp * update, max)."""
@@ -131,7 +136,7 @@ class AWM(DiffusionAlgorithm):
 
     @property
     def needs(self) -> Needs:
-        return Needs("final_samples", reference=self.ref_coef > 0)
+        return self.with_reference(Needs("final_samples", reference=self.ref_coef > 0))
 
     def loss(self, batch: SampleBatch) -> tuple[torch.Tensor, Metrics]:
         return awm_loss(

@@ -96,6 +96,8 @@ class GARDO(DiffusionAlgorithm):
     mean KL of an optimizer step exceeds ``kl_thres``).
     """
 
+    NO_EMA_REFERENCE = "its reference already moves: reference_reset_every copies the policy into it"
+
     norm_by_std: bool = False
     clip_ratio: float = 1e-4
     adv_clip_max: float = 5.0

@@ -1,4 +1,5 @@
-"""Policy-gradient losses on reverse-step log-probs: Flow-GRPO, its KL, GRPO-Guard, Flow-DPPO.
+"""Policy-gradient losses on reverse-step log-probs: Flow-GRPO, its KL (latent or velocity space), GRPO-Guard,
+Flow-DPPO.
 
 Every loss takes per-sample tensors of one timestep of one micro-batch -- log_prob,
 old_log_prob, advantages: (B,); prev_sample_mean, old_prev_sample_mean: (B, ...);
@@ -137,6 +138,21 @@ def kl_per_sample(
         std = std.reshape(-1, *([1] * (mu.ndim - 1)))
     per_element = (mu - ref_prev_sample_mean.to(dtype).detach()) ** 2 / (2 * std**2)
     return _mean_over_non_batch(per_element)
+
+
+def velocity_kl_per_sample(velocity: torch.Tensor, ref_velocity: torch.Tensor) -> torch.Tensor:
+    """(b,) the KL penalty in velocity space (Flow-Factory's ``kl_type: v-based``): mean over non-batch dims of
+    (v - v_ref)^2, the reference velocity a constant (detached).
+
+    For sde_type "sde" the transition means differ by mu - mu_ref = (1 + std_dev_t^2 (1 - sigma) / (2 sigma)) dt
+    (v - v_ref) = (1 + eta^2 / 2) dt (v - v_ref), so :func:`kl_per_sample` is this times
+    (1 + eta^2 / 2)^2 dt^2 / (2 std_dev_t^2): the latent form weighs each step by its size and noise level, this one
+    weighs every step alike.
+    """
+    dtype = _dtype(velocity, ref_velocity)
+    if ref_velocity.shape != velocity.shape:
+        raise ValueError(f"ref_velocity {tuple(ref_velocity.shape)} must match velocity {tuple(velocity.shape)}")
+    return _mean_over_non_batch((velocity.to(dtype) - ref_velocity.to(dtype).detach()) ** 2)
 
 
 def _mean_gap(prev_sample_mean, old_prev_sample_mean, dtype) -> torch.Tensor:

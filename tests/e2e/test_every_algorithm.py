@@ -32,3 +32,15 @@ def test_every_catalog_algorithm_trains_one_step_through_the_flow(workdir, name)
     with open("runs/quickstart/checkpoints/step_1/update_metrics.json") as f:
         metrics = json.load(f)
     assert metrics["actor/skipped_steps"] == 0 and math.isfinite(metrics["actor/grad_norm"]), metrics
+
+
+def test_flow_grpo_with_an_ema_reference_and_a_velocity_kl_trains_one_step(workdir):
+    """The reference is an EMA of the policy in the "old" adapter, the KL is in velocity space: both survive the
+    config loader and the flow, and the first update's KL is 0 (the reference starts as the policy)."""
+    overrides = ["algorithm=flow_grpo", "algorithm.reference=ema", "algorithm.reference_decay=0.9"]
+    result = train(config=None, overrides=ONE_STEP + overrides + ["algorithm.kl_space=velocity"])
+    assert result["last_step"] == 1
+    with open("runs/quickstart/checkpoints/step_1/update_metrics.json") as f:
+        metrics = json.load(f)
+    assert metrics["actor/skipped_steps"] == 0 and math.isfinite(metrics["actor/grad_norm"]), metrics
+    assert metrics["actor/kl_loss"] == 0.0

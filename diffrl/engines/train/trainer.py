@@ -329,6 +329,8 @@ class PolicyTrainer(TrainerBase):
             old_prev_sample_mean=None if old.means is None else to_device(old.means[idx, j], device),
             ref_prev_sample_mean=None if ref is None else ref.prev_sample_mean,
             kl_gate=None if self._kl_gate is None else to_device(self._kl_gate[idx], device),
+            velocity=out.velocity,
+            ref_velocity=None if ref is None else ref.velocity,
         )
 
     # ---- final samples (needs.data "final_samples") ---------------------------------------------

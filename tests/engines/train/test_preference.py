@@ -143,3 +143,31 @@ def test_gardo_kl_reference_is_the_old_adapter_reset_every_k_updates(tiny_model)
         trainer.update(traj, ADVANTAGES, engine)
         kl[every] = trainer.update(traj, ADVANTAGES, engine)["actor/kl_loss"]
     assert kl[1] == 0.0 and kl[2] > 0.0
+
+
+def test_an_ema_reference_is_the_closed_form_ema_of_the_policy_lora(tiny_model):
+    """reference: ema keeps the KL's reference in the "old" adapter: after n updates with decays d_k it is
+    prod(d) p_0 + sum_k (1 - d_k) prod_{j > k} d_j p_k, p_k the policy's LoRA tensors after update k (p_0 the initial
+    ones); a velocity-space KL trains through it."""
+    sde = dataclasses.replace(SAMPLING, num_inference_steps=2, noise_level=0.7, window=WindowPolicy("all_but_last"))
+    algorithm = get_algorithm(
+        "flow_grpo", reference="ema", reference_decay=0.6, reference_decay_ramp=0.25, kl_space="velocity"
+    )
+    adapter = load_adapter(tiny_model("sd3"))
+    engine = RolloutEngine(adapter, progress=False)
+    config = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=2, micro_batch_size=4)
+    trainer = PolicyTrainer(adapter, algorithm, config, sde, group_size=2)
+    traj = engine.generate(["a cat", "a cat", "a dog", "a dog"], ["0", "0", "1", "1"], [0, 1, 0, 1], [1, 2, 3, 4], sde)
+    policies = [[new.detach().clone() for new, _ in lora_pairs(adapter.transformer)]]
+    kl = []
+    for _ in range(3):
+        kl.append(trainer.update(traj, ADVANTAGES, engine)["actor/kl_loss"])
+        policies.append([new.detach().clone() for new, _ in lora_pairs(adapter.transformer)])
+    decays = [algorithm.old_adapter_decay(k) for k in (1, 2, 3)]
+    assert decays == [0.25, 0.5, 0.6]
+    expected = policies[0]
+    for decay, policy in zip(decays, policies[1:]):
+        expected = [decay * e + (1 - decay) * p for e, p in zip(expected, policy)]
+    for (_, old), want in zip(lora_pairs(adapter.transformer), expected):
+        torch.testing.assert_close(old, want)
+    assert kl[0] == 0.0 and kl[1] > 0.0  # the reference starts as the policy, then lags it
