@@ -50,6 +50,7 @@ from diffrl.models.base import Encoding, ModelAdapter, SampleShape, images_to_ui
 _SLOT_TOKENS = 4  # each image slot of the text encoder's sequence stands for 2x2 latent tokens
 
 
+# Adapted from diffrl/models/qwen_image/adapter_edit.py: ImageOnlyQwen2VLProcessor, load_processor
 class ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):
     """Qwen3VLProcessor without its video processor (whose base class needs torchvision); text and images as
     upstream's processor renders them."""
@@ -103,6 +104,7 @@ class QwenImage21Adapter(ModelAdapter):
         return adapter
 
     # ---- geometry --------------------------------------------------------------------------------
+    # Adapted from diffrl/models/qwen_image/adapter.py: _multiple, _token_grid, check_shape
     @property
     def _multiple(self) -> int:
         return self.pipe.vae_scale_factor * 2  # one text-encoder image slot covers 2x2 latent tokens
