@@ -29,6 +29,7 @@ ARCHITECTURES: list[str] = [
     "diffrl.models.sd3",
     "diffrl.models.flux",
     "diffrl.models.qwen_image",
+    "diffrl.models.qwen_image21",
     "diffrl.models.z_image",
     "diffrl.models.wan",
     "diffrl.models.bagel",

@@ -246,7 +246,12 @@ def _write_model_index(plan: Plan, index: dict[str, object], folder: str) -> Non
 
 
 def _library_and_class(obj: object) -> list[str]:
-    """["diffusers" | "transformers", class name]: a model_index.json entry."""
+    """["diffusers" | "transformers", class name]: a model_index.json entry. A subclass defined elsewhere (diffrl's
+    processors without a video processor) is written as the library class it extends, as released folders name it."""
+    for cls in type(obj).__mro__:
+        library = cls.__module__.split(".")[0]
+        if library in ("diffusers", "transformers"):
+            return [library, cls.__name__]
     return [type(obj).__module__.split(".")[0], type(obj).__name__]
 
 

@@ -48,8 +48,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "arch",
         metavar="ARCH",
-        help="architecture: sd35m, qwen_image, wan22_a14b, bagel (BAGEL-7B-MoT; --configs-only) or hunyuan_image3 "
-        "(HunyuanImage-3.0, 80 B; --configs-only)",
+        help="architecture: sd35m, qwen_image, qwen_image21, wan22_a14b, bagel (BAGEL-7B-MoT; --configs-only) or "
+        "hunyuan_image3 (HunyuanImage-3.0, 80 B; --configs-only)",
     )
     parser.add_argument(
         "out_dir",

@@ -130,16 +130,18 @@ def _check_qwen_image(transformer: dict, vae: dict, text: dict, tokenizer) -> No
     assert len(tokenizer) <= text["text_config"]["vocab_size"], "tokenizer larger than the text vocabulary"
 
 
-def qwen_prompt_tokenizer(vocab_size: int = QWEN_BPE_VOCAB_SIZE):
+def qwen_prompt_tokenizer(vocab_size: int = QWEN_BPE_VOCAB_SIZE, **options):
     """A Qwen2 byte-level BPE tokenizer with realistic token counts for the prompts diffrl trains on.
 
     diffrl/models/tokenizers.py's recipe (Qwen2's split regex, byte-level BPE, <|endoftext|> / <|im_start|> /
     <|im_end|> specials, Qwen-Image's template words learnt whole so the template prefix is exactly the 34
     tokens the pipeline drops), trained on 4,000 prompts from the OCR and GenEval-style generators plus the
-    tiny corpus: their words become single tokens (~1 token per word, as with Qwen's 151k vocabulary).
+    tiny corpus: their words become single tokens (~1 token per word, as with Qwen's 151k vocabulary). `options` go to
+    `qwen_tokenizer` (its `extra_texts` come first).
     """
     from diffrl.engines.store.prompts import compositional_prompts, ocr_prompts
     from diffrl.models.tokenizers import qwen_tokenizer
 
     texts = [r.prompt for r in ocr_prompts(3000, seed=0)] + [r.prompt for r in compositional_prompts(1000, seed=0)]
-    return qwen_tokenizer(vocab_size=vocab_size, extra_texts=texts)
+    extra = list(options.pop("extra_texts", ()))
+    return qwen_tokenizer(vocab_size=vocab_size, extra_texts=extra + texts, **options)

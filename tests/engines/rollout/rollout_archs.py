@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass, field
 
@@ -25,6 +26,8 @@ class ArchCase:
     height: int = 64
     width: int = 64
     num_frames: int = 1
+    # the pipeline's processor built from the folder where diffusers cannot load it here (no torchvision)
+    processor_from: str = ""  # "module:function" taking the folder
 
 
 CASES = [
@@ -38,6 +41,15 @@ CASES = [
         4.0,
         negative_prompt=" ",
         pipeline_kwargs={"true_cfg_scale": 4.0, "negative_prompt": " "},
+    ),
+    ArchCase(
+        "qwen_image21",
+        "qwen_image21/adapter.py",
+        "qwen_image21/tiny.py",
+        4.0,
+        negative_prompt=" ",
+        pipeline_kwargs={"true_cfg_scale": 4.0, "negative_prompt": " "},
+        processor_from="diffrl.models.qwen_image21.adapter:load_processor",
     ),
     ArchCase("flux", "flux/adapter.py", "flux/tiny.py", 3.5, pipeline_kwargs={"guidance_scale": 3.5}),
     ArchCase("z_image", "z_image/adapter.py", "z_image/tiny.py", 4.0, pipeline_kwargs={"guidance_scale": 4.0}),
@@ -75,7 +87,11 @@ def pipeline_pixels(path: str, case: ArchCase, prompt: str, seed: int, steps: in
     """The upstream diffusers pipeline's output for one prompt, as uint8 (H, W, 3) or (F, H, W, 3)."""
     from diffusers import DiffusionPipeline
 
-    pipe = DiffusionPipeline.from_pretrained(path, torch_dtype=torch.float32)
+    components = {}
+    if case.processor_from:
+        module, name = case.processor_from.split(":")
+        components["processor"] = getattr(importlib.import_module(module), name)(path)
+    pipe = DiffusionPipeline.from_pretrained(path, torch_dtype=torch.float32, **components)
     pipe.set_progress_bar_config(disable=True)
     kwargs = dict(case.pipeline_kwargs, height=case.height, width=case.width)
     if case.num_frames > 1:
@@ -87,6 +103,8 @@ def pipeline_pixels(path: str, case: ArchCase, prompt: str, seed: int, steps: in
         output_type="np",
         **kwargs,
     )
-    pixels = out.frames if case.num_frames > 1 else out.images
+    pixels = np.asarray(out.frames if case.num_frames > 1 else out.images)
+    if pixels.shape[-1] == 4:  # RGBA (Qwen-Image-2.1's VAE): over white, as the adapters return RGB
+        pixels = pixels[..., :3] * pixels[..., 3:] + (1 - pixels[..., 3:])
     # The rounding VaeImageProcessor.numpy_to_pil applies.
-    return (np.asarray(pixels)[0] * 255).round().astype("uint8")
+    return (pixels[0] * 255).round().astype("uint8")
