@@ -19,52 +19,68 @@ Legend: images_NHW3 are N uint8 RGB images of H x W; a video's frames are images
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 STATISTICS = ("brightness", "colourfulness", "edge_density")
 EDGE_THRESHOLD = 0.1  # a luma change of 10 % of the range per pixel
 _LUMA = (0.299, 0.587, 0.114)  # ITU-R BT.601
-_SOBEL_X = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]) / 8.0
+_BATCH = 8  # images measured at once: float copies of a few images at a time, whatever the batch
 
 
-def _channels(images_NHW3: torch.Tensor) -> torch.Tensor:
-    """(N, 3, H, W) float32 on the 0-255 scale; TypeError unless uint8 RGB."""
+def _rgb(images_NHW3: torch.Tensor) -> torch.Tensor:
+    """(N, H, W, 3) float32 on the 0-255 scale; TypeError unless uint8 RGB."""
     if images_NHW3.dtype != torch.uint8 or images_NHW3.ndim != 4 or images_NHW3.shape[-1] != 3:
         raise TypeError(f"image statistics take uint8 images (N, H, W, 3), got {images_NHW3.dtype} {images_NHW3.shape}")
-    return images_NHW3.permute(0, 3, 1, 2).float()
+    return images_NHW3.float()
 
 
-def _luma(rgb_N3HW: torch.Tensor) -> torch.Tensor:
+def _luma(rgb_NHW3: torch.Tensor) -> torch.Tensor:
     """(N, H, W) luma in [0, 1]."""
-    weights = torch.tensor(_LUMA, dtype=rgb_N3HW.dtype, device=rgb_N3HW.device).view(1, 3, 1, 1)
-    return (rgb_N3HW * weights).sum(1) / 255.0
+    return rgb_NHW3 @ torch.tensor(_LUMA, device=rgb_NHW3.device).div(255.0)
+
+
+_OPPONENT = ((1.0, 0.5), (-1.0, 0.5), (0.0, -1.0))  # RGB -> (rg, yb) = (R - G, (R + G) / 2 - B)
+
+
+def _colourfulness(rgb_NHW3: torch.Tensor) -> torch.Tensor:
+    opponent = rgb_NHW3 @ torch.tensor(_OPPONENT, device=rgb_NHW3.device)  # (N, H, W, 2): rg, yb in one pass
+    var, mean = torch.var_mean(opponent, dim=(1, 2), correction=0)  # (N, 2) each
+    return var.sum(1).sqrt() + 0.3 * mean.square().sum(1).sqrt()
+
+
+def _edge_density(luma_NHW: torch.Tensor, threshold: float) -> torch.Tensor:
+    if luma_NHW.shape[-1] < 3 or luma_NHW.shape[-2] < 3:
+        raise ValueError(f"edge density needs images of at least 3 x 3 pixels, got {tuple(luma_NHW.shape[-2:])}")
+    # the separable Sobel kernels [1, 2, 1]^T [-1, 0, 1] / 8 on the interior: no padding to invent edges at the border
+    smooth_rows = luma_NHW[:, :-2] + 2 * luma_NHW[:, 1:-1] + luma_NHW[:, 2:]  # (N, H-2, W)
+    smooth_cols = luma_NHW[:, :, :-2] + 2 * luma_NHW[:, :, 1:-1] + luma_NHW[:, :, 2:]  # (N, H, W-2)
+    gx = (smooth_rows[:, :, 2:] - smooth_rows[:, :, :-2]) / 8
+    gy = (smooth_cols[:, 2:] - smooth_cols[:, :-2]) / 8
+    return (gx.square() + gy.square() > threshold**2).float().mean((1, 2))
 
 
 def brightness(images_NHW3: torch.Tensor) -> torch.Tensor:
     """(N,) mean luma of each image, in [0, 1]."""
-    return _luma(_channels(images_NHW3)).mean((1, 2))
+    return _luma(_rgb(images_NHW3)).mean((1, 2))
 
 
 def colourfulness(images_NHW3: torch.Tensor) -> torch.Tensor:
     """(N,) Hasler & Suesstrunk's colourfulness M of each image (0-255 scale)."""
-    rgb = _channels(images_NHW3).flatten(2)  # (N, 3, HW)
-    r, g, b = rgb.unbind(1)
-    rg, yb = r - g, 0.5 * (r + g) - b
-    spread = (rg.var(1, unbiased=False) + yb.var(1, unbiased=False)).sqrt()
-    offset = (rg.mean(1).square() + yb.mean(1).square()).sqrt()
-    return spread + 0.3 * offset
+    return _colourfulness(_rgb(images_NHW3))
 
 
 def edge_density(images_NHW3: torch.Tensor, threshold: float = EDGE_THRESHOLD) -> torch.Tensor:
     """(N,) share of each image's interior pixels whose Sobel gradient magnitude exceeds `threshold`."""
-    luma = _luma(_channels(images_NHW3)).unsqueeze(1)  # (N, 1, H, W)
-    if luma.shape[-1] < 3 or luma.shape[-2] < 3:
-        raise ValueError(f"edge density needs images of at least 3 x 3 pixels, got {tuple(luma.shape[-2:])}")
-    kx = _SOBEL_X.to(luma.device).view(1, 1, 3, 3)
-    gx = F.conv2d(luma, kx)  # valid convolution: (N, 1, H-2, W-2), no padding to invent edges at the border
-    gy = F.conv2d(luma, kx.transpose(-1, -2))
-    magnitude = (gx.square() + gy.square()).sqrt()
-    return (magnitude > threshold).float().mean((1, 2, 3))
+    return _edge_density(_luma(_rgb(images_NHW3)), threshold)
+
+
+def _all_stats(images_NHW3: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The three statistics of each image, each image converted to float once, a few images at a time."""
+    parts = []
+    for batch in images_NHW3.split(_BATCH):
+        rgb = _rgb(batch)
+        luma = _luma(rgb)
+        parts.append((luma.mean((1, 2)), _colourfulness(rgb), _edge_density(luma, EDGE_THRESHOLD)))
+    return {name: torch.cat(values) for name, values in zip(STATISTICS, zip(*parts))}
 
 
 def per_sample_stats(outputs: object) -> dict[str, torch.Tensor] | None:
@@ -75,9 +91,8 @@ def per_sample_stats(outputs: object) -> dict[str, torch.Tensor] | None:
     if outputs.shape[-1] != 3:
         return None
     frames = outputs.shape[1] if outputs.ndim == 5 else 1
-    images = outputs.reshape(-1, *outputs.shape[-3:])
-    functions = {"brightness": brightness, "colourfulness": colourfulness, "edge_density": edge_density}
-    return {name: fn(images).view(-1, frames).mean(1) for name, fn in functions.items()}
+    stats = _all_stats(outputs.reshape(-1, *outputs.shape[-3:]))
+    return {name: values.view(-1, frames).mean(1) for name, values in stats.items()}
 
 
 def stat_sums(outputs: object) -> dict[str, float]:
