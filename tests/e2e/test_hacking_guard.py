@@ -1,6 +1,7 @@
 """The hacking guard in whole runs of the quickstart's own model (shapes-small, at one step's worth of 8 images): a
 reward that pays for dark images darkens the held-out probe images until the bound on their brightness stops the run
-with one line, a finished and resumable run; the quickstart's own reward (geneval_lite) leaves them as they were.
+with one line, a finished run that resumes with a looser bound; the quickstart's own reward (geneval_lite) leaves
+them as they were.
 
 Measured on the 2-core CPU at seed 0 (probes of 2 prompts x 2 images, every 2 steps): guard/probe/brightness_mean
 0.9825 before training, 0.9737 after 2 steps of the dark reward, 0.9822 after 2 steps of geneval_lite. The per-step
@@ -54,7 +55,16 @@ def test_a_dark_reward_trips_the_guard_and_the_quickstart_reward_does_not(workdi
     steps = _history(client, dark["mlflow_run_id"], "guard/colourfulness_mean")
     assert [step for step, _ in steps] == [1, 2]  # every step's own statistics
     with open("runs/dark/guard.json") as f:
-        assert json.load(f)["first"]["guard/probe/brightness_mean"] == {"value": probes[0][1], "step": 0}
+        first = json.load(f)["first"]
+    assert first["guard/probe/brightness_mean"] == {"value": probes[0][1], "step": 0}
+
+    # a stopped run resumes like any other: the same command with a looser bound trains step 3 and finishes
+    looser = [o.replace("max_drift: 0.006", "max_drift: 0.5") for o in SMALL]
+    resumed = train(config=None, overrides=looser + [DARK, "run.name=dark", "run.steps=3"])
+    err = capsys.readouterr().err
+    assert resumed["last_step"] == 3 and "resuming after step 2" in err and "hacking guard" not in err
+    with open("runs/dark/guard.json") as f:
+        assert json.load(f)["first"] == first  # still compared with the probe before training
 
     normal = train(config=None, overrides=SMALL + ["run.name=normal", "run.steps=2"])
     assert normal["last_step"] == 2 and "hacking guard" not in capsys.readouterr().err
