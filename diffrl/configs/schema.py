@@ -15,6 +15,7 @@ from typing import ClassVar
 import torch
 
 from diffrl.algorithms.catalog import Algorithm, get_algorithm
+from diffrl.configs.guard import GuardConfig
 from diffrl.configs.loader import ConfigError, apply_overrides, build, coerce, parse_override, to_dict, yaml_problem
 from diffrl.configs.reward import RewardComponent, RewardConfig
 from diffrl.configs.rollout import OdeShortcut, RolloutWeights, SamplingConfig, TokenSampling
@@ -245,6 +246,8 @@ class RunConfig:
     init_from: str | None = None
     # YAML `async`: the rollout may run ahead of the update by a bounded number of policy versions
     async_: AsyncConfig = field(default_factory=AsyncConfig)
+    # image statistics of each step, probe prompts every k steps, and an early stop when they drift (docs/training.md)
+    guard: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
         if self.init_from == "":

@@ -44,6 +44,7 @@ from diffrl.flows import interrupts
 from diffrl.flows.build import build_engines
 from diffrl.flows.console import quiet_deployment_run
 from diffrl.flows.errors import DamagedRun, RunFailure, cause, chain, is_interrupt, report
+from diffrl.flows.guard import Guard
 from diffrl.flows.loggers import Place, RunLoggers, mark_run_failed, open_stores
 from diffrl.flows.progress import console
 from diffrl.flows.provenance import deployment_name, log_final_weights, prompt_inputs, source_tags
@@ -213,6 +214,7 @@ def _train(
         f"({cfg.rollout.samples_per_step} {'responses' if cfg.algorithm.needs.data == 'tokens' else 'images'}/step) "
         f"in {cfg.run_dir}" + (f" (lock, Prefect results: {cfg.local_dir})" if fs.is_uri(cfg.run_dir) else "")
     )
+    guard = Guard(cfg)  # a bad probe prompt path fails before the model loads
     with ThreadPoolExecutor(max_workers=1) as pool:  # MLflow's database opens (or is created) while the model loads
         store_ready = pool.submit(open_stores, cfg.run.loggers)
         # bad data, model or reward paths fail here, before any work; `diffrl train` may have built them already
@@ -287,11 +289,15 @@ def _train(
             if val:  # data.num_val_prompts: 0 validates nothing
                 _say(f"before training: {_fmt(val)}")
             tracker.log_values(val, 0)
+        if start == 0 and guard.probes_before_training():  # the probes' first values: what a bound compares with
+            probe = guard.probe(engines, 0)
+            guard.check(probe, 0)
+            tracker.log_values(probe, 0)
         startup.mark("validation")
         _say(startup.line())
         tracker.log_values(startup.metrics(), start)
         with step_flow_settings():  # once for all steps: building Prefect settings costs ~30 ms
-            val = _train_steps(engines, tracker, step_flow, start)
+            val = _train_steps(engines, tracker, step_flow, start, guard)
         engines.run("trainer", drain)  # the last step's rows and checkpoint land before the run reports done
     except BaseException as e:
         console.close()  # the error starts a line of its own
@@ -474,10 +480,11 @@ def step_flow_settings():
     return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 
-def _train_steps(engines: EngineHandle, tracker: RunLoggers, step_flow, start: int) -> dict:
-    """Steps start..steps-1, each a subflow; validation, logging and retention after each. A step's time is the
-    time between the ends of two steps, validation left out (diffrl/engines/step/run.StepClock): with the next step's
-    rollout started right after a weight sync, that is what a step costs the run."""
+def _train_steps(engines: EngineHandle, tracker: RunLoggers, step_flow, start: int, guard: Guard) -> dict:
+    """Steps start..steps-1, each a subflow; validation, guard probes, logging and retention after each; a step that
+    passes a hacking-guard bound is the last. A step's time is the time between the ends of two steps, validation and
+    probes left out (diffrl/engines/step/run.StepClock): with the next step's rollout started right after a weight
+    sync, that is what a step costs the run."""
     cfg = engines.config
     val = {}
     clock, times = StepClock(), []
@@ -501,6 +508,8 @@ def _train_steps(engines: EngineHandle, tracker: RunLoggers, step_flow, start: i
             with clock.excluded():
                 val = validate(engines, tracker, step + 1)
             metrics.update(val)
+        with clock.excluded():
+            metrics.update(guard.probe(engines, step + 1))
         with trace.span("log metrics", step=step):
             tracker.log_metrics(metrics, step + 1)
         trace.flush()
@@ -513,6 +522,11 @@ def _train_steps(engines: EngineHandle, tracker: RunLoggers, step_flow, start: i
             + _eta(times, cfg.run.steps - step - 1),
             note=_fmt(val) if val and validation_due(cfg, step + 1) else "",
         )
+        stop = guard.check(metrics, step + 1)
+        if stop is not None:  # the step is committed and logged: the run ends as a finished one, resumable
+            _say(stop)
+            tracker.set_tags({"diffrl.guard_stop": stop})
+            break
     return val
 
 

@@ -19,6 +19,7 @@ import torch
 from diffrl.engines.handle import Engines
 from diffrl.engines.numbering import step_number
 from diffrl.engines.reward.base import concat_outputs, select_outputs
+from diffrl.engines.reward.image_stats import stat_sums
 from diffrl.engines.step.memory import ChunkRewards
 from diffrl.engines.step.plan import (
     chunk_plan,
@@ -140,8 +141,8 @@ def prefetch(engines: Engines, step: int) -> int:
     """Start the rollout of every chunk of `step` on the rollout worker (right after the previous step's weight
     sync: the same weights, prompts and seeds as on demand; in an asynchronous run when the previous step's update
     starts, on the behaviour copy); returns the chunks of this replica's share. Not done for offline
-    pairs, after the run's last step, before a validation (it samples on the same model), or when stages may
-    run in other processes (Ray: their inputs must come from the store)."""
+    pairs, after the run's last step, before a validation or a guard probe (they sample on the same model), or when
+    stages may run in other processes (Ray: their inputs must come from the store)."""
     cfg, memory = engines.config, engines.memory
     if (
         not memory.asynchronous
@@ -149,6 +150,7 @@ def prefetch(engines: Engines, step: int) -> int:
         or cfg.data.sample_source == "offline"
         or step >= cfg.run.steps
         or validation_due(cfg, step)
+        or cfg.run.guard.probe_due(step)
     ):
         return 0
     chunks = own_chunks(cfg)  # this replica's share (every chunk with one process)
@@ -201,7 +203,8 @@ def score(engines: Engines, step: int, chunk: int) -> Scored:
         components,
         out.valid,
     )
-    return Scored(step, chunk, rows=len(traj), seconds=seconds, excluded=int((~out.valid).sum()))
+    image_stats = stat_sums(traj.outputs) if engines.config.run.guard.image_stats else {}
+    return Scored(step, chunk, len(traj), seconds, int((~out.valid).sum()), image_stats)
 
 
 def _write_rewards(engines: Engines, step: int, keys: Any, scores, components, valid) -> None:

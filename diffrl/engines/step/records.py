@@ -29,13 +29,16 @@ class Generated:
 
 @dataclass(frozen=True)
 class Scored:
-    """Rewards of one chunk: `seconds` of scoring (streamed sub-batches included), `excluded` samples."""
+    """Rewards of one chunk: `seconds` of scoring (streamed sub-batches included), `excluded` samples; `image_stats`:
+    the sums over its images of the hacking guard's statistics (diffrl/engines/reward/image_stats.py), {} when not
+    measured."""
 
     step: int
     chunk: int
     rows: int
     seconds: float
     excluded: int
+    image_stats: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

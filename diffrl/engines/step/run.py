@@ -34,6 +34,7 @@ from typing import Any, Callable, Protocol
 from diffrl.engines import trace
 from diffrl.engines.cluster import ReplicaLost
 from diffrl.engines.handle import EngineHandle, Engines
+from diffrl.engines.reward.image_stats import stat_metrics
 from diffrl.engines.step import generate as sample_stages
 from diffrl.engines.step import update as learn_stages
 from diffrl.engines.step.plan import chunk_owner, replica_chunks
@@ -139,11 +140,14 @@ def run_ahead(engines: Engines, step: int) -> bool:
     """After the flow recorded step `step`: where the engines live, start step `step + 1`'s stages of this process's
     share on the run-ahead worker, once its rollout runs. Only a rollout started in this process counts: a resumed
     step's weight sync can come back Cached from Prefect, its record saying that the earlier process prefetched, while
-    here nothing synced yet (a vLLM server just started holds version 0). Returns whether it started."""
+    here nothing synced yet (a vLLM server just started holds version 0). Not with hacking-guard bounds: a step
+    that trips one is the run's last. Returns whether it started."""
     ahead = _run_ahead(engines)
     if ahead is None:
         return False
     ahead.done_before(step)
+    if engines.config.run.guard.bounds:  # the flow checks each step against the bounds before the next one trains
+        return False
     share = world()[0]  # this replica (0 with one process)
     if not engines.memory.has_chunk(step + 1, replica_chunks(engines.config, share)[0]):
         return False
@@ -300,6 +304,9 @@ def step_metrics(
             "perf/gpus": float(_engine_gpus(cfg)),
         }
     )
+    measured = [s for s in scored if s.image_stats]  # guard/*: the means over the step's images
+    sums = {name: sum(s.image_stats[name] for s in measured) for name in (measured[0].image_stats if measured else {})}
+    metrics.update(stat_metrics(sums, sum(s.rows for s in measured)))
     for stage in ("generate", "reward", "update_actor"):
         key = f"timing_s/{stage}"
         if key in metrics and images:
