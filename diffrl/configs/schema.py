@@ -366,7 +366,8 @@ class ExperimentConfig:
                 f"algorithm.window {self.algorithm.window.kind!r} does not fit "
                 f"rollout.num_inference_steps={self.rollout.num_inference_steps}: {e}"
             ) from None
-        if self.rollout.group_size < 2 and self.data.sample_source == "online":
+        online_rewards = self.data.sample_source == "online" and not self.algorithm.needs.supervised  # SFT: none
+        if self.rollout.group_size < 2 and online_rewards:
             # every bundle's advantages are group-relative (r - the mean of its prompt's group): with one sample a
             # prompt, each is exactly 0 and the rewards teach nothing; pair algorithms have no pair to form
             why = (
