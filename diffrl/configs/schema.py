@@ -187,8 +187,9 @@ class DataConfig:
     # val/accuracy; copy c of prompt i uses seed run.seed + 7 + i + c * num_val_prompts
     val_samples_per_prompt: int = 1
     storage_options: dict = field(default_factory=dict)  # fsspec options for reading train / val files
-    # online: train on the run's own rollouts; offline (algorithm dpo only): train from the preference
-    # parquet in `train` (prompt, chosen, rejected), VAE-encoded once (diffrl/engines/store/preference.py)
+    # online: train on the run's own rollouts; offline: train from the dataset in `train`: a preference parquet
+    # (prompt, chosen, rejected; algorithm dpo), VAE-encoded once (diffrl/engines/store/preference.py), or
+    # (prompt, image) rows of a parquet or Lance table (algorithm sft; diffrl/engines/store/image_dataset.py)
     sample_source: str = "online"
 
     def __post_init__(self) -> None:
