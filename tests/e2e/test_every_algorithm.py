@@ -25,7 +25,7 @@ ONE_STEP = TINY_SIZES + [
 ]
 
 
-# SFT trains on a dataset, not on rollouts of the default config: tests/e2e/test_sft.py runs it
+# SFT trains on a dataset, not on rollouts of the default config: tests/e2e/test_sft_train.py runs it
 @pytest.mark.parametrize(
     "name", sorted(n for n, a in algorithms().items() if a.needs.data != "tokens" and not a.needs.supervised)
 )
