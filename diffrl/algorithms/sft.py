@@ -50,6 +50,8 @@ class SFT(DiffusionAlgorithm):
     logit_normal, weights 1); the velocity is conditional only (no caption dropout).
     """
 
+    NO_EMA_REFERENCE = "it has no reference policy (no KL or reference penalty)"
+
     noise_level: float = 0.0
     window: WindowPolicy = field(default_factory=_final_window)
     sigma_sampling: str = "logit_normal"

@@ -303,6 +303,8 @@ def test_errors():
         Needs("final_samples", reward_gate=True)
     with pytest.raises(ValueError, match=r"Algorithm.sigma_sampling must be one of \('logit_normal', 'uniform'\)"):
         get_algorithm("sft", sigma_sampling="shifted")
+    with pytest.raises(ValueError, match=r"reference 'ema' does not apply to 'sft': it has no reference policy"):
+        get_algorithm("sft", reference="ema", reference_decay=0.5)
     with pytest.raises(ValueError, match=r"Algorithm.logit_std must be > 0"):
         get_algorithm("sft", logit_std=0.0)
     with pytest.raises(ValueError, match="Needs.supervised trains on single dataset samples"):
