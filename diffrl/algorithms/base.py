@@ -60,6 +60,10 @@ class Needs:
         zero advantages and only dilutes a token-mean loss).
     overlong_shaping: the step's rewards get the algorithm's length penalty before the advantages
         (``algorithm.shape_rewards(rewards, lengths, max_response_length)``: DAPO's overlong reward shaping).
+    supervised: trains on the (prompt, image) rows of a dataset (``data.sample_source: offline``), each image's
+        latents as x0: no rollout, no reward and no advantages (SFT; data "final_samples").
+    draws_sigmas: each re-noised sample's sigma comes from ``algorithm.draw_sigma(generator)`` instead of uniformly
+        from the sampling schedule's non-zero sigmas (data "final_samples").
     """
 
     data: str
@@ -75,6 +79,8 @@ class Needs:
     reward_gate: bool = False
     varied_groups: bool = False
     overlong_shaping: bool = False
+    supervised: bool = False
+    draws_sigmas: bool = False
 
     def __post_init__(self) -> None:
         if self.data not in DATA:
@@ -94,6 +100,12 @@ class Needs:
             raise ValueError("Needs.reward_gate gates a loss on denoising steps (data 'denoising_steps')")
         if self.highest_sigmas < 0 or (self.highest_sigmas and self.data != "final_samples"):
             raise ValueError("Needs.highest_sigmas must be >= 0, and > 0 only for data 'final_samples'")
+        if (self.supervised or self.draws_sigmas) and self.data != "final_samples":
+            raise ValueError("Needs.supervised and Needs.draws_sigmas re-noise final samples (data 'final_samples')")
+        if self.supervised and (self.pairs or self.groups or self.reference or self.old_adapter):
+            raise ValueError(
+                "Needs.supervised trains on single dataset samples: no pairs, groups, reference or old adapter"
+            )
         if self.overlong_shaping and self.data != "tokens":
             raise ValueError("Needs.overlong_shaping penalises response lengths: it needs data 'tokens'")
 

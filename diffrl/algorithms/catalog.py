@@ -17,6 +17,7 @@ from diffrl.algorithms.direct_preference import AWM, DiffusionDPO, DiffusionNFT
 from diffrl.algorithms.gardo import GARDO
 from diffrl.algorithms.gspo import GSPO
 from diffrl.algorithms.policy_gradient import FlowDPPO, FlowGRPO, GRPOGuard
+from diffrl.algorithms.sft import SFT
 from diffrl.algorithms.token_pg import DAPO, SequenceDPO, TokenGRPO
 from diffrl.algorithms.windows import WindowPolicy
 
@@ -65,6 +66,7 @@ register(DiffusionNFT("diffusion_nft", ref_coef=1e-4, old_policy_decay_ramp=0.00
 register(AWM("awm", ref_coef=0.1))
 register(DGPO("dgpo"))
 register(GARDO("gardo"))
+register(SFT("sft"))
 
 # On an autoregressive model's tokens (Needs.data "tokens"); names distinct from the diffusion bundles above
 # ("dpo" is Diffusion-DPO; DPO on token sequences is "sequence_dpo").

@@ -4,7 +4,13 @@ Each returns ``(loss, metrics)`` except :func:`kl_loss`, which returns the scala
 (the trainer adds ``kl_coef * kl_loss`` and logs it as actor/kl_loss).
 """
 
-from diffrl.algorithms.losses_dp import awm_loss, diffusion_nft_loss, dpo_loss, reward_probability
+from diffrl.algorithms.losses_dp import (
+    awm_loss,
+    diffusion_nft_loss,
+    dpo_loss,
+    reward_probability,
+    sft_loss,
+)
 from diffrl.algorithms.losses_group import dgpo_loss, gardo_loss
 from diffrl.algorithms.losses_pg import flow_dppo_loss, flow_grpo_loss, grpo_guard_loss, kl_loss
 
@@ -19,4 +25,5 @@ __all__ = [
     "grpo_guard_loss",
     "kl_loss",
     "reward_probability",
+    "sft_loss",
 ]

@@ -1,4 +1,4 @@
-"""Direct-preference losses on final samples (forward process): Diffusion-DPO, DiffusionNFT, AWM.
+"""Losses on final samples (forward process): Diffusion-DPO, DiffusionNFT, AWM, and SFT's supervised flow matching.
 
 These train on clean samples x0 re-noised to x_t = (1 - sigma) x0 + sigma * noise, with the
 flow-matching target ``target = noise - x0``. Shapes: velocities, x_t, x0, target (B, ...);
@@ -180,3 +180,16 @@ def awm_loss(
             "actor/kl_loss": ref_penalty.detach(),
         }
     return loss, metrics
+
+
+def sft_loss(velocity: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, Metrics]:
+    """Supervised flow matching (Lipman et al. 2023, arXiv:2210.02747; rectified flow as SD3 trains it, Esser et al.
+    2024, arXiv:2403.03206): loss = mean_i mean((v_i - target_i)^2), target = noise - x0 at
+    x_t = (1 - sigma) x0 + sigma noise, x0 a dataset image's latents. Metrics: actor/fm_loss (the loss).
+    """
+    dtype = _dtype(velocity, target)
+    v, target = velocity.to(dtype), target.to(dtype).detach()
+    if target.shape != v.shape:
+        raise ValueError(f"target {tuple(target.shape)} must have velocity's shape {tuple(v.shape)}")
+    loss = _mean_over_non_batch((v - target) ** 2).mean()
+    return loss, {"actor/fm_loss": loss.detach()}

@@ -188,8 +188,9 @@ class DataConfig:
     # val/accuracy; copy c of prompt i uses seed run.seed + 7 + i + c * num_val_prompts
     val_samples_per_prompt: int = 1
     storage_options: dict = field(default_factory=dict)  # fsspec options for reading train / val files
-    # online: train on the run's own rollouts; offline (algorithm dpo only): train from the preference
-    # parquet in `train` (prompt, chosen, rejected), VAE-encoded once (diffrl/engines/store/preference.py)
+    # online: train on the run's own rollouts; offline: train from the dataset in `train`: a preference parquet
+    # (prompt, chosen, rejected; algorithm dpo), VAE-encoded once (diffrl/engines/store/preference.py), or
+    # (prompt, image) rows of a parquet or Lance table (algorithm sft; diffrl/engines/store/image_dataset.py)
     sample_source: str = "online"
 
     def __post_init__(self) -> None:
@@ -369,7 +370,8 @@ class ExperimentConfig:
                 f"algorithm.window {self.algorithm.window.kind!r} does not fit "
                 f"rollout.num_inference_steps={self.rollout.num_inference_steps}: {e}"
             ) from None
-        if self.rollout.group_size < 2 and self.data.sample_source == "online":
+        online_rewards = self.data.sample_source == "online" and not self.algorithm.needs.supervised  # SFT: none
+        if self.rollout.group_size < 2 and online_rewards:
             # every bundle's advantages are group-relative (r - the mean of its prompt's group): with one sample a
             # prompt, each is exactly 0 and the rewards teach nothing; pair algorithms have no pair to form
             why = (

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # annotations only: this module stays importable without the 
     from diffrl.engines.reward.multi import MultiReward
     from diffrl.engines.rollout.engine import RolloutEngine
     from diffrl.engines.step.memory import StepMemory
+    from diffrl.engines.store.image_dataset import ImageDataset
     from diffrl.engines.store.preference import PreferenceCache
     from diffrl.engines.store.prompts import PromptRecord, PromptSampler
     from diffrl.engines.store.trajectories import TrajectoryStore
@@ -30,8 +31,9 @@ class Engines:
 
     A field is None where the run has no such part (engines built without a store for the benchmarks have no
     store). `run_uid` keys the run's Prefect task caches (set by the train flow); `model_path` is the resolved model
-    folder; `preferences` is offline DPO's pair cache; `validation_before_training` is what `diffrl train` sampled and
-    scored on the validation prompts while Prefect's server booted (the train flow takes it once).
+    folder; `preferences` is offline DPO's pair cache; `dataset` SFT's (prompt, image) rows;
+    `validation_before_training` is what `diffrl train` sampled and scored on the validation prompts while Prefect's
+    server booted (the train flow takes it once).
     """
 
     config: ExperimentConfig
@@ -46,6 +48,7 @@ class Engines:
     model_path: str = ""
     run_uid: str = ""
     preferences: PreferenceCache | None = None
+    dataset: ImageDataset | None = None
     validation_before_training: tuple | None = None  # (samples, metrics, per-sample rewards)
 
     def run(self, role: str, fn: Callable[..., Any], *args: Any) -> Any:

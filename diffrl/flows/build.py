@@ -20,7 +20,12 @@ from diffrl.engines.store.trajectories import TrajectoryStore
 from diffrl.engines.train.setup import world
 from diffrl.engines.train.sync import rollout_copy, send_weights
 from diffrl.engines.train.trainer import PolicyTrainer
-from diffrl.flows.build_preference import build_preference_cache, check_preference_config, train_prompts
+from diffrl.flows.build_preference import (
+    build_preference_cache,
+    check_preference_config,
+    sft_dataset,
+    train_prompts,
+)
 from diffrl.flows.build_tokens import build_token_model, check_token_config
 from diffrl.models.base import load_adapter, set_tf32
 from diffrl.models.kind import folder_kind
@@ -129,7 +134,11 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", *, durable: bool 
     needs_model = actor in ("local", "engine") and not tokens
     replica = actor == "engine" and world()[1] > 1  # one of several engine replicas (cluster.gpus > 1)
     offline = cfg.data.sample_source == "offline"
-    train_set = train_prompts(cfg) if offline else load_prompts(cfg.data.train, cfg.data, seed=cfg.run.seed)
+    dataset = sft_dataset(cfg)  # SFT's (prompt, image) rows; its images are read step by step
+    if dataset is not None:
+        train_set = dataset.prompts()
+    else:
+        train_set = train_prompts(cfg) if offline else load_prompts(cfg.data.train, cfg.data, seed=cfg.run.seed)
     val_source = cfg.data.val
     val_set = load_prompts(val_source, cfg.data, seed=cfg.run.seed + 10_000) if val_source else train_set
     sampler = PromptSampler(train_set, batch=cfg.rollout.prompts_per_step, seed=cfg.run.seed)
@@ -181,7 +190,7 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", *, durable: bool 
             trainer.rollout_copy = rollout.adapter
             trainer.replayer.cache = embed_cache  # prompts another replica sampled are encoded once, in the cache
             send_weights(trainer, rollout.adapter)
-        if offline:  # offline DPO: the pairs' VAE latents, encoded once (runs/<name>/preferences.lance)
+        if offline and dataset is None:  # offline DPO: pairs' VAE latents, encoded once (runs/<name>/preferences.lance)
             preferences = build_preference_cache(cfg, adapter)
     if adapter is not None and cfg.model.compile and not tokens:  # after LoRA and FSDP have wrapped the blocks
         adapter.compile_blocks()
@@ -204,6 +213,7 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", *, durable: bool 
         memory=memory,
         model_path=model_path,
         preferences=preferences,
+        dataset=dataset,
     )
     if actor == "local":
         cluster.put(cfg.run.name, engines)

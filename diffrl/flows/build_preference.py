@@ -2,8 +2,10 @@
 
 - checks that fail before any work, from the algorithm's declared needs: a diffusion model trains on denoising steps
   or final samples; for final samples the rollout window must end at the last denoising step (the trainer learns
-  from the final sample); `data.sample_source: offline` needs an algorithm that trains on pairs (`algorithm: dpo`);
-- offline DPO: the pair prompts (without loading the images) and the VAE-latent cache, encoded once.
+  from the final sample); `data.sample_source: offline` needs an algorithm that trains on pairs (`algorithm: dpo`)
+  or on a dataset (`algorithm: sft`);
+- offline DPO: the pair prompts (without loading the images) and the VAE-latent cache, encoded once;
+- SFT (`algorithm: sft`, data.sample_source offline): the (prompt, image) dataset, whose images each step encodes.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 from diffrl.algorithms.catalog import algorithms
 from diffrl.algorithms.windows import ends_at_last_step
 from diffrl.configs.schema import ExperimentConfig
+from diffrl.engines.store.image_dataset import ImageDataset
 from diffrl.engines.store.preference import PreferenceCache, preference_prompts, write_toy_preferences
 from diffrl.engines.store.prompts import PromptDataset
 from diffrl.engines.train.trainer import TRAINED_DATA
@@ -28,12 +31,15 @@ def check_preference_config(cfg: ExperimentConfig) -> None:
             f"algorithm {algo.name!r} trains on {needs.data}; a diffusion model ({cfg.model.path}) trains on "
             f"{' or '.join(TRAINED_DATA)}"
         )
-    if cfg.data.sample_source == "offline" and not needs.pairs:
+    if cfg.data.sample_source == "offline" and not (needs.pairs or needs.supervised):
         pair_algorithms = " or ".join(sorted(name for name, a in algorithms().items() if a.needs.pairs))
         raise ValueError(
             f"data.sample_source 'offline' trains from (chosen, rejected) pairs and needs "
-            f"algorithm: {pair_algorithms}; got algorithm {algo.name!r} (use data.sample_source: online)"
+            f"algorithm: {pair_algorithms} (or from (prompt, image) rows: algorithm: {_supervised_names()}); "
+            f"got algorithm {algo.name!r} (use data.sample_source: online)"
         )
+    if needs.supervised:
+        _check_supervised(cfg)
     if needs.data != "final_samples":
         return
     # The trainer reads the final latents: the window must end at the last step. A longer window ending there
@@ -45,6 +51,33 @@ def check_preference_config(cfg: ExperimentConfig) -> None:
             f"denoising step: set algorithm.window to {{kind: final, size: 1}} (or {{kind: random_start, size: k, "
             f"start_range: [{n} - k, {n} - k + 1]}}; rollout.num_inference_steps is {n}); got {window}"
         )
+
+
+def _supervised_names() -> str:
+    return " or ".join(sorted(name for name, a in algorithms().items() if a.needs.supervised))
+
+
+def _check_supervised(cfg: ExperimentConfig) -> None:
+    """SFT trains on a dataset's rows, one sample each, and samples nothing."""
+    name = cfg.algorithm.name
+    if cfg.data.sample_source != "offline":
+        raise ValueError(
+            f"algorithm {name!r} trains on the (prompt, image) rows of a dataset: set data.sample_source: offline and "
+            f"data.train to a .parquet or .lance path with columns prompt and image; got data.sample_source "
+            f"{cfg.data.sample_source!r}"
+        )
+    if cfg.rollout.group_size != 1:
+        raise ValueError(
+            f"algorithm {name!r} trains one sample per dataset row: set rollout.group_size: 1 "
+            f"(rollout.prompts_per_step rows a step); got rollout.group_size {cfg.rollout.group_size}"
+        )
+
+
+def sft_dataset(cfg: ExperimentConfig) -> ImageDataset | None:
+    """The (prompt, image) dataset of an algorithm that trains on one (needs.supervised, SFT), else None."""
+    if not cfg.algorithm.needs.supervised:
+        return None
+    return ImageDataset(cfg.data.train, storage_options=cfg.data.storage_options or None)
 
 
 TOY_SOURCE = "generator:toy_preferences"

@@ -514,10 +514,11 @@ def _train_steps(engines: EngineHandle, tracker: RunLoggers, step_flow, start: i
             tracker.log_metrics(metrics, step + 1)
         trace.flush()
         unit = "responses" if cfg.algorithm.needs.data == "tokens" else "images"
+        shown = ("fm_loss", "actor/fm_loss") if cfg.algorithm.needs.supervised else ("reward", "critic/rewards/mean")
         console.step(  # a live line on a terminal, one plain line per step elsewhere
             step + 1,
             cfg.run.steps,
-            f"reward {metrics.get('critic/rewards/mean', float('nan')):.4f}, "
+            f"{shown[0]} {metrics.get(shown[1], float('nan')):.4f}, "  # SFT has no reward: its matching loss
             f"{metrics['perf/throughput']:.2f} {unit}/s ({metrics['perf/time_per_step']:.2f} s)"
             + _eta(times, cfg.run.steps - step - 1),
             note=_fmt(val) if val and validation_due(cfg, step + 1) else "",

@@ -85,6 +85,17 @@ def offline_pairs(run_name: str, step: int) -> dict:
 
 
 @task(
+    name="dataset_samples",
+    task_run_name=task_name("dataset_samples"),
+    cache_key_fn=stage_cache_key("dataset_samples"),
+    **STAGE,
+)
+def dataset_samples(run_name: str, step: int) -> dict:
+    """SFT: the step's (prompt, image) rows of the dataset, VAE-encoded where the trainer lives."""
+    return _run("dataset_samples", run_name, step)
+
+
+@task(
     name="advantages",
     task_run_name=task_name("advantages"),
     cache_key_fn=replica_cache_key("advantages"),
@@ -122,6 +133,7 @@ TASKS = {
     "generate": generate_chunk,
     "score": score_chunk,
     "offline_pairs": offline_pairs,
+    "dataset_samples": dataset_samples,
     "advantages": compute_advantages,
     "update_actor": update_actor,
     "sync_weights": sync_weights,
@@ -185,7 +197,7 @@ def check_step_results(engines: EngineHandle, step: int, results_dir: str) -> No
     (else UntrustedResult naming the file: Prefect's lookup would skip it without a word)."""
     cfg, uid = engines.config, engines.run_uid
     stages = [(stage, chunk) for chunk in range(step_chunks(cfg)) for stage in ("generate", "score")]
-    stages += [("offline_pairs", 0)]
+    stages += [("offline_pairs", 0), ("dataset_samples", 0)]
     stages += [(stage, replica) for stage in REPLICATED for replica in range(cfg.cluster.replicas)]
     check_results(results_dir, [stage_key(cfg.run.name, uid, step, stage, chunk) for stage, chunk in stages])
     forget_partly_replicated(engines, step, results_dir)
@@ -254,7 +266,7 @@ def forget_unfinished(engines: EngineHandle, step: int, results_dir: str) -> lis
     rewards_ok = rows_ok and _rewards_stored(store, step)
     advantages_ok = rewards_ok and _readable(store.read_advantages, step)
     checkpoint_ok = latest_checkpoint(cfg.run_dir) == step
-    stale = [("offline_pairs", 0)] if not rows_ok else []
+    stale = [("offline_pairs", 0), ("dataset_samples", 0)] if not rows_ok else []
     for chunk in range(chunks):
         if chunk not in committed:
             stale.append(("generate", chunk))

@@ -28,6 +28,7 @@ NEEDS = {
     "awm": ("final_samples", False, True, False, False),  # ref_coef 0.1
     "dgpo": ("final_samples", False, True, True, False),  # kl_coef 0.02; the old adapter for the clip
     "gardo": ("denoising_steps", False, True, True, False),  # the KL's reference is the periodically reset adapter
+    "sft": ("final_samples", False, False, False, False),  # a dataset's images, no reward
 }
 
 
@@ -71,6 +72,7 @@ def test_all_named_bundles_exist_and_declare_their_needs():
         assert needs.old_log_probs == (data == "denoising_steps")
         assert needs.samples_with_old_adapter == (name == "diffusion_nft")
         assert needs.groups == (name == "dgpo") and needs.moving_reference == (name == "gardo"), name
+        assert needs.supervised == needs.draws_sigmas == (name == "sft"), name
     # the settings that switch a need
     assert not get_algorithm("flow_grpo", kl_coef=0.0).needs.reference
     assert not get_algorithm("awm", ref_coef=0.0).needs.reference
@@ -98,10 +100,12 @@ def test_published_defaults():
     assert (dgpo.beta, dgpo.clip_ratio, dgpo.kl_coef, dgpo.adv_clip_max) == (100.0, 1e-2, 0.02, 5.0)
     assert (dgpo.old_policy_decay_ramp, dgpo.old_policy_decay_max, dgpo.ema_reference) == (0.001, 0.3, False)
     assert dgpo.train_sigma_steps == 7  # trunc_steps 6: step indices 0..6
+    sft = get_algorithm("sft")  # SD3's logit-normal timestep density (Esser et al. 2024: m 0, s 1)
+    assert (sft.sigma_sampling, sft.logit_mean, sft.logit_std) == ("logit_normal", 0.0, 1.0)
     gardo = get_algorithm("gardo")  # flow_grpo config/grpo_gardo.py general_ocr_sd3
     assert (gardo.kl_coef, gardo.reference_reset_every, gardo.norm_by_std, gardo.clip_ratio) == (0.04, 16, False, 1e-4)
     assert [gardo.old_adapter_decay(k) for k in (1, 15, 16, 17, 32)] == [1.0, 1.0, 0.0, 1.0, 0.0]
-    for name in ("dpo", "diffusion_nft", "awm", "dgpo"):  # ODE rollouts whose window is the final step
+    for name in ("dpo", "diffusion_nft", "awm", "dgpo", "sft"):  # ODE rollouts whose window is the final step
         algo = get_algorithm(name)
         assert (algo.noise_level, algo.window) == (0.0, WindowPolicy("final", size=1)), name
 
@@ -235,6 +239,7 @@ def test_each_bundles_loss_is_its_pure_loss_function():
         weights=sb.weights,
     )
     _equal(get_algorithm("gardo").loss(sb), expected)
+    _equal(get_algorithm("sft").loss(fb), losses.sft_loss(fb.velocity, fb.target))
 
 
 def test_a_missing_input_the_algorithm_needs_is_a_clear_error():
@@ -296,6 +301,16 @@ def test_errors():
         get_algorithm("gardo", kl_gate_fraction=0.1, main_reward="ocr").reward_gate({"ocr": torch.zeros(3)})
     with pytest.raises(ValueError, match="Needs.reward_gate"):
         Needs("final_samples", reward_gate=True)
+    with pytest.raises(ValueError, match=r"Algorithm.sigma_sampling must be one of \('logit_normal', 'uniform'\)"):
+        get_algorithm("sft", sigma_sampling="shifted")
+    with pytest.raises(ValueError, match=r"reference 'ema' does not apply to 'sft': it has no reference policy"):
+        get_algorithm("sft", reference="ema", reference_decay=0.5)
+    with pytest.raises(ValueError, match=r"Algorithm.logit_std must be > 0"):
+        get_algorithm("sft", logit_std=0.0)
+    with pytest.raises(ValueError, match="Needs.supervised trains on single dataset samples"):
+        Needs("final_samples", supervised=True, pairs=True)
+    with pytest.raises(ValueError, match="Needs.supervised and Needs.draws_sigmas re-noise final samples"):
+        Needs("denoising_steps", draws_sigmas=True)
     with pytest.raises(ValueError, match="diversity_aware must be false.*image features"):
         get_algorithm("gardo", diversity_aware=True)
     with pytest.raises(ValueError, match="reference_reset_every must be >= 0"):

@@ -25,7 +25,10 @@ ONE_STEP = TINY_SIZES + [
 ]
 
 
-@pytest.mark.parametrize("name", sorted(n for n, a in algorithms().items() if a.needs.data != "tokens"))
+# SFT trains on a dataset, not on rollouts of the default config: tests/e2e/test_sft_train.py runs it
+@pytest.mark.parametrize(
+    "name", sorted(n for n, a in algorithms().items() if a.needs.data != "tokens" and not a.needs.supervised)
+)
 def test_every_catalog_algorithm_trains_one_step_through_the_flow(workdir, name):
     result = train(config=None, overrides=ONE_STEP + [f"algorithm={name}"])
     assert result["last_step"] == 1

@@ -1,6 +1,7 @@
 """Stages that make a step's samples: `generate` (a chunk's rollout), `score` (its rewards), `offline_pairs`
-(offline DPO's rows), and the prefetch of the next step's rollout. Each is `stage(engines, step[, chunk])`,
-runs where its role lives (engines.run) and returns a typed record (diffrl/engines/step/records.py).
+(offline DPO's rows), `dataset_samples` (SFT's rows), and the prefetch of the next step's rollout. Each is
+`stage(engines, step[, chunk])`, runs where its role lives (engines.run) and returns a typed record
+(diffrl/engines/step/records.py).
 
 Data flow (diffrl/engines/step/memory.py): a chunk stays in this process's memory for the stages after it; its rows
 and rewards are queued on the ordered background writer. What memory lacks (a resumed step, another
@@ -30,6 +31,7 @@ from diffrl.engines.step.plan import (
     validation_due,
 )
 from diffrl.engines.step.records import Generated, Scored
+from diffrl.engines.store.preference import vae_encode
 from diffrl.engines.train.preference import sampling_with_old_adapter
 from diffrl.engines.trajectories import Trajectories
 from diffrl.models.base import SampleShape
@@ -211,21 +213,27 @@ def _write_rewards(engines: Engines, step: int, keys: Any, scores, components, v
     engines.store.write_rewards(step, keys, scores, components, valid)
 
 
-# ---- offline pairs ------------------------------------------------------------------------------------
+# ---- offline samples (a dataset's: offline DPO's pairs, SFT's images) ------------------------------------------
+def _offline_chunk(engines: Engines, step: int, stage: str, make, what: str) -> tuple[Trajectories, bool]:
+    """Stage `stage`'s offline rows as chunk 0: `make(engines, step)`, queued for the store; a committed step is read
+    back (its rows without latents) instead. Returns (rows, reused)."""
+    if maybe_committed(engines, step) and store_call(engines, step, "has_chunk", engines.store.has_chunk, step, 0):
+        traj = store_call(
+            engines, step, f"read {what}", engines.store.read_chunk, step, 0, with_latents=False, with_images=False
+        )
+        return traj, True
+    inject_fault(stage, step)
+    traj = make(engines, step)
+    engines.memory.put_chunk(step, 0, traj, 0.0)
+    store_submit(engines, step, f"{what} of step {step_number(step)}", _append, engines, traj, step, 0)
+    return traj, False
+
+
 def offline_pairs(engines: Engines, step: int, chunk: int = 0) -> Generated:
     """Offline DPO: the step's preference pairs (from the VAE-latent cache) as chunk 0, with reward 1 for the
     chosen and 0 for the rejected image; a committed step is reused."""
     started = time.perf_counter()
-    if maybe_committed(engines, step) and store_call(engines, step, "has_chunk", engines.store.has_chunk, step, 0):
-        traj = store_call(
-            engines, step, "read pairs", engines.store.read_chunk, step, 0, with_latents=False, with_images=False
-        )
-        reused = True
-    else:
-        inject_fault("offline_pairs", step)
-        traj, reused = _pair_trajectories(engines, step), False
-        engines.memory.put_chunk(step, 0, traj, 0.0)
-        store_submit(engines, step, f"pairs of step {step_number(step)}", _append, engines, traj, step, 0)
+    traj, reused = _offline_chunk(engines, step, "offline_pairs", _pair_trajectories, "pairs")
     rewards = (traj.sample_index == 0).float()
     valid = torch.ones(len(traj), dtype=torch.bool)
     components = {PREFERENCE_REWARD: rewards}
@@ -246,27 +254,58 @@ def offline_pairs(engines: Engines, step: int, chunk: int = 0) -> Generated:
     return Generated(step, 0, rows=len(traj), seconds=time.perf_counter() - started, waited=0.0, reused=reused)
 
 
-def _pair_trajectories(engines: Engines, step: int) -> Trajectories:
-    """(2P) samples of the step's P pairs, chosen then rejected, as a one-step window ending at x0.
+def dataset_samples(engines: Engines, step: int, chunk: int = 0) -> Generated:
+    """SFT: the step's (prompt, image) rows of the dataset, their images VAE-encoded, as chunk 0; no reward. A
+    committed step is reused."""
+    started = time.perf_counter()
+    traj, reused = _offline_chunk(engines, step, "dataset_samples", _dataset_trajectories, "samples")
+    return Generated(step, 0, rows=len(traj), seconds=time.perf_counter() - started, waited=0.0, reused=reused)
 
-    Only the clean latent latents[:, -1] is trained on by the direct-preference trainer; an offline
-    sample has no denoising trajectory, so latents[:, 0] repeats x0 and the log-probs are 0.
-    """
+
+def _pair_trajectories(engines: Engines, step: int) -> Trajectories:
+    """(2P) samples of the step's P pairs, chosen then rejected (group = the pair)."""
+    records = engines.prompts.sample(step)
+    latents_P2S, images_P2HWC = engines.preferences.read([r.metadata["pair"] for r in records])
+    return _final_samples(
+        engines,
+        step,
+        [r for r in records for _ in range(2)],
+        torch.tensor([0, 1] * len(records)),
+        latents_P2S.flatten(0, 1),
+        images_P2HWC.flatten(0, 1),
+        [{"pair": r.metadata["pair"], "label": label} for r in records for label in ("chosen", "rejected")],
+    )
+
+
+def _dataset_trajectories(engines: Engines, step: int) -> Trajectories:
+    """The step's b dataset rows, one sample each (group = the row), x0 the VAE latents of the resized image."""
+    sampling = engines.config.sampling
+    records = engines.prompts.sample(step)
+    images_BHWC = engines.dataset.images([r.metadata["row"] for r in records], sampling.height, sampling.width)
+    shape = SampleShape(sampling.height, sampling.width, sampling.num_frames)
+    x0 = vae_encode(engines.adapter, images_BHWC, shape)
+    index = torch.zeros(len(records), dtype=torch.long)
+    return _final_samples(engines, step, records, index, x0, images_BHWC, [{"row": r.metadata["row"]} for r in records])
+
+
+def _final_samples(
+    engines: Engines, step: int, records: list, sample_index: torch.Tensor, x0: torch.Tensor, images, metadata
+) -> Trajectories:
+    """Offline samples (one PromptRecord per row) as a one-step window ending at x0. Only the clean latent
+    latents[:, -1] is trained on by the final-sample trainer; an offline sample has no denoising trajectory, so
+    latents[:, 0] repeats x0 and the log-probs are 0."""
     cfg = engines.config
     sampling = cfg.sampling
     n = sampling.num_inference_steps
-    records = engines.prompts.sample(step)
-    latents_P2S, images_P2HWC = engines.preferences.read([r.metadata["pair"] for r in records])
-    x0 = latents_P2S.flatten(0, 1)
     b = x0.shape[0]
     shape = SampleShape(sampling.height, sampling.width, sampling.num_frames)
     last_sigma = float(engines.adapter.sigmas(n, shape)[n - 1])
-    prompts = [r.prompt for r in records for _ in range(2)]
+    prompts = [r.prompt for r in records]
     encoder = engines.rollout if engines.rollout is not None else engines.trainer.replayer
     return Trajectories(
         prompts=prompts,
-        group_ids=[r.uid for r in records for _ in range(2)],
-        sample_index=torch.tensor([0, 1] * len(records)),
+        group_ids=[r.uid for r in records],
+        sample_index=sample_index,
         seeds=torch.tensor([sample_seed(cfg.run.seed, step, k) for k in range(b)]),
         latents=torch.stack([x0, x0], 1).float().contiguous(),
         log_probs=torch.zeros(b, 1),
@@ -274,9 +313,9 @@ def _pair_trajectories(engines: Engines, step: int) -> Trajectories:
         sigmas_prev=torch.zeros(b, 1),
         window_starts=torch.full((b,), n - 1),
         trained=torch.ones(b, 1, dtype=torch.bool),
-        images=images_P2HWC.flatten(0, 1),
+        images=images,
         embed_keys=[encoder.embed_key(p, sampling) for p in prompts],
-        metadata=[{"pair": r.metadata["pair"], "label": label} for r in records for label in ("chosen", "rejected")],
+        metadata=metadata,
         policy_version=engines.trainer.policy_version,
     )
 
@@ -338,13 +377,15 @@ def step_reward_info(engines: Engines, step: int, kept: torch.Tensor) -> dict[st
 def rollout_examples(engines: Engines, step: int, count: int) -> tuple[Any, list[str], torch.Tensor]:
     """The first `count` samples of a step's first chunk as (outputs: images, or a token rollout's response texts;
     prompts; rewards) (what the flow logs to MLflow): from memory while the step is held there, else from the store.
-    A reward is NaN where excluded."""
+    A reward is NaN where excluded, and for a dataset's samples (SFT)."""
     held = engines.memory.chunk(step, 0) if engines.memory is not None else None
     if held is not None:
         traj = held[0]
     else:
         traj = store_call(engines, step, "read images", engines.store.read_chunk, step, 0, with_latents=False)
     count = min(count, len(traj))
+    if engines.config.algorithm.needs.supervised:  # a dataset's images: no reward
+        return traj.outputs[:count], list(traj.prompts[:count]), torch.full((count,), float("nan"))
     rewards, _, valid = step_rewards(engines, step)  # chunk 0's rows come first
     rewards = torch.where(valid[:count], rewards[:count], torch.full_like(rewards[:count], float("nan")))
     return traj.outputs[:count], list(traj.prompts[:count]), rewards

@@ -3,6 +3,7 @@ stages as Prefect tasks, the benchmarks and tests run it with the stages called 
 
     online:  for each chunk: generate(chunk) ; score(chunk) runs while the next chunk generates
     offline: offline_pairs(step)   -- offline DPO's pairs from the VAE-latent cache
+    SFT:     dataset_samples(step) -- a dataset's (prompt, image) rows; no reward, so no advantages stage
     advantages(step) -> update_actor(step) (+ checkpoint) -> sync_weights(step) (+ the next step's rollout)
 
 With N engine replicas (`cluster.gpus: N`, Ray actors), each replica runs the local pipeline on its share: replica r
@@ -90,6 +91,7 @@ STAGES: dict[str, tuple[Callable, type]] = {
         "generate": ("rollout", sample_stages.generate, Generated),
         "score": ("reward", sample_stages.score, Scored),
         "offline_pairs": ("trainer", sample_stages.offline_pairs, Generated),
+        "dataset_samples": ("trainer", sample_stages.dataset_samples, Generated),
         "advantages": ("trainer", learn_stages.advantages, Advantaged),
         "update_actor": ("trainer", learn_stages.update, Updated),
         "sync_weights": ("trainer", learn_stages.sync, Synced),
@@ -165,7 +167,10 @@ def _run_stages(engines: EngineHandle, step: int, stages: Stages, share: int | N
     generated: list[Generated] = []
     scored: list[Scored] = []
     reward_wait = 0.0
-    if cfg.data.sample_source == "offline":
+    supervised = cfg.algorithm.needs.supervised
+    if supervised:
+        generated.append(stages.call("dataset_samples", step))
+    elif cfg.data.sample_source == "offline":
         generated.append(stages.call("offline_pairs", step))
     else:
         pending = []
@@ -176,7 +181,7 @@ def _run_stages(engines: EngineHandle, step: int, stages: Stages, share: int | N
         rollout_done = time.perf_counter()
         scored = [future.result() for future in pending]
         reward_wait = time.perf_counter() - rollout_done
-    advantaged = _on_every_replica(stages, cfg, "advantages", step, share)
+    advantaged = None if supervised else _on_every_replica(stages, cfg, "advantages", step, share)
     updated = _on_every_replica(stages, cfg, "update_actor", step, share)
     synced = _on_every_replica(stages, cfg, "sync_weights", step, share)
     seconds = time.perf_counter() - started
@@ -277,18 +282,18 @@ def step_metrics(
     cfg: Any,
     generated: list[Generated],
     scored: list[Scored],
-    advantaged: Advantaged,
+    advantaged: Advantaged | None,
     updated: Updated,
     synced: Synced,
     *,
     seconds: float,
     reward_wait: float,
 ) -> dict[str, float]:
-    """verl's and flow_grpo's metric names: rewards, advantages, actor, timings; perf/* is per step as the run sees it
-    (StepClock), set by whoever runs the steps."""
+    """verl's and flow_grpo's metric names: rewards, advantages (none for SFT), actor, timings; perf/* is per step as
+    the run sees it (StepClock), set by whoever runs the steps."""
     images = sum(g.rows for g in generated)
     reward_s = sum(s.seconds for s in scored)
-    metrics = {**advantaged.metrics, **updated.metrics, **synced.metrics}
+    metrics = {**(advantaged.metrics if advantaged else {}), **updated.metrics, **synced.metrics}
     metrics.update(
         {
             "timing_s/generate": sum(g.seconds for g in generated),

@@ -145,6 +145,18 @@ def fresh_rows(traj: Any, rows: list[int], trainer_version: int, max_staleness: 
     return picked[fresh].tolist(), staleness_stats(staleness_B[picked], fresh)
 
 
+def _rows_to_train(engines: Engines, step: int, traj: Any) -> tuple[list[int], torch.Tensor, dict, dict[str, float]]:
+    """(rows, advantages (B,), reward components, statistics) of the step's samples the update trains on. A dataset's
+    samples (SFT, needs.supervised) have no reward: every row, advantages 0 (its loss does not read them)."""
+    algorithm = engines.config.algorithm
+    if algorithm.needs.supervised:
+        return list(range(len(traj))), torch.zeros(len(traj)), {}, {"sft/num_samples": float(len(traj))}
+    advantages_B = step_advantages(engines, step)
+    rewards, components, valid = step_rewards(engines, step)
+    rows, stats = training_rows(algorithm, rewards, advantages_B, traj.group_ids, valid)
+    return rows, advantages_B, components, stats
+
+
 def update(engines: Engines, step: int, chunk: int = 0) -> Updated:
     """Train on the step (the rows `training_rows` picks) and commit its checkpoint; a step whose checkpoint is
     committed returns its saved metrics instead (an optimizer step is not idempotent, the checkpoint is)."""
@@ -158,9 +170,7 @@ def update(engines: Engines, step: int, chunk: int = 0) -> Updated:
     started = time.perf_counter()
     engines.memory.release_writes()  # the step's rows, rewards and advantages land while the GPU trains
     traj, exchange = training_samples(engines, step)  # engine replicas: every one's chunks, all-gathered
-    advantages_B = step_advantages(engines, step)
-    rewards, components, valid = step_rewards(engines, step)
-    rows, stats = training_rows(engines.config.algorithm, rewards, advantages_B, traj.group_ids, valid)
+    rows, advantages_B, components, stats = _rows_to_train(engines, step, traj)
     asynchronous = engines.config.run.async_
     if asynchronous.enabled:
         # the next step's rollout samples with the behaviour copy (the weights of the last sync) while this update

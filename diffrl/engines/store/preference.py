@@ -94,7 +94,7 @@ def _columns(path: str, storage_options: dict | None) -> list[str]:
     return ["prompt"] + ["uid"] * ("uid" in names) + pair
 
 
-def _load_image(value, base_dir: str) -> Image.Image:
+def load_image(value, base_dir: str) -> Image.Image:
     """PNG/JPEG bytes or a path (relative paths are relative to the parquet's folder)."""
     if isinstance(value, (bytes, bytearray)):
         return Image.open(io.BytesIO(value)).convert("RGB")
@@ -105,7 +105,7 @@ def _load_image(value, base_dir: str) -> Image.Image:
     raise ValueError(f"preference image must be image bytes or a path string, got {type(value).__name__}")
 
 
-def _to_uint8(image: Image.Image, height: int, width: int) -> torch.Tensor:
+def to_uint8(image: Image.Image, height: int, width: int) -> torch.Tensor:
     """(H, W, 3) uint8 at the run's resolution (bicubic resize when the size differs)."""
     if image.size != (width, height):
         image = image.resize((width, height), Image.BICUBIC)
@@ -272,7 +272,7 @@ def _latents_and_images(rows: pa.Table, adapter, shape, base_dir: str) -> tuple[
         return latents, images.reshape(len(latents), 2, *images.shape[1:])
     images = torch.stack(
         [
-            torch.stack([_to_uint8(_load_image(v, base_dir), shape.height, shape.width) for v in (c, r)])
+            torch.stack([to_uint8(load_image(v, base_dir), shape.height, shape.width) for v in (c, r)])
             for c, r in zip(rows.column("chosen").to_pylist(), rows.column("rejected").to_pylist())
         ]
     )

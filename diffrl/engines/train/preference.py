@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
+from typing import Callable
 
 import torch
 
@@ -132,13 +133,23 @@ def training_sigmas(sigmas_N: torch.Tensor, highest: int) -> torch.Tensor:
     return sigmas_N
 
 
-def noised_samples(x0: torch.Tensor, seeds: torch.Tensor, sigmas_N: torch.Tensor, key: int):
+def noised_samples(
+    x0: torch.Tensor,
+    seeds: torch.Tensor,
+    sigmas_N: torch.Tensor,
+    key: int,
+    draw_sigma: Callable[[torch.Generator], torch.Tensor] | None = None,
+):
     """Per sample (sigma (b,), x_t, target) on the CPU, drawn from a generator keyed by `key` + the sample's seed:
-    sigma uniform over the schedule's non-zero sigmas, x_t = (1 - sigma) x0 + sigma noise, target = noise - x0."""
+    sigma uniform over the schedule's non-zero sigmas (or `draw_sigma(generator)`, the algorithm's own density),
+    x_t = (1 - sigma) x0 + sigma noise, target = noise - x0."""
     sig, x_t, target = [], [], []
     for i, seed in enumerate(seeds.tolist()):
         gen = torch.Generator().manual_seed((key + int(seed)) % 2**63)
-        s = sigmas_N[torch.randint(0, len(sigmas_N) - 1, (1,), generator=gen)].reshape(())
+        if draw_sigma is not None:
+            s = draw_sigma(gen).float().reshape(())
+        else:
+            s = sigmas_N[torch.randint(0, len(sigmas_N) - 1, (1,), generator=gen)].reshape(())
         noise = torch.randn(x0.shape[1:], generator=gen)
         sig.append(s)
         x_t.append((1 - s) * x0[i] + s * noise)

@@ -364,7 +364,8 @@ class PolicyTrainer(TrainerBase):
         """Per sample (sigma (b,), x_t, target) on the device, keyed by (cfg.seed, update, epoch, sample seed): each
         PPO epoch trains every sample at a new noise level, as DiffusionNFT trains several timesteps per sample."""
         key = self.cfg.seed * 1_000_003 + self.updates * 7_919 + epoch * 104_729
-        sigma, x_t, target = noised_samples(x0, seeds, sigmas_N, key)
+        draw = self.algorithm.draw_sigma if self.algorithm.needs.draws_sigmas else None
+        sigma, x_t, target = noised_samples(x0, seeds, sigmas_N, key, draw)
         return to_device(sigma, self.device), to_device(x_t, self.device), to_device(target, self.device)
 
     def _velocity(self, x_t, sigma, encoding, shape: SampleShape) -> torch.Tensor:

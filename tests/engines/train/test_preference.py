@@ -171,3 +171,20 @@ def test_an_ema_reference_is_the_closed_form_ema_of_the_policy_lora(tiny_model):
     for (_, old), want in zip(lora_pairs(adapter.transformer), expected):
         torch.testing.assert_close(old, want)
     assert kl[0] == 0.0 and kl[1] > 0.0  # the reference starts as the policy, then lags it
+
+
+def test_an_algorithm_that_draws_its_sigmas_gets_them_from_its_own_density():
+    """Needs.draws_sigmas (SFT): each sample's sigma is algorithm.draw_sigma(its generator), off the sampling
+    schedule; x_t and the target follow the forward process at that sigma."""
+    sft = get_algorithm("sft")
+    x0 = torch.randn(6, 3, generator=torch.Generator().manual_seed(1))
+    sigmas_N = torch.tensor([1.0, 0.5, 0.0])
+    sigma, x_t, target = noised_samples(x0, torch.arange(6), sigmas_N, key=9, draw_sigma=sft.draw_sigma)
+    for i in range(6):
+        gen = torch.Generator().manual_seed(9 + i)
+        s = torch.sigmoid(torch.randn((), generator=gen))  # logit-normal (0, 1)
+        noise = torch.randn(3, generator=gen)
+        assert sigma[i] == s
+        torch.testing.assert_close(x_t[i], (1 - s) * x0[i] + s * noise)
+        torch.testing.assert_close(target[i], noise - x0[i])
+    assert not set(sigma.tolist()) & {1.0, 0.5}

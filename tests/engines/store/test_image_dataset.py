@@ -1,0 +1,67 @@
+"""SFT's (prompt, image) dataset: a parquet file and a Lance table with the same rows read the same; a step's rows
+come back in its order, resized; missing columns, wrong types and wrong paths are errors naming them."""
+
+from __future__ import annotations
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from diffrl.engines.store.image_dataset import ImageDataset
+from diffrl.engines.store.png import ZLIB_DEFAULT, encode_png
+from diffrl.engines.store.prompts import prompt_uid
+
+
+def _rows(n: int = 7) -> pa.Table:
+    """Row k: prompt 'square k', an 8x8 image of value 30 k (row k is told apart by its pixels)."""
+    images = [encode_png(np.full((8, 8, 3), 30 * k, np.uint8), ZLIB_DEFAULT) for k in range(n)]
+    return pa.table({"prompt": [f"square {k}" for k in range(n)], "image": pa.array(images, pa.binary())})
+
+
+def test_parquet_and_lance_read_the_same_rows(tmp_path):
+    table = _rows()
+    pq.write_table(table, tmp_path / "rows.parquet", row_group_size=3)  # rows 0-2, 3-5, 6: three row groups
+    lance.write_dataset(table, str(tmp_path / "rows.lance"))
+    for name in ("rows.parquet", "rows.lance"):
+        data = ImageDataset(str(tmp_path / name))
+        records = data.prompts().records
+        assert [r.prompt for r in records] == [f"square {k}" for k in range(7)]
+        assert [r.metadata["row"] for r in records] == list(range(7))
+        assert records[2].uid == prompt_uid(2, "square 2")
+        images = data.images([6, 1, 4, 1], 8, 8)  # across row groups, in the step's order, a row twice
+        assert images.dtype == torch.uint8 and images.shape == (4, 8, 8, 3)
+        assert images[:, 0, 0, 0].tolist() == [180, 30, 120, 30]
+        assert data.images([5], 16, 16).shape == (1, 16, 16, 3)  # resized to the run's resolution
+        assert data.images([5], 16, 16)[0, 7, 7, 0] == 150  # a solid colour stays that colour
+
+
+def test_uids_come_from_the_uid_column(tmp_path):
+    table = _rows(3).append_column("uid", pa.array(["a", "b", "c"]))
+    pq.write_table(table, tmp_path / "rows.parquet")
+    assert [r.uid for r in ImageDataset(str(tmp_path / "rows.parquet")).prompts().records] == ["a", "b", "c"]
+
+
+def test_bad_datasets_are_errors_naming_what_is_wrong(tmp_path):
+    with pytest.raises(ValueError, match=r"data.train '.*rows.csv': an SFT dataset is a .parquet or .lance path"):
+        ImageDataset(str(tmp_path / "rows.csv"))
+    with pytest.raises(ValueError, match="the SFT dataset file does not exist"):
+        ImageDataset(str(tmp_path / "none.parquet"))
+    with pytest.raises(ValueError, match="no Lance table there"):
+        ImageDataset(str(tmp_path / "none.lance"))
+    pq.write_table(_rows().drop_columns(["image"]), tmp_path / "no_image.parquet")
+    with pytest.raises(ValueError, match=r"needs the columns prompt \(str\) and image .*; it has \['prompt'\]"):
+        ImageDataset(str(tmp_path / "no_image.parquet"))
+    pq.write_table(_rows().set_column(1, "image", pa.array(range(7))), tmp_path / "ints.parquet")
+    with pytest.raises(
+        ValueError, match=r"column 'image' must hold PNG/JPEG bytes \(binary\) or a path \(str\); it holds int64"
+    ):
+        ImageDataset(str(tmp_path / "ints.parquet"))
+    pq.write_table(_rows().set_column(0, "prompt", pa.array(range(7))), tmp_path / "prompts.parquet")
+    with pytest.raises(ValueError, match=r"column 'prompt' must hold str; it holds int64"):
+        ImageDataset(str(tmp_path / "prompts.parquet"))
+    pq.write_table(_rows().slice(0, 0), tmp_path / "empty.parquet")
+    with pytest.raises(ValueError, match="the SFT dataset is empty"):
+        ImageDataset(str(tmp_path / "empty.parquet")).prompts()
