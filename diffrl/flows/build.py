@@ -126,10 +126,11 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", *, durable: bool 
     check_token_config(cfg) if tokens else check_preference_config(cfg)
     if actor == "local" and cfg.cluster.mode == "ray":
         return _start_ray(cfg)
-    if not durable and (cfg.cluster.mode != "local" or cfg.data.sample_source == "offline"):
+    pairs = cfg.data.sample_source == "offline" and not cfg.algorithm.needs.supervised  # offline DPO's latent cache
+    if not durable and (cfg.cluster.mode != "local" or pairs):
         raise ValueError(
-            "engines without a store (durable=False) run in one process on online rollouts: "
-            "cluster.mode local, data.sample_source online"
+            "engines without a store (durable=False) run in one process on online rollouts or an SFT dataset: "
+            "cluster.mode local, data.sample_source online (or algorithm: sft)"
         )
     needs_model = actor in ("local", "engine") and not tokens
     replica = actor == "engine" and world()[1] > 1  # one of several engine replicas (cluster.gpus > 1)

@@ -20,6 +20,7 @@ from diffrl.engines.store.preference import PreferenceCache, preference_prompts,
 from diffrl.engines.store.prompts import PromptDataset
 from diffrl.engines.train.trainer import TRAINED_DATA
 from diffrl.models.base import SampleShape
+from diffrl.shapes.scenes import write_sft_dataset
 
 
 def check_preference_config(cfg: ExperimentConfig) -> None:
@@ -73,11 +74,35 @@ def _check_supervised(cfg: ExperimentConfig) -> None:
         )
 
 
+SHAPES_SFT_SOURCE = "generator:shapes"
+
+
+def sft_source(cfg: ExperimentConfig) -> str:
+    """data.train of an SFT run: a dataset path, or for `generator:shapes` rendered shapes scenes (data.num_generated
+    rows at the run's resolution, drawn by run.seed) written to runs/<name>/sft_shapes_<n>x<size>px_seed<seed>.parquet
+    once."""
+    source = cfg.data.train
+    if not source.startswith("generator:"):
+        return source
+    if source != SHAPES_SFT_SOURCE:
+        raise ValueError(
+            f"data.train {source!r}: SFT reads a .parquet or .lance dataset with columns prompt and image, or "
+            f"{SHAPES_SFT_SOURCE!r} (rendered shapes scenes)"
+        )
+    n, size, seed = cfg.data.num_generated, cfg.rollout.height, cfg.run.seed
+    path = os.path.join(cfg.run_dir, f"sft_shapes_{n}x{size}px_seed{seed}.parquet")
+    if not os.path.exists(path):
+        os.makedirs(cfg.run_dir, exist_ok=True)
+        partial = f"{path}.{os.getpid()}.tmp"  # runs sharing the folder never read a half-written file
+        os.replace(write_sft_dataset(partial, n, image_size=size, seed=seed), path)
+    return path
+
+
 def sft_dataset(cfg: ExperimentConfig) -> ImageDataset | None:
     """The (prompt, image) dataset of an algorithm that trains on one (needs.supervised, SFT), else None."""
     if not cfg.algorithm.needs.supervised:
         return None
-    return ImageDataset(cfg.data.train, storage_options=cfg.data.storage_options or None)
+    return ImageDataset(sft_source(cfg), storage_options=cfg.data.storage_options or None)
 
 
 TOY_SOURCE = "generator:toy_preferences"

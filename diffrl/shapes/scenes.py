@@ -22,8 +22,11 @@ import random
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from PIL import Image, ImageDraw
 
+from diffrl.engines.store.png import ZLIB_DEFAULT, encode_png
 from diffrl.engines.store.prompts import PromptDataset, PromptRecord, prompt_uid
 
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
@@ -253,6 +256,26 @@ def shapes_prompts(n: int, seed: int = 0) -> PromptDataset:
             )
         )
     return PromptDataset(records, source=f"shapes_prompts(n={n}, seed={seed})")
+
+
+def write_sft_dataset(path: str, n: int, *, image_size: int = 64, seed: int = 0) -> str:
+    """An SFT dataset of n rendered scenes (source `generator:shapes` with `algorithm: sft`): parquet columns prompt,
+    uid, image (PNG bytes) and ground_truth (target_json, what geneval_lite scores); the prompts are balanced over
+    TAGS as shapes_prompts balances them, each image a scene that satisfies its prompt (the ground truth the shapes
+    models were pretrained on). Deterministic by seed."""
+    if n < 1:
+        raise ValueError(f"write_sft_dataset: n must be >= 1, got {n}")
+    rng = random.Random(seed)
+    prompts, uids, images, truths = [], [], [], []
+    for i in range(n):
+        target = random_target(rng, TAGS[i % len(TAGS)])
+        prompts.append(caption(target))
+        truths.append(target_json(target))
+        uids.append(prompt_uid(i, prompts[-1]))
+        images.append(encode_png(render(sample_scene(target, rng, image_size), image_size), ZLIB_DEFAULT))
+    table = pa.table({"prompt": prompts, "uid": uids, "image": pa.array(images, pa.binary()), "ground_truth": truths})
+    pq.write_table(table, path)
+    return path
 
 
 HELDOUT_SEED = 90_210  # data/shapes_heldout.jsonl = shapes_prompts(204, seed=HELDOUT_SEED)
