@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         raise SystemExit(f"--parallel must be >= 1, got {args.parallel}")
     os.makedirs(args.out_dir, exist_ok=True)
     if args.parallel > 1:
-        return run_parallel(plan, args.out_dir, args.parallel, args.deadline_s)
+        return run_parallel(plan, args.out_dir, args.parallel, args.deadline_s, by_row=args.by_row)
     started, done, last_s = time.monotonic(), [], None
     for seed in plan.seeds:
         for row in plan.rows():
@@ -289,6 +289,12 @@ def main(argv: list[str] | None = None):
     p_run.add_argument("--deadline-s", type=float, default=None, help="start no run that would end past this")
     p_run.add_argument("--out-dir", default=RESULTS)
     p_run.add_argument("--parallel", type=int, default=1, help="runs at once, each in a child process (default 1)")
+    p_run.add_argument(
+        "--by-row",
+        action="store_true",
+        help="with --parallel: start every seed of a row before the next row, rows in --algorithms order (a row that"
+        " trains its teacher first, named first, overlaps the others' runs)",
+    )
     # set by a --parallel parent or the probe in its children: how many runs share the device, and their barrier
     p_run.add_argument("--concurrent", type=int, default=1, help=argparse.SUPPRESS)
     p_run.add_argument("--barrier", default=None, help=argparse.SUPPRESS)

@@ -136,18 +136,29 @@ def stop(children: list[Child]) -> None:
             child.process.kill()
 
 
-def run_parallel(plan: Plan, out_dir: str, parallel: int, deadline_s: float | None) -> list[dict]:
-    """The runs of `plan` not finished yet in out_dir, up to `parallel` at once, in the sequential order; no child
-    starts that the longest child so far says would end past `deadline_s`. Raises SystemExit (non-zero) after all
-    have ended if any failed."""
+def run_order(plan: Plan, by_row: bool) -> list[tuple[Row, int]]:
+    """(row, seed) in the order runs start: seed by seed in the rows' table order, or (`by_row`) every seed of a row
+    before the next, rows in the order `plan.names` gives them."""
+    if by_row:
+        rows = sorted(plan.rows(), key=lambda r: plan.names.index(r.name))
+        return [(row, seed) for row in rows for seed in plan.seeds]
+    return [(row, seed) for seed in plan.seeds for row in plan.rows()]
+
+
+def run_parallel(
+    plan: Plan, out_dir: str, parallel: int, deadline_s: float | None, *, by_row: bool = False
+) -> list[dict]:
+    """The runs of `plan` not finished yet in out_dir, up to `parallel` at once, in the sequential order (seed by
+    seed; `by_row`: every seed of a row before the next, rows in the order `plan.names` gives them); no child starts
+    that the longest child so far says would end past `deadline_s`. Raises SystemExit (non-zero) after all have
+    ended if any failed."""
     pending = []
-    for seed in plan.seeds:
-        for row in plan.rows():
-            existing = finished_run(out_dir, row.name, seed)
-            if existing:
-                print(f"{row.name} seed {seed}: finished earlier ({existing}), skipped", flush=True)
-            else:
-                pending.append((row, seed))
+    for row, seed in run_order(plan, by_row):
+        existing = finished_run(out_dir, row.name, seed)
+        if existing:
+            print(f"{row.name} seed {seed}: finished earlier ({existing}), skipped", flush=True)
+        else:
+            pending.append((row, seed))
     started, longest_s, running, done, failed = time.monotonic(), None, [], [], []
     try:
         while pending or running:

@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from benchmarks import leaderboard, leaderboard_report
+from benchmarks.leaderboard_parallel import run_order
 from benchmarks.leaderboard_rows import REPO, Plan
 from diffrl.shapes.scenes import TAGS  # noqa: E402
 
@@ -117,6 +118,14 @@ def test_an_images_budget_reaches_the_parallel_children():
     assert "--budget-images" not in Plan("c", ("flow_grpo",), (0,), 300.0, 30.0, ()).child_argv(
         plan.rows()[0], 0, "/o", 1
     )
+
+
+def test_runs_start_seed_by_seed_or_row_by_row_in_the_named_order():
+    plan = Plan("c", ("gardo", "dgpo"), (0, 1), 300.0, 60.0, ())
+    by_seed = [(r.name, s) for r, s in run_order(plan, by_row=False)]
+    assert by_seed == [("dgpo", 0), ("gardo", 0), ("dgpo", 1), ("gardo", 1)]  # the table's row order
+    by_row = [(r.name, s) for r, s in run_order(plan, by_row=True)]
+    assert by_row == [("gardo", 0), ("gardo", 1), ("dgpo", 0), ("dgpo", 1)]  # --algorithms order
 
 
 def _record(seed: int, points: list[tuple[float, int, float]], algorithm: str = "dpo") -> dict:
