@@ -24,6 +24,9 @@ class StepBatch:
     old_prev_sample_mean: (b, *S) the old policy's transition mean (Needs.old_means), else None.
     ref_prev_sample_mean: (b, *S) the reference policy's transition mean (Needs.reference), else None.
     kl_gate: (b,) bool, the samples that pay the KL (Needs.reward_gate), else None.
+    velocity: (b, *S) the current policy's guided velocity at the step's state.
+    teacher_prev_sample_mean, teacher_velocity: (b, *S) the teacher's transition mean and velocity at the same state
+        (Needs.teacher), else None.
     """
 
     log_prob: torch.Tensor
@@ -36,6 +39,9 @@ class StepBatch:
     old_prev_sample_mean: torch.Tensor | None = None
     ref_prev_sample_mean: torch.Tensor | None = None
     kl_gate: torch.Tensor | None = None
+    velocity: torch.Tensor | None = None
+    teacher_prev_sample_mean: torch.Tensor | None = None
+    teacher_velocity: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ class SDEStep:
     prev_sample_mean: (B, ...) mean of the transition; carries the gradient w.r.t. velocity.
     std_dev_t: (B, 1, ...) the sampler's std coefficient (see module docstring per type).
     sqrt_dt: (B, 1, ...) sqrt(sigma - sigma_prev).
+    velocity: (B, ...) the velocity the step took, in the step's dtype (carries the gradient, as the mean does).
     """
 
     prev_sample: torch.Tensor
@@ -60,6 +61,7 @@ class SDEStep:
     prev_sample_mean: torch.Tensor
     std_dev_t: torch.Tensor
     sqrt_dt: torch.Tensor
+    velocity: torch.Tensor | None = None
 
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -251,7 +253,7 @@ def sde_step(
     else:
         elementwise = _gaussian_log_prob(prev_sample, mean, sample_std.expand_as(mean))
     log_prob = _mean_over_non_batch(elementwise)
-    return SDEStep(prev_sample, log_prob, mean, std_dev_t, sqrt_dt)
+    return SDEStep(prev_sample, log_prob, mean, std_dev_t, sqrt_dt, v)
 
 
 def transition_std(std_dev_t: torch.Tensor, sqrt_dt: torch.Tensor, sde_type: str = "sde") -> torch.Tensor:

@@ -48,6 +48,9 @@ class ModelConfig:
     tf32: bool = True  # CUDA fp32 matmuls (e.g. fp32 LoRA branches over a bf16 base) on TF32 tensor cores
     # editing models only: the pixel area input images are resized to (null: the model's own; Qwen-Image-Edit 1024²)
     condition_area: int | None = None
+    # the teacher an on-policy distillation algorithm (diffusion_opd) distils: any name `path` takes, same architecture
+    teacher: str | None = None
+    teacher_lora: str | None = None  # a diffusers LoRA .safetensors file fused into the teacher (e.g. `diffrl export`)
 
     def __post_init__(self) -> None:
         if self.condition_area is not None and self.condition_area < 1:
@@ -376,6 +379,13 @@ class ExperimentConfig:
                 "and the run would learn nothing from its rewards"
             )
             raise ValueError(f"rollout.group_size=1: algorithm {self.algorithm.name!r} {why}; use 2 or more")
+        if self.algorithm.needs.teacher != (self.model.teacher is not None):
+            raise ValueError(
+                f"model.teacher must be set exactly when the algorithm distils a teacher (diffusion_opd); algorithm "
+                f"{self.algorithm.name!r}, model.teacher {self.model.teacher!r}"
+            )
+        if self.model.teacher_lora is not None and self.model.teacher is None:
+            raise ValueError("model.teacher_lora is fused into model.teacher: set model.teacher too")
         if self.algorithm.needs.reward_gate:  # the gate ranks reward components: they must exist, fail now
             self.algorithm.reward_gate({c.name: torch.zeros(1) for c in self.reward.components})
         check_final_samples(self)

@@ -19,6 +19,7 @@ from diffrl.engines.store.tokens import TokenStore
 from diffrl.engines.store.trajectories import TrajectoryStore
 from diffrl.engines.train.setup import world
 from diffrl.engines.train.sync import rollout_copy, send_weights
+from diffrl.engines.train.teacher import load_teacher
 from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.flows.build_preference import build_preference_cache, check_preference_config, train_prompts
 from diffrl.flows.build_tokens import build_token_model, check_token_config
@@ -165,6 +166,10 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", *, durable: bool 
         sampler_adapter = rollout_copy(adapter) if replica and not cfg.train.lora else adapter
         rollout = RolloutEngine(sampler_adapter, cache=embed_cache, progress=sys.stderr.isatty())
     if needs_model:
+        teacher = None
+        if cfg.model.teacher is not None:  # on-policy distillation: the teacher's frozen denoiser, asleep on the CPU
+            teacher_path = resolve_model_path(cfg.model.teacher, seed=cfg.model.tiny_seed)
+            teacher = load_teacher(teacher_path, adapter, lora=cfg.model.teacher_lora, dtype=dtype)
         trainer = PolicyTrainer(  # every diffusion algorithm: the trainer asks it what to prepare
             adapter,
             cfg.algorithm,
@@ -174,6 +179,7 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", *, durable: bool 
             device=device,
             replicate=replica and cfg.train.lora,
             behaviour=cfg.run.async_.enabled,
+            teacher=teacher,
         )
         if cfg.run.async_.enabled:  # the rollout samples with its own LoRA tensors while the trainer updates
             rollout = RolloutEngine(trainer.rollout_copy, cache=embed_cache, progress=sys.stderr.isatty())
