@@ -15,6 +15,8 @@ RESULTS = os.path.join(REPO, "benchmarks", "results", "leaderboard")
 RESULTS_ASYNC = os.path.join(REPO, "benchmarks", "results", "leaderboard_async")  # the asynchronous rows' runs
 GPU_CONFIG = "diffrl/configs/shapes_flow_grpo.yaml"
 GAIN = 0.10  # "time to +10 points" of held-out strict accuracy
+# the diffusion_opd row's teacher: a flow_grpo row run's LoRA on reference:shapes, written by `diffrl export`
+OPD_TEACHER_LORA = os.path.join(RESULTS, "teacher", "pytorch_lora_weights.safetensors")
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,18 @@ ROWS = (
         "GARDO (arXiv:2512.24138): Flow-GRPO with advantages not divided by the std and a KL 0.04 to a reference reset"
         " to the policy every 16 steps (flow_grpo's OCR settings, reset_freq 15); every sample pays the KL (no"
         " uncertainty gate)",
+    ),
+    Row(
+        "diffusion_opd",
+        (
+            "algorithm={name: diffusion_opd, noise_level: 0.0, distill_coef: 1.0, fm_coef: 0.0, pg_coef: 0.0}",
+            "model.teacher=reference:shapes",
+            f"model.teacher_lora={OPD_TEACHER_LORA}",
+        ),
+        "DiffusionOPD (arXiv:2605.15055): pure on-policy distillation (the authors' sopd_* recipe: ODE rollout, every"
+        " step but the last, distill coefficient 1, no reward term) from a further-trained shapes teacher: the base"
+        " model with the LoRA of a finished flow_grpo row run, exported by `diffrl export RUN --out"
+        " benchmarks/results/leaderboard/teacher` before this row runs",
     ),
 )
 ROW_NAMES = tuple(r.name for r in ROWS)

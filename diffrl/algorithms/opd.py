@@ -16,8 +16,8 @@ import torch
 
 from diffrl.algorithms.base import DiffusionAlgorithm, Metrics, Needs, check_fields
 from diffrl.algorithms.batches import StepBatch
-from diffrl.algorithms.losses_pg import distillation_loss, flow_grpo_loss
-from diffrl.algorithms.policy_gradient import with_reference_kl
+from diffrl.algorithms.losses_pg import distillation_loss
+from diffrl.algorithms.policy_gradient import clipped_surrogate, with_reference_kl
 
 
 @dataclass(frozen=True)
@@ -80,13 +80,6 @@ class DiffusionOPD(DiffusionAlgorithm):
             weights=batch.weights,
         )
         if self.pg_coef > 0:
-            pg, pg_metrics = flow_grpo_loss(
-                batch.log_prob,
-                batch.old_log_prob,
-                batch.advantages,
-                clip_ratio=self.clip_ratio,
-                adv_clip_max=self.adv_clip_max,
-                weights=batch.weights,
-            )
+            pg, pg_metrics = clipped_surrogate(batch, self.clip_ratio, self.adv_clip_max)
             loss, metrics = loss + self.pg_coef * pg, {**pg_metrics, **metrics}
         return with_reference_kl(self.kl_coef, batch, loss, metrics)
