@@ -513,9 +513,11 @@ def check_async(cfg: ExperimentConfig) -> None:
         from diffrl.algorithms.catalog import algorithms
 
         works = sorted(name for name, a in algorithms().items() if _async_algorithm(a))
+        pairs = "pairs of " if algo.needs.pairs else ""
+        what = "distils a teacher" if algo.needs.teacher else f"trains on {pairs}{algo.needs.data}"
         raise ValueError(
             f"{who} runs the policy-gradient and direct-preference algorithms ({', '.join(works)}); algorithm "
-            f"{algo.name!r} trains on {'pairs of ' if algo.needs.pairs else ''}{algo.needs.data}, which is not "
+            f"{algo.name!r} {what}, which is not "
             "supported asynchronously yet (use run.async.max_staleness: 0)"
         )
     if cfg.data.sample_source == "offline":
@@ -556,6 +558,8 @@ def _async_algorithm(algorithm) -> bool:
     """Whether an asynchronous run trains `algorithm`: a policy-gradient one (old log-probs in a ratio), on denoising
     steps or on tokens, or a direct-preference one on final samples (no ratio: any sample with rewards trains)."""
     needs = algorithm.needs
+    if needs.teacher:  # the teacher's denoiser is swapped into the pipeline the behaviour copy would sample beside
+        return False
     if needs.data in ("denoising_steps", "final_samples"):
         return True
     return needs.data == "tokens" and needs.old_log_probs and not needs.pairs
