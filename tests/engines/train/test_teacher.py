@@ -1,9 +1,11 @@
 """diffrl.engines.train.teacher: a teacher with a LoRA file fused in computes what the base with that LoRA active
-computes (peft's own forward), and a teacher that cannot stand in for the policy's denoiser is one clear error."""
+computes (peft's own forward), and a teacher that cannot stand in for the policy's denoiser is one clear error; the
+LoRA file is found as a prompt file is (diffrl.flows.build.teacher_lora_file)."""
 
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from peft import LoraConfig, get_peft_model_state_dict
 
 from diffrl.engines.train.checkpoint import LORA_FILE, save_diffusers_lora
 from diffrl.engines.train.teacher import load_teacher
-from diffrl.flows.build import REFERENCE_DIR
+from diffrl.flows.build import PACKAGE_DIR, REFERENCE_DIR, teacher_lora_file
 from diffrl.models.base import load_adapter
 
 
@@ -54,3 +56,21 @@ def test_a_teacher_that_cannot_replace_the_policy_is_refused(tiny_model, tmp_pat
         load_teacher(os.path.join(REFERENCE_DIR, "shapes-small"), student, dtype=torch.float32)
     with pytest.raises(ValueError, match="teacher_lora .* must be an existing .safetensors file"):
         load_teacher(tiny_model("sd3"), student, lora=str(tmp_path / "adapter.bin"), dtype=torch.float32)
+
+
+def test_a_relative_teacher_lora_names_the_shipped_file_from_any_directory(tmp_path, monkeypatch):
+    shipped = "models/reference/shapes/transformer/diffusion_pytorch_model.safetensors"  # any file shipped with diffrl
+    monkeypatch.chdir(tmp_path)
+    assert teacher_lora_file(shipped) == os.path.join(PACKAGE_DIR, shipped)
+    os.makedirs(os.path.dirname(shipped))
+    open(shipped, "wb").close()
+    assert teacher_lora_file(shipped) == shipped  # a file at the path itself comes first
+
+
+def test_a_teacher_lora_that_is_nowhere_names_the_paths_tried(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tried = f"{tmp_path}/teacher/missing.safetensors and {PACKAGE_DIR}/teacher/missing.safetensors"
+    with pytest.raises(ValueError, match=re.escape(f"'teacher/missing.safetensors': no such file (tried {tried})")):
+        teacher_lora_file("teacher/missing.safetensors")
+    with pytest.raises(ValueError, match=re.escape(f"no such file (tried {tmp_path}/gone.safetensors);")):
+        teacher_lora_file(str(tmp_path / "gone.safetensors"))
