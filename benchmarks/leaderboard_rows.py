@@ -15,8 +15,6 @@ RESULTS = os.path.join(REPO, "benchmarks", "results", "leaderboard")
 RESULTS_ASYNC = os.path.join(REPO, "benchmarks", "results", "leaderboard_async")  # the asynchronous rows' runs
 GPU_CONFIG = "diffrl/configs/shapes_flow_grpo.yaml"
 GAIN = 0.10  # "time to +10 points" of held-out strict accuracy
-# the diffusion_opd row's teacher: a flow_grpo row run's LoRA on reference:shapes, written by `diffrl export`
-OPD_TEACHER_LORA = os.path.join(RESULTS, "teacher", "pytorch_lora_weights.safetensors")
 
 
 @dataclass(frozen=True)
@@ -28,6 +26,8 @@ class Row:
     source: str
     # an asynchronous row: the on-policy row it is compared with (the report's "Asynchronous rows" section)
     on_policy: str | None = None
+    # a distilling row: the row whose trained policy of the same seed is its teacher (the runner trains it first)
+    teacher: str | None = None
 
 
 # The base config is the FlowGRPO recipe that learns most here (shapes_flow_grpo.yaml: 4-step CFG-free sampling,
@@ -111,15 +111,12 @@ ROWS = (
     ),
     Row(
         "diffusion_opd",
-        (
-            "algorithm={name: diffusion_opd, noise_level: 0.0, distill_coef: 1.0, fm_coef: 0.0, pg_coef: 0.0}",
-            "model.teacher=reference:shapes",
-            f"model.teacher_lora={OPD_TEACHER_LORA}",
-        ),
+        ("algorithm={name: diffusion_opd, noise_level: 0.0, distill_coef: 1.0, fm_coef: 0.0, pg_coef: 0.0}",),
         "DiffusionOPD (arXiv:2605.15055): pure on-policy distillation (the authors' sopd_* recipe: ODE rollout, every"
         " step but the last, distill coefficient 1, no reward term) from a further-trained shapes teacher: the base"
-        " model with the LoRA of a finished flow_grpo row run, exported by `diffrl export RUN --out"
-        " benchmarks/results/leaderboard/teacher` before this row runs",
+        " model with the LoRA of the flow_grpo row trained for the same budget and seed, which the runner trains first"
+        " when its out-dir has none (teachers/flow_grpo_seed<k>/: that run's record and its LoRA)",
+        teacher="flow_grpo",
     ),
 )
 ROW_NAMES = tuple(r.name for r in ROWS)
