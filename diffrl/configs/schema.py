@@ -50,7 +50,9 @@ class ModelConfig:
     condition_area: int | None = None
     # the teacher an on-policy distillation algorithm (diffusion_opd) distils: any name `path` takes, same architecture
     teacher: str | None = None
-    teacher_lora: str | None = None  # a diffusers LoRA .safetensors file fused into the teacher (e.g. `diffrl export`)
+    # a diffusers LoRA .safetensors file fused into the teacher (`diffrl export` writes one); a relative path that is
+    # not there names the file shipped with diffrl
+    teacher_lora: str | None = None
 
     def __post_init__(self) -> None:
         if self.condition_area is not None and self.condition_area < 1:
