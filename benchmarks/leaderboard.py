@@ -9,8 +9,11 @@ data/shapes_heldout.jsonl (the config's data.val, ODE samples, per category) is 
 `--eval-every-s` seconds of training, with the images seen so far. One JSON per run goes to `--out-dir` (default
 benchmarks/results/leaderboard/), rewritten after each evaluation; a run whose JSON says "finished" is skipped, so
 a series of calls shorter than the whole leaderboard finishes it (`--deadline-s`: start no run that would end past
-it). `--parallel K` runs up to K of them at once on the one GPU, each in its own child process
-(benchmarks/leaderboard_parallel.py), and `probe` measures how much of its solo speed a run keeps at each K.
+it). A distilling row (diffusion_opd) distils the policy its teacher row (flow_grpo) trains for the same budget and
+seed: the first run of such a row in an out-dir trains that teacher first, into `teachers/` there (its record and its
+LoRA, reused by later runs; no network and no earlier run needed). `--parallel K` runs up to K of them at once on
+the one GPU, each in its own child process (benchmarks/leaderboard_parallel.py), and `probe` measures how much of
+its solo speed a run keeps at each K.
 
     python -m benchmarks.leaderboard run --seeds 0 1 --budget-s 300 --deadline-s 560   # GPU: the next runs
     python -m benchmarks.leaderboard probe --parallel 1 2 3 4 --seconds 60 --out probe.json   # GPU: choose K
@@ -40,6 +43,7 @@ from benchmarks.leaderboard_rows import (
     RESULTS,
     RESULTS_ASYNC,
     ROW_NAMES,
+    ROWS,
     Plan,
     Row,
     finished_run,
@@ -61,21 +65,29 @@ def run_one(
     barrier: str | None = None,
     budget_images: int | None = None,
     eval_every_images: int | None = None,
+    lora_out: str | None = None,
 ) -> dict:
     """Train one (row, seed) for `budget_s` seconds of training, evaluating every `eval_every_s` of them (with
     `budget_images`: for that many images seen, evaluating every `eval_every_images`); the record is rewritten after
     each evaluation (a run cut short keeps what it measured, "finished": false).
 
     `concurrent_runs` is how many runs the parent started together on this device (recorded: the budget is seconds
-    of a shared GPU); with `barrier` (a folder), training starts only once that many runs have reached it."""
+    of a shared GPU); with `barrier` (a folder), training starts only once that many runs have reached it. A row
+    with a teacher first gets it (row_teacher); with `lora_out`, the trained LoRA is written there at the end."""
     import torch
 
     from benchmarks.shapes_rl import evaluate
     from diffrl.configs.schema import load_experiment
     from diffrl.engines.step.run import DirectStages, StepClock, run_step
+    from diffrl.engines.train.checkpoint import export_lora
     from diffrl.flows.build import build_engines
 
-    cfg = load_experiment(config, [*row.overrides, f"run.seed={seed}", *extra])
+    teacher, overrides = None, list(row.overrides)
+    if row.teacher is not None:
+        common = dict(config=config, extra=extra, budget_s=budget_s, out_dir=out_dir, command=command)
+        teacher = row_teacher(row, seed, **common, concurrent_runs=concurrent_runs, budget_images=budget_images)
+        overrides += [f"model.teacher={teacher['model']}", f"model.teacher_lora={teacher.pop('lora_path')}"]
+    cfg = load_experiment(config, [*overrides, f"run.seed={seed}", *extra])
     if not cfg.model.path.startswith("reference:shapes") or not cfg.data.val:
         raise SystemExit("the leaderboard runs on the shapes models (model.path reference:shapes*) with a data.val")
     device, _ = cfg.model.device_and_dtype()
@@ -91,8 +103,9 @@ def run_one(
         "algorithm": row.name,
         "seed": seed,
         "config": config,
-        "overrides": [*row.overrides, *extra],
+        "overrides": [*row.overrides, *extra],  # a teacher's: in "teacher"
         "source": row.source,
+        **({"teacher": teacher} if teacher else {}),
         "device": device_name,
         "torch": torch.__version__,
         "budget_s": budget_s,
@@ -149,12 +162,66 @@ def run_one(
                 evaluate_now(step, train_s, images)
             while next_eval <= spent():
                 next_eval += every
+    if lora_out is not None:
+        export_lora(engines.trainer, lora_out)
     record["finished"] = True
     record["seconds_per_step_median"] = statistics.median(step_seconds) if step_seconds else None
     if device.type == "cuda":
         record["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     write_json(path, record)
     return record
+
+
+def row_teacher(
+    row: Row,
+    seed: int,
+    *,
+    config: str,
+    extra: list[str],
+    budget_s: float,
+    out_dir: str,
+    command: str,
+    concurrent_runs: int,
+    budget_images: int | None,
+) -> dict:
+    """The teacher of a distilling row's run: the base model with the LoRA of `row.teacher`'s run of this seed, for the
+    same budget, under out_dir/teachers/<teacher>_seed<k>/ (its record and pytorch_lora_weights.safetensors). When
+    that folder has no LoRA yet it trains that run first, evaluated before and at the end only."""
+    from diffrl.configs.schema import load_experiment
+    from diffrl.engines.train.checkpoint import LORA_FILE
+
+    folder = os.path.join(out_dir, "teachers", f"{row.teacher}_seed{seed}")
+    lora = os.path.join(folder, LORA_FILE)
+    if not os.path.isfile(lora):
+        teacher_row = next(r for r in ROWS if r.name == row.teacher)
+        print(f"{row.name} seed {seed}: training its teacher, the {row.teacher} row, into {folder}", flush=True)
+        os.makedirs(folder, exist_ok=True)
+        run_one(
+            teacher_row,
+            seed,
+            config=config,
+            extra=extra,
+            budget_s=budget_s,
+            eval_every_s=budget_s,
+            out_dir=folder,
+            command=command,
+            concurrent_runs=concurrent_runs,
+            budget_images=budget_images,
+            eval_every_images=budget_images,
+            lora_out=folder,
+        )
+    record, history = finished_run(folder, row.teacher, seed), []
+    if record:
+        with open(os.path.join(folder, record)) as f:
+            history = json.load(f)["history"]
+    return {
+        "row": row.teacher,
+        "model": load_experiment(config, extra).model.path,
+        "lora": os.path.relpath(lora, REPO) if os.path.abspath(lora).startswith(REPO + os.sep) else lora,
+        "lora_path": os.path.abspath(lora),
+        "record": record,
+        "accuracy": [history[0]["accuracy"], history[-1]["accuracy"]] if history else None,
+    }
 
 
 def plan_of(args: argparse.Namespace) -> Plan:

@@ -26,6 +26,8 @@ class Row:
     source: str
     # an asynchronous row: the on-policy row it is compared with (the report's "Asynchronous rows" section)
     on_policy: str | None = None
+    # a distilling row: the row whose trained policy of the same seed is its teacher (the runner trains it first)
+    teacher: str | None = None
 
 
 # The base config is the FlowGRPO recipe that learns most here (shapes_flow_grpo.yaml: 4-step CFG-free sampling,
@@ -130,6 +132,15 @@ ROWS = (
         "SFT (flow matching, SD3's logit-normal sigma) on data.num_generated = 5000 rendered scenes that satisfy their"
         " prompts, the ground truth the model was pretrained on: what a warm start buys; 512 rows a step, the RL"
         " rows' LoRA and learning rate",
+    ),
+    Row(
+        "diffusion_opd",
+        ("algorithm={name: diffusion_opd, noise_level: 0.0, distill_coef: 1.0, fm_coef: 0.0, pg_coef: 0.0}",),
+        "DiffusionOPD (arXiv:2605.15055): pure on-policy distillation (the authors' sopd_* recipe: ODE rollout, every"
+        " step but the last, distill coefficient 1, no reward term) from a further-trained shapes teacher: the base"
+        " model with the LoRA of the flow_grpo row trained for the same budget and seed, which the runner trains first"
+        " when its out-dir has none (teachers/flow_grpo_seed<k>/: that run's record and its LoRA)",
+        teacher="flow_grpo",
     ),
 )
 ROW_NAMES = tuple(r.name for r in ROWS)

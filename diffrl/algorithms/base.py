@@ -42,6 +42,8 @@ class Needs:
         update when the rollout's numerics differ (TrainConfig.old_log_probs).
     old_means: the old policy's transition means too; always recomputed before the first optimizer step.
     reference: a forward of the reference policy (LoRA off, or a frozen copy of the initial weights).
+    teacher: the transition means and velocities of a teacher model (model.teacher) at the stored states, computed
+        once per update (data "denoising_steps").
     moving_reference: that reference forward runs the "old" adapter instead (a reference that moves with the policy,
         as ``old_adapter_decay`` updates it); needs reference and old_adapter.
     old_adapter: a second LoRA adapter "old", an EMA of the policy with decay ``old_adapter_decay(updates)`` after
@@ -70,6 +72,7 @@ class Needs:
     old_log_probs: bool = False
     old_means: bool = False
     reference: bool = False
+    teacher: bool = False
     moving_reference: bool = False
     old_adapter: bool = False
     samples_with_old_adapter: bool = False
@@ -96,6 +99,8 @@ class Needs:
             )
         if self.groups and (self.pairs or self.data != "final_samples"):
             raise ValueError("Needs.groups trains on whole groups of final samples (data 'final_samples', not pairs)")
+        if self.teacher and self.data != "denoising_steps":
+            raise ValueError("Needs.teacher scores the stored denoising steps (data 'denoising_steps')")
         if self.reward_gate and self.data != "denoising_steps":
             raise ValueError("Needs.reward_gate gates a loss on denoising steps (data 'denoising_steps')")
         if self.highest_sigmas < 0 or (self.highest_sigmas and self.data != "final_samples"):

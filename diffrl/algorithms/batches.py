@@ -26,6 +26,8 @@ class StepBatch:
     kl_gate: (b,) bool, the samples that pay the KL (Needs.reward_gate), else None.
     velocity: (b, *S) the current policy's (guided) velocity of the step, or None.
     ref_velocity: (b, *S) the reference policy's velocity of the step (Needs.reference), else None.
+    teacher_prev_sample_mean, teacher_velocity: (b, *S) the teacher's transition mean and velocity at the same state
+        (Needs.teacher), else None.
     """
 
     log_prob: torch.Tensor
@@ -40,6 +42,8 @@ class StepBatch:
     kl_gate: torch.Tensor | None = None
     velocity: torch.Tensor | None = None
     ref_velocity: torch.Tensor | None = None
+    teacher_prev_sample_mean: torch.Tensor | None = None
+    teacher_velocity: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from diffrl.algorithms.dgpo import DGPO
 from diffrl.algorithms.direct_preference import AWM, DiffusionDPO, DiffusionNFT
 from diffrl.algorithms.gardo import GARDO
 from diffrl.algorithms.gspo import GSPO
+from diffrl.algorithms.opd import DiffusionOPD
 from diffrl.algorithms.policy_gradient import FlowDPPO, FlowGRPO, GRPOGuard
 from diffrl.algorithms.sft import SFT
 from diffrl.algorithms.token_pg import DAPO, SequenceDPO, TokenGRPO
@@ -66,6 +67,7 @@ register(DiffusionNFT("diffusion_nft", ref_coef=1e-4, old_policy_decay_ramp=0.00
 register(AWM("awm", ref_coef=0.1))
 register(DGPO("dgpo"))
 register(GARDO("gardo"))
+register(DiffusionOPD("diffusion_opd"))
 register(SFT("sft"))
 
 # On an autoregressive model's tokens (Needs.data "tokens"); names distinct from the diffusion bundles above

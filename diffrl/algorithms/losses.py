@@ -12,11 +12,12 @@ from diffrl.algorithms.losses_dp import (
     sft_loss,
 )
 from diffrl.algorithms.losses_group import dgpo_loss, gardo_loss
-from diffrl.algorithms.losses_pg import flow_dppo_loss, flow_grpo_loss, grpo_guard_loss, kl_loss
+from diffrl.algorithms.losses_pg import distillation_loss, flow_dppo_loss, flow_grpo_loss, grpo_guard_loss, kl_loss
 
 __all__ = [
     "awm_loss",
     "dgpo_loss",
+    "distillation_loss",
     "diffusion_nft_loss",
     "dpo_loss",
     "flow_dppo_loss",

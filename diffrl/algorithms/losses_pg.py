@@ -1,5 +1,5 @@
 """Policy-gradient losses on reverse-step log-probs: Flow-GRPO, its KL (latent or velocity space), GRPO-Guard,
-Flow-DPPO.
+Flow-DPPO; and on-policy distillation to a teacher's transitions (DiffusionOPD).
 
 Every loss takes per-sample tensors of one timestep of one micro-batch -- log_prob,
 old_log_prob, advantages: (B,); prev_sample_mean, old_prev_sample_mean: (B, ...);
@@ -265,3 +265,43 @@ def flow_dppo_loss(
         }
     )
     return loss, metrics
+
+
+def distillation_loss(
+    prev_sample_mean: torch.Tensor,
+    teacher_prev_sample_mean: torch.Tensor,
+    std_dev_t: torch.Tensor,
+    *,
+    velocity: torch.Tensor | None = None,
+    teacher_velocity: torch.Tensor | None = None,
+    kl_coef: float = 1.0,
+    fm_coef: float = 0.0,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """DiffusionOPD's on-policy distillation on one denoising step (Li et al. 2026, arXiv:2605.15055; verl-omni's
+    ``distill_kl`` and ``distill_fm_mse``), the teacher's quantities at the student's own state being constants.
+
+    Per sample: kl = mean((mu - mu_teacher)^2) / (2 std_dev_t^2), the reverse KL between the two Gaussian transitions
+    that share the student's std (:func:`kl_per_sample` with the teacher in place of the reference); where std_dev_t
+    is 0 (an ODE step) it is the unit-variance surrogate mean((mu - mu_teacher)^2) / 2, as the paper's Eq. 12.
+    fm = mean((v - v_teacher)^2), velocity matching. loss = mean(weights * (kl_coef kl + fm_coef fm)).
+    Metrics: actor/distill_kl_loss, and actor/distill_fm_mse_loss when fm_coef > 0 (weighted means over the batch).
+    """
+    dtype = _dtype(prev_sample_mean, teacher_prev_sample_mean)
+    std = torch.as_tensor(std_dev_t, dtype=dtype, device=prev_sample_mean.device)
+    # an ODE step has no transition noise: divide by 1, not 0 (the unit-variance surrogate)
+    kl = kl_per_sample(prev_sample_mean, teacher_prev_sample_mean, torch.where(std == 0, torch.ones_like(std), std))
+    per_sample = kl_coef * kl
+    metrics = {"actor/distill_kl_loss": _weighted_mean(kl.detach(), weights)}
+    if fm_coef > 0:
+        if velocity is None or teacher_velocity is None:
+            raise ValueError("fm_coef > 0 needs the student's and the teacher's velocities")
+        if teacher_velocity.shape != velocity.shape:
+            raise ValueError(
+                f"teacher_velocity {tuple(teacher_velocity.shape)} must match velocity {tuple(velocity.shape)}"
+            )
+        gap = velocity.to(dtype) - teacher_velocity.to(dtype).detach()
+        fm = _mean_over_non_batch(gap**2)
+        per_sample = per_sample + fm_coef * fm
+        metrics["actor/distill_fm_mse_loss"] = _weighted_mean(fm.detach(), weights)
+    return _weighted_mean(per_sample, weights), metrics

@@ -58,6 +58,18 @@ def with_reference_kl(
     return loss + kl_coef * kl, metrics
 
 
+def clipped_surrogate(batch: StepBatch, clip_ratio: float, adv_clip_max: float) -> tuple[torch.Tensor, Metrics]:
+    """Flow-GRPO's clipped surrogate (:func:`~diffrl.algorithms.losses_pg.flow_grpo_loss`) of a StepBatch."""
+    return flow_grpo_loss(
+        batch.log_prob,
+        batch.old_log_prob,
+        batch.advantages,
+        clip_ratio=clip_ratio,
+        adv_clip_max=adv_clip_max,
+        weights=batch.weights,
+    )
+
+
 @dataclass(frozen=True)
 class FlowGRPO(DiffusionAlgorithm):
     """Flow-GRPO (Liu et al. 2025, arXiv:2505.05470): the PPO clipped surrogate on per-step log-probs
@@ -82,14 +94,7 @@ class FlowGRPO(DiffusionAlgorithm):
         return self.with_reference(Needs("denoising_steps", old_log_probs=True, reference=self.kl_coef > 0))
 
     def loss(self, batch: StepBatch) -> tuple[torch.Tensor, Metrics]:
-        loss, metrics = flow_grpo_loss(
-            batch.log_prob,
-            batch.old_log_prob,
-            batch.advantages,
-            clip_ratio=self.clip_ratio,
-            adv_clip_max=self.adv_clip_max,
-            weights=batch.weights,
-        )
+        loss, metrics = clipped_surrogate(batch, self.clip_ratio, self.adv_clip_max)
         return with_reference_kl(self.kl_coef, batch, loss, metrics, self.kl_space)
 
 

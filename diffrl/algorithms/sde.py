@@ -53,7 +53,8 @@ class SDEStep:
     prev_sample_mean: (B, ...) mean of the transition; carries the gradient w.r.t. velocity.
     std_dev_t: (B, 1, ...) the sampler's std coefficient (see module docstring per type).
     sqrt_dt: (B, 1, ...) sqrt(sigma - sigma_prev).
-    velocity: (B, ...) the velocity the step was taken with (carries its gradient; a KL in velocity space reads it).
+    velocity: (B, ...) the velocity the step was taken with, in the step's dtype (carries its gradient, as the mean
+        does; a KL in velocity space and a teacher's velocity term read it).
     """
 
     prev_sample: torch.Tensor

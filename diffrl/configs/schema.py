@@ -49,6 +49,11 @@ class ModelConfig:
     tf32: bool = True  # CUDA fp32 matmuls (e.g. fp32 LoRA branches over a bf16 base) on TF32 tensor cores
     # editing models only: the pixel area input images are resized to (null: the model's own; Qwen-Image-Edit 1024²)
     condition_area: int | None = None
+    # the teacher an on-policy distillation algorithm (diffusion_opd) distils: any name `path` takes, same architecture
+    teacher: str | None = None
+    # a diffusers LoRA .safetensors file fused into the teacher (`diffrl export` writes one); a relative path that is
+    # not there names the file shipped with diffrl
+    teacher_lora: str | None = None
 
     def __post_init__(self) -> None:
         if self.condition_area is not None and self.condition_area < 1:
@@ -381,6 +386,13 @@ class ExperimentConfig:
                 "and the run would learn nothing from its rewards"
             )
             raise ValueError(f"rollout.group_size=1: algorithm {self.algorithm.name!r} {why}; use 2 or more")
+        if self.algorithm.needs.teacher != (self.model.teacher is not None):
+            raise ValueError(
+                f"model.teacher must be set exactly when the algorithm distils a teacher (diffusion_opd); algorithm "
+                f"{self.algorithm.name!r}, model.teacher {self.model.teacher!r}"
+            )
+        if self.model.teacher_lora is not None and self.model.teacher is None:
+            raise ValueError("model.teacher_lora is fused into model.teacher: set model.teacher too")
         if self.algorithm.needs.reward_gate:  # the gate ranks reward components: they must exist, fail now
             self.algorithm.reward_gate({c.name: torch.zeros(1) for c in self.reward.components})
         check_final_samples(self)
@@ -508,9 +520,11 @@ def check_async(cfg: ExperimentConfig) -> None:
         from diffrl.algorithms.catalog import algorithms
 
         works = sorted(name for name, a in algorithms().items() if _async_algorithm(a))
+        pairs = "pairs of " if algo.needs.pairs else ""
+        what = "distils a teacher" if algo.needs.teacher else f"trains on {pairs}{algo.needs.data}"
         raise ValueError(
             f"{who} runs the policy-gradient and direct-preference algorithms ({', '.join(works)}); algorithm "
-            f"{algo.name!r} trains on {'pairs of ' if algo.needs.pairs else ''}{algo.needs.data}, which is not "
+            f"{algo.name!r} {what}, which is not "
             "supported asynchronously yet (use run.async.max_staleness: 0)"
         )
     if cfg.data.sample_source == "offline":
@@ -551,6 +565,8 @@ def _async_algorithm(algorithm) -> bool:
     """Whether an asynchronous run trains `algorithm`: a policy-gradient one (old log-probs in a ratio), on denoising
     steps or on tokens, or a direct-preference one on final samples (no ratio: any sample with rewards trains)."""
     needs = algorithm.needs
+    if needs.teacher:  # the teacher's denoiser is swapped into the pipeline the behaviour copy would sample beside
+        return False
     if needs.data in ("denoising_steps", "final_samples"):
         return True
     return needs.data == "tokens" and needs.old_log_probs and not needs.pairs

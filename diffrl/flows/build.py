@@ -19,6 +19,7 @@ from diffrl.engines.store.tokens import TokenStore
 from diffrl.engines.store.trajectories import TrajectoryStore
 from diffrl.engines.train.setup import world
 from diffrl.engines.train.sync import rollout_copy, send_weights
+from diffrl.engines.train.teacher import load_teacher
 from diffrl.engines.train.trainer import PolicyTrainer
 from diffrl.flows.build_preference import (
     build_preference_cache,
@@ -100,12 +101,28 @@ def _scene_dir(seed: int) -> str:
 
 
 def prompt_file(source: str) -> str:
-    """A prompt file as the config names it: the path (or URI) itself, or the file shipped with diffrl that a
-    relative path names when nothing is there (data/shapes_heldout.jsonl is diffrl/data/shapes_heldout.jsonl)."""
+    """A file as the config names it (prompts, a teacher's LoRA): the path (or URI) itself, or the file shipped with
+    diffrl that a relative path names when nothing is there (data/shapes_heldout.jsonl is
+    diffrl/data/shapes_heldout.jsonl)."""
     shipped = os.path.join(PACKAGE_DIR, source)
     if "://" not in source and not os.path.isabs(source) and not os.path.exists(source) and os.path.exists(shipped):
         return os.path.normpath(shipped)
     return source
+
+
+def teacher_lora_file(source: str) -> str:
+    """`model.teacher_lora` as a file: the path itself, or the file shipped with diffrl that a relative path names
+    (prompt_file). ValueError naming every path tried when there is no such file."""
+    path = prompt_file(source)
+    if not os.path.isfile(path):
+        tried = [os.path.abspath(source)]
+        if not os.path.isabs(source):
+            tried.append(os.path.normpath(os.path.join(PACKAGE_DIR, source)))
+        raise ValueError(
+            f"model.teacher_lora {source!r}: no such file (tried {' and '.join(tried)}); name a diffusers LoRA "
+            "file such as `diffrl export RUN --out DIR` writes (DIR/pytorch_lora_weights.safetensors)"
+        )
+    return path
 
 
 def build_engines(cfg: ExperimentConfig, actor: str = "local", *, durable: bool = True) -> Engines | cluster.RayEngines:
@@ -175,6 +192,11 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", *, durable: bool 
         sampler_adapter = rollout_copy(adapter) if replica and not cfg.train.lora else adapter
         rollout = RolloutEngine(sampler_adapter, cache=embed_cache, progress=sys.stderr.isatty())
     if needs_model:
+        teacher = None
+        if cfg.model.teacher is not None:  # on-policy distillation: the teacher's frozen denoiser, asleep on the CPU
+            teacher_path = resolve_model_path(cfg.model.teacher, seed=cfg.model.tiny_seed)
+            lora = cfg.model.teacher_lora and teacher_lora_file(cfg.model.teacher_lora)
+            teacher = load_teacher(teacher_path, adapter, lora=lora, dtype=dtype)
         trainer = PolicyTrainer(  # every diffusion algorithm: the trainer asks it what to prepare
             adapter,
             cfg.algorithm,
@@ -184,6 +206,7 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", *, durable: bool 
             device=device,
             replicate=replica and cfg.train.lora,
             behaviour=cfg.run.async_.enabled,
+            teacher=teacher,
         )
         if cfg.run.async_.enabled:  # the rollout samples with its own LoRA tensors while the trainer updates
             rollout = RolloutEngine(trainer.rollout_copy, cache=embed_cache, progress=sys.stderr.isatty())

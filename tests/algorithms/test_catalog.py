@@ -29,6 +29,7 @@ NEEDS = {
     "dgpo": ("final_samples", False, True, True, False),  # kl_coef 0.02; the old adapter for the clip
     "gardo": ("denoising_steps", False, True, True, False),  # the KL's reference is the periodically reset adapter
     "sft": ("final_samples", False, False, False, False),  # a dataset's images, no reward
+    "diffusion_opd": ("denoising_steps", False, False, False, False),  # a teacher instead of rewards
 }
 
 
@@ -69,7 +70,8 @@ def test_all_named_bundles_exist_and_declare_their_needs():
             old_adapter,
             pairs,
         ), name
-        assert needs.old_log_probs == (data == "denoising_steps")
+        assert needs.old_log_probs == (data == "denoising_steps" and name != "diffusion_opd"), name
+        assert needs.teacher == (name == "diffusion_opd"), name
         assert needs.samples_with_old_adapter == (name == "diffusion_nft")
         assert needs.groups == (name == "dgpo") and needs.moving_reference == (name == "gardo"), name
         assert needs.supervised == needs.draws_sigmas == (name == "sft"), name
@@ -89,6 +91,9 @@ def test_all_named_bundles_exist_and_declare_their_needs():
     assert not get_algorithm("gardo", kl_coef=0.0).needs.reference
     assert not get_algorithm("gardo").needs.reward_gate  # kl_gate_fraction 1: every sample pays the KL
     assert get_algorithm("gardo", kl_gate_fraction=0.1, main_reward="ocr").needs.reward_gate
+    # DiffusionOPD with the reward term (an SDE rollout) needs old log-probs; with the reference KL, the reference
+    assert get_algorithm("diffusion_opd", pg_coef=0.5, noise_level=0.7).needs.old_log_probs
+    assert get_algorithm("diffusion_opd", kl_coef=0.01).needs.reference
 
 
 def test_published_defaults():
@@ -105,6 +110,9 @@ def test_published_defaults():
     gardo = get_algorithm("gardo")  # flow_grpo config/grpo_gardo.py general_ocr_sd3
     assert (gardo.kl_coef, gardo.reference_reset_every, gardo.norm_by_std, gardo.clip_ratio) == (0.04, 16, False, 1e-4)
     assert [gardo.old_adapter_decay(k) for k in (1, 15, 16, 17, 32)] == [1.0, 1.0, 0.0, 1.0, 0.0]
+    opd = get_algorithm("diffusion_opd")  # ali-vilab/DiffusionOPD config/opd.py sopd_*; verl-omni distill_loss_coef
+    assert (opd.noise_level, opd.window, opd.distill_coef) == (0.0, WindowPolicy("all_but_last"), 1.0)
+    assert (opd.fm_coef, opd.pg_coef, opd.kl_coef) == (0.0, 0.0, 0.0)
     for name in ("dpo", "diffusion_nft", "awm", "dgpo", "sft"):  # ODE rollouts whose window is the final step
         algo = get_algorithm(name)
         assert (algo.noise_level, algo.window) == (0.0, WindowPolicy("final", size=1)), name
@@ -240,6 +248,34 @@ def test_each_bundles_loss_is_its_pure_loss_function():
     )
     _equal(get_algorithm("gardo").loss(sb), expected)
     _equal(get_algorithm("sft").loss(fb), losses.sft_loss(fb.velocity, fb.target))
+    tb = _teacher_batch(sb)
+    distill = losses.distillation_loss(
+        tb.prev_sample_mean,
+        tb.teacher_prev_sample_mean,
+        tb.std_dev_t,
+        velocity=tb.velocity,
+        teacher_velocity=tb.teacher_velocity,
+        kl_coef=1.0,
+        fm_coef=0.5,
+        weights=tb.weights,
+    )
+    pg = losses.flow_grpo_loss(
+        tb.log_prob, tb.old_log_prob, tb.advantages, clip_ratio=1e-4, adv_clip_max=5.0, weights=tb.weights
+    )
+    opd = get_algorithm("diffusion_opd", fm_coef=0.5, pg_coef=0.25, noise_level=0.7)
+    _equal(opd.loss(tb), (distill[0] + 0.25 * pg[0], {**pg[1], **distill[1]}))
+    _equal(get_algorithm("diffusion_opd", fm_coef=0.5).loss(tb), distill)
+
+
+def _teacher_batch(sb: StepBatch) -> StepBatch:
+    g = torch.Generator().manual_seed(7)
+    velocity = torch.randn(sb.prev_sample_mean.shape, generator=g, dtype=D)
+    return dataclasses.replace(
+        sb,
+        velocity=velocity,
+        teacher_velocity=velocity + 0.2 * torch.randn(velocity.shape, generator=g, dtype=D),
+        teacher_prev_sample_mean=sb.prev_sample_mean + 0.1 * torch.randn(velocity.shape, generator=g, dtype=D),
+    )
 
 
 def test_a_missing_input_the_algorithm_needs_is_a_clear_error():
@@ -254,6 +290,10 @@ def test_a_missing_input_the_algorithm_needs_is_a_clear_error():
         get_algorithm("dgpo").loss(fb)
     with pytest.raises(ValueError, match="ref_prev_sample_mean"):
         get_algorithm("gardo").loss(dataclasses.replace(sb, ref_prev_sample_mean=None))
+    with pytest.raises(ValueError, match="teacher_prev_sample_mean"):
+        get_algorithm("diffusion_opd").loss(sb)
+    with pytest.raises(ValueError, match="velocities"):
+        get_algorithm("diffusion_opd", fm_coef=1.0).loss(dataclasses.replace(_teacher_batch(sb), teacher_velocity=None))
 
 
 def test_overrides():
@@ -319,3 +359,9 @@ def test_errors():
         Needs("denoising_steps", moving_reference=True)
     with pytest.raises(ValueError, match="Needs.groups"):
         Needs("final_samples", groups=True, pairs=True)
+    with pytest.raises(ValueError, match="pg_coef > 0 needs Algorithm.noise_level > 0"):
+        get_algorithm("diffusion_opd", pg_coef=1.0)
+    with pytest.raises(ValueError, match="distill_coef or Algorithm.fm_coef must be > 0"):
+        get_algorithm("diffusion_opd", distill_coef=0.0)
+    with pytest.raises(ValueError, match="Needs.teacher"):
+        Needs("final_samples", teacher=True)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from diffrl.algorithms.losses import (
     awm_loss,
     diffusion_nft_loss,
+    distillation_loss,
     dpo_loss,
     flow_dppo_loss,
     flow_grpo_loss,
@@ -65,6 +66,32 @@ def test_kl_loss_scaled_form_vs_exact_gaussian_kl():
     q = torch.distributions.Normal(ref, (std * dt**0.5).expand_as(ref))
     exact = torch.distributions.kl_divergence(p, q).mean((1, 2)).mean()
     torch.testing.assert_close(kl_loss(mu, ref, std) / dt, exact)
+
+
+def test_distillation_loss_is_the_reverse_kl_to_the_teacher_and_its_ode_surrogate():
+    """DiffusionOPD: per sample the exact KL(student || teacher) of two Gaussians sharing the student's std (torch's
+    own kl_divergence), 1/2 the mean squared gap where the std is 0 (an ODE step), plus fm_coef x the velocity MSE."""
+    g = torch.Generator().manual_seed(2)
+    mu, teacher = torch.randn(3, 4, 5, generator=g, dtype=D), torch.randn(3, 4, 5, generator=g, dtype=D)
+    v, v_teacher = torch.randn(3, 4, 5, generator=g, dtype=D), torch.randn(3, 4, 5, generator=g, dtype=D)
+    std = torch.tensor([0.5, 2.0, 0.0], dtype=D).view(3, 1, 1)
+    weights = torch.tensor([1.0, 0.5, 2.0], dtype=D)
+    mu = mu.clone().requires_grad_(True)
+    loss, m = distillation_loss(
+        mu, teacher, std, velocity=v, teacher_velocity=v_teacher, kl_coef=2.0, fm_coef=0.5, weights=weights
+    )
+    sde = torch.distributions.Normal(mu.detach()[:2], std[:2].expand(2, 4, 5))
+    exact = torch.distributions.kl_divergence(sde, torch.distributions.Normal(teacher[:2], std[:2].expand(2, 4, 5)))
+    kl = torch.cat([exact.mean((1, 2)), ((mu.detach()[2] - teacher[2]) ** 2).mean().view(1) / 2])
+    fm = ((v - v_teacher) ** 2).mean((1, 2))
+    torch.testing.assert_close(loss.detach(), (weights * (2.0 * kl + 0.5 * fm)).mean())
+    torch.testing.assert_close(m["actor/distill_kl_loss"], (weights * kl).mean())
+    torch.testing.assert_close(m["actor/distill_fm_mse_loss"], (weights * fm).mean())
+    loss.backward()  # d/dmu: 2 x weight x (mu - teacher) / (std^2 or 1) / (20 elements x 3 samples)
+    scale = torch.where(std == 0, torch.ones_like(std), std) ** 2
+    torch.testing.assert_close(mu.grad, 2.0 * weights.view(3, 1, 1) * (mu.detach() - teacher) / scale / 60)
+    # the teacher's mean is a constant of the update; a student at the teacher pays nothing
+    assert distillation_loss(teacher, teacher, std)[0].item() == 0.0
 
 
 def test_grpo_guard_per_sample_formula():

@@ -82,6 +82,29 @@ def test_the_async_miniature_trains_one_step_off_beside_on_policy_at_equal_image
     assert "- **flow_grpo_async1**: the flow_grpo row with the next step's rollout beside the update" in text
 
 
+@pytest.mark.slow  # ~60 s on 2 cores
+def test_the_distillation_row_trains_its_teacher_first_then_reuses_it(tmp_path):
+    out = tmp_path / "runs"
+    argv = ["run", "--miniature", "--algorithms", "diffusion_opd", "--budget-images", "16", "--out-dir", str(out)]
+    (record,) = leaderboard.main(argv)
+    # a fresh out-dir has no teacher: the flow_grpo row of this seed trains first, for the same budget
+    folder = out / "teachers" / "flow_grpo_seed0"
+    teacher_run = json.loads((folder / "flow_grpo_seed0_cpu.json").read_text())
+    assert teacher_run["finished"] and [e["images"] for e in teacher_run["history"]] == [0, 16]
+    lora = folder / "pytorch_lora_weights.safetensors"
+    assert record["finished"] and [e["images"] for e in record["history"]] == [0, 16]
+    accuracy = [teacher_run["history"][0]["accuracy"], teacher_run["history"][-1]["accuracy"]]
+    expected = {"row": "flow_grpo", "model": "reference:shapes-small", "lora": str(lora), "accuracy": accuracy}
+    assert record["teacher"] == {**expected, "record": "flow_grpo_seed0_cpu.json"}
+    # the teacher run is no row of the report (its records are the folder's top level only)
+    assert sorted(leaderboard_report.load_runs(str(out))) == ["diffusion_opd"]
+    # the next run of the row distils the same teacher without training it again
+    written = lora.stat().st_mtime_ns
+    (out / "diffusion_opd_seed0_cpu.json").unlink()
+    (again,) = leaderboard.main(argv)
+    assert again["teacher"] == record["teacher"] and lora.stat().st_mtime_ns == written
+
+
 def test_async_rows_compare_with_the_on_policy_spread_and_the_doc_carries_their_section(tmp_path):
     on_policy = [_record(s, [(0, 0, 0.06), (30, 512, a)], "flow_grpo") for s, a in ((0, 0.20), (1, 0.24), (2, 0.22))]
     one_off = [_record(s, [(0, 0, 0.06), (31, 512, a)], "flow_grpo_async1") for s, a in ((0, 0.21), (1, 0.23))]

@@ -133,6 +133,8 @@ def test_the_refusal_of_an_algorithm_names_the_ones_that_run():
     works = str(error.value).split("runs the policy-gradient and direct-preference algorithms (")[1].split(")")[0]
     assert {"flow_grpo", "grpo", "dpo", "diffusion_nft", "awm"} <= set(works.split(", "))
     assert "sequence_dpo" not in works.split(", ")
+    with pytest.raises(ConfigError, match="algorithm 'diffusion_opd' distils a teacher, which is not supported async"):
+        load_experiment(None, [*ASYNC, "algorithm=diffusion_opd", "model.teacher=reference:shapes-small"])
 
 
 def test_doc_and_resume_diff_name_the_yaml_key():

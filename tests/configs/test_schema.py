@@ -200,3 +200,13 @@ def test_a_reward_gate_needs_its_main_component_and_another_when_the_config_load
         load_experiment(None, [gate])
     two = "reward.components=[{name: ocr, weight: 0.8}, {name: aesthetic, weight: 0.2}]"
     assert load_experiment(None, [gate, two]).algorithm.needs.reward_gate
+
+
+def test_a_teacher_goes_with_an_algorithm_that_distils_one():
+    cfg = load_experiment(None, ["algorithm=diffusion_opd", "model.teacher=reference:shapes-small"])
+    assert cfg.algorithm.needs.teacher and cfg.model.teacher == "reference:shapes-small"
+    for overrides in (["algorithm=diffusion_opd"], ["model.teacher=reference:shapes-small"]):
+        with pytest.raises(ValueError, match="model.teacher must be set exactly when the algorithm distils a teacher"):
+            load_experiment(None, overrides)
+    with pytest.raises(ValueError, match="model.teacher_lora is fused into model.teacher: set model.teacher too"):
+        load_experiment(None, ["model.teacher_lora=teacher.safetensors"])

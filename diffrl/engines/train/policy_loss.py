@@ -25,6 +25,7 @@ class OldPolicy:
     log_probs: torch.Tensor  # (B, W)
     means: torch.Tensor | None = None  # (B, W, *S) when the algorithm needs them (Needs.old_means)
     recomputed: bool = False
+    velocities: torch.Tensor | None = None  # (B, W, *S) the guided velocities, when asked for (a teacher's)
 
 
 def rank_rows(rows: torch.Tensor) -> torch.Tensor:
@@ -60,8 +61,10 @@ def active_steps(trained: torch.Tensor) -> list[int]:
     return trained.any(dim=0).nonzero().flatten().tolist()
 
 
-def recompute_old_policy(traj: Trajectories, replay, cfg: TrainConfig, *, with_means: bool) -> OldPolicy:
-    """Old log-probs (and transition means) with the current weights, without autograd.
+def recompute_old_policy(
+    traj: Trajectories, replay, cfg: TrainConfig, *, with_means: bool, with_velocities: bool = False
+) -> OldPolicy:
+    """Old log-probs (and transition means, and velocities) with the current weights, without autograd.
 
     `replay(sub_traj, j)` -> SDEStep. Each rank recomputes its share; the result is all-gathered.
     """
@@ -69,6 +72,7 @@ def recompute_old_policy(traj: Trajectories, replay, cfg: TrainConfig, *, with_m
     steps = active_steps(traj.trained)
     log_probs = traj.log_probs.clone()[rows]
     means = torch.zeros(len(rows), traj.window_size, *traj.latents.shape[2:]) if with_means else None
+    velocities = torch.zeros(len(rows), traj.window_size, *traj.latents.shape[2:]) if with_velocities else None
     with torch.no_grad():
         for start in range(0, len(rows), cfg.micro_batch_size):
             local = torch.arange(start, min(start + cfg.micro_batch_size, len(rows)))
@@ -78,7 +82,14 @@ def recompute_old_policy(traj: Trajectories, replay, cfg: TrainConfig, *, with_m
                 log_probs[local, j] = out.log_prob.float().cpu()
                 if means is not None:
                     means[local, j] = out.prev_sample_mean.float().cpu()
-    return OldPolicy(all_gather_rows(log_probs), None if means is None else all_gather_rows(means), recomputed=True)
+                if velocities is not None:
+                    velocities[local, j] = out.velocity.float().cpu()
+    return OldPolicy(
+        all_gather_rows(log_probs),
+        None if means is None else all_gather_rows(means),
+        recomputed=True,
+        velocities=None if velocities is None else all_gather_rows(velocities),
+    )
 
 
 def correction_weights(
@@ -127,6 +138,21 @@ def lora_disabled(transformer):
         yield
     finally:
         transformer.enable_adapters()
+
+
+@contextlib.contextmanager
+def frozen_denoiser(pipe, module, device, offload: bool):
+    """Run the pipeline's denoiser as the frozen `module` (a full-fine-tuning reference, a teacher) without autograd;
+    with `offload` the module sleeps on the CPU outside this block and wakes on `device` inside it."""
+    with torch.no_grad():
+        if offload:
+            module.to(device)
+        try:
+            with swapped_transformer(pipe, module):
+                yield
+        finally:
+            if offload:
+                module.to("cpu")
 
 
 @contextlib.contextmanager

@@ -37,10 +37,10 @@ from diffrl.engines.train.policy_loss import (
     active_steps,
     correction_stats,
     correction_weights,
+    frozen_denoiser,
     lora_disabled,
     rank_rows,
     recompute_old_policy,
-    swapped_transformer,
 )
 from diffrl.engines.train.preference import (
     OLD_ADAPTER,
@@ -87,8 +87,10 @@ class PolicyTrainer(TrainerBase):
         device: str | torch.device | None = None,
         replicate: bool = False,
         behaviour: bool = False,
+        teacher: torch.nn.Module | None = None,
     ):
-        """`replicate`: with world size > 1, keep whole parameters on every rank and all-reduce the gradients (engine
+        """`teacher`: the frozen denoiser an algorithm whose needs.teacher distils (diffrl/engines/train/teacher.py).
+        `replicate`: with world size > 1, keep whole parameters on every rank and all-reduce the gradients (engine
         replicas training LoRA, whose rollouts sample with this module) instead of sharding them. `behaviour`: an
         asynchronous run's behaviour copy of the policy (`rollout_copy`: diffrl/engines/train/sync.behaviour_copy),
         sharing this module's frozen tensors."""
@@ -100,6 +102,12 @@ class PolicyTrainer(TrainerBase):
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1; got {group_size}")
         check_offload(cfg)
+        if algorithm.needs.teacher != (teacher is not None):
+            raise ValueError(
+                f"algorithm {algorithm.name!r} {'needs' if algorithm.needs.teacher else 'takes no'} teacher model "
+                "(model.teacher)"
+            )
+        self.teacher = teacher
         self.adapter, self.algorithm, self.cfg, self.sampling = adapter, algorithm, cfg, sampling
         self.group_size = group_size
         self.device = torch.device(device) if device is not None else adapter.device
@@ -130,6 +138,7 @@ class PolicyTrainer(TrainerBase):
             self.rollout_copy = sync.behaviour_copy(adapter) if frame is None else sync.bind_frozen(frame, adapter)
         self._stepped_since_sync = False
         self._kl_gate: torch.Tensor | None = None  # the update's per-sample KL gate (needs.reward_gate)
+        self._teacher_targets: OldPolicy | None = None  # the teacher's means and velocities of the update's steps
 
     # ---- setup helpers -------------------------------------------------------------------------
     def _build_reference(self):
@@ -159,21 +168,21 @@ class PolicyTrainer(TrainerBase):
             with self.old_policy():
                 yield
             return
-        with torch.no_grad():
-            if self.cfg.lora:
-                with contextlib.ExitStack() as stack:
-                    for denoiser in self.adapter.denoisers():
-                        stack.enter_context(lora_disabled(denoiser))
-                    yield
-                return
-            if self.cfg.offload_reference:
-                self.reference.to(self.device)
-            try:
-                with swapped_transformer(self.adapter.pipe, self.reference):
-                    yield
-            finally:
-                if self.cfg.offload_reference:
-                    self.reference.to("cpu")
+        if self.cfg.lora:
+            with torch.no_grad(), contextlib.ExitStack() as stack:
+                for denoiser in self.adapter.denoisers():
+                    stack.enter_context(lora_disabled(denoiser))
+                yield
+            return
+        with frozen_denoiser(self.adapter.pipe, self.reference, self.device, self.cfg.offload_reference):
+            yield
+
+    @contextlib.contextmanager
+    def teacher_policy(self):
+        """Within it, the adapter runs the teacher's denoiser (no autograd); the teacher sleeps on the CPU outside it
+        when the trainer is on an accelerator."""
+        with frozen_denoiser(self.adapter.pipe, self.teacher, self.device, self.device.type != "cpu"):
+            yield
 
     @contextlib.contextmanager
     def old_policy(self):
@@ -271,6 +280,14 @@ class PolicyTrainer(TrainerBase):
             and self.sampling.weights.trainer_numerics
         )
         old = self._old_policy(traj, engine, same_numerics)
+        self._teacher_targets = None
+        if self.algorithm.needs.teacher:  # the teacher wakes once per update and scores every trained step
+            started = time.perf_counter()
+            with self.teacher_policy():
+                self._teacher_targets = recompute_old_policy(
+                    traj, self._replay_fn(engine), self.cfg, with_means=True, with_velocities=True
+                )
+            _add_values(sums, counts, {"timing_s/teacher": time.perf_counter() - started})
         if old.recomputed:
             _add_gap(sums, counts, old.log_probs, traj.log_probs, traj.trained)
             _add_values(sums, counts, correction_stats(old.log_probs, traj.log_probs, traj.trained, self.cfg))
@@ -318,6 +335,7 @@ class PolicyTrainer(TrainerBase):
         weights = mask if weights is None else weights * mask
         device = out.log_prob.device
         ref = self._reference_step(replay, sub, j, encodings) if needs.reference else None
+        teacher = self._teacher_targets
         return StepBatch(  # host -> device copies queued behind the forward, not waited for (to_device)
             log_prob=out.log_prob,
             old_log_prob=to_device(old.log_probs[idx, j], device),
@@ -331,6 +349,8 @@ class PolicyTrainer(TrainerBase):
             kl_gate=None if self._kl_gate is None else to_device(self._kl_gate[idx], device),
             velocity=out.velocity,
             ref_velocity=None if ref is None else ref.velocity,
+            teacher_prev_sample_mean=None if teacher is None else to_device(teacher.means[idx, j], device),
+            teacher_velocity=None if teacher is None else to_device(teacher.velocities[idx, j], device),
         )
 
     # ---- final samples (needs.data "final_samples") ---------------------------------------------
