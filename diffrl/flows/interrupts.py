@@ -44,6 +44,8 @@ def signals_raise(*, exit_on_second: bool) -> Iterator[None]:
     """For the `with` block, SIGINT and SIGTERM raise Interrupted in the main thread (Python's default: SIGTERM ends the
     process without a word, its lock and server left to the kernel and the server's own watch). A second signal while
     the first is handled ends the process at once where `exit_on_second` (the `diffrl` command itself)."""
+    # each command starts unasked: a caller's earlier main([...]) in this process may have been cancelled or signalled
+    _state.update(requests=0, reason=None, cancelled_run=None)
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -122,15 +122,15 @@ def test_one_step_off_direct_preference_run_trains_each_row_once_within_the_boun
 
 
 @pytest.mark.slow
-def test_a_killed_one_step_off_run_resumes_with_every_row_once_and_its_versions(workdir):
+def test_a_killed_one_step_off_run_resumes_with_every_row_once_and_its_versions(workdir, capfd):
     """kill -9 in step 3's update, whose rows the behaviour copy sampled beside step 2's update; the same command
     resumes: every step's rows once, each with the version that sampled it, every step trained once, none staler
     than the limit."""
-    from test_kill_resume import _diffrl
+    from test_kill_resume import _diffrl, _rerun
 
     killed = _diffrl([*TINY, *ONE_STEP_OFF], workdir, DIFFRL_INJECT_FAULT="update_actor@3:exit")
     assert killed.returncode == 137, killed.stderr[-2000:]
-    done = _diffrl([*TINY, *ONE_STEP_OFF], workdir)
+    done = _rerun([*TINY, *ONE_STEP_OFF], capfd)
     # it resumes after the newest checkpoint that landed, or, when the background writer had landed none before
     # the kill (a loaded machine), runs the steps again whose writes did not land: rows once either way
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,4 +1,5 @@
-"""A real crash: `diffrl train` killed mid-step (os._exit, as SIGKILL), then the same command again."""
+"""A real crash: `diffrl train` killed mid-step (os._exit, as SIGKILL), then the same command again (in this
+process: `main`, what the `diffrl` script calls)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import mlflow
 import pytest
 from e2e_settings import TINY
 from mlflow.tracking import MlflowClient
+
+from diffrl.flows.cli import main
 
 
 def _diffrl(args: list[str], cwd, **env) -> subprocess.CompletedProcess:
@@ -40,9 +43,19 @@ def _diffrl(args: list[str], cwd, **env) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(proc.args, code, out.read(), err.read())
 
 
+def _rerun(args: list[str], capfd) -> subprocess.CompletedProcess:
+    """The same `diffrl train` command again, in this process (`main` is what the `diffrl` script calls): the
+    resumed run needs no kill, so it skips a fresh interpreter's imports and Prefect server start (~15 s a run on
+    the 2-core CI machine). The crash itself stays a real process killed mid-step (`_diffrl`)."""
+    capfd.readouterr()
+    code = main(["train", *args])
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["diffrl", "train", *args], code, out, err)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["update_actor@2:exit", "checkpoint@2.2:stall"])  # the update; its checkpoint
-def test_killed_run_resumes_with_every_step_once(workdir, fault):
+def test_killed_run_resumes_with_every_step_once(workdir, capfd, fault):
     killed = _diffrl(TINY, workdir, DIFFRL_INJECT_FAULT=fault)
     assert killed.returncode == 137, killed.stderr[-2000:]
     # step 1's checkpoint is written behind the next step (the writer may lag 2 steps): on a loaded machine the kill
@@ -50,7 +63,7 @@ def test_killed_run_resumes_with_every_step_once(workdir, fault):
     pointer = workdir / "runs/quickstart/checkpoints/latest.json"
     committed = json.loads(pointer.read_text())["step"] if pointer.exists() else None
     assert committed in (None, 1)  # never step 2's: the kill came inside it
-    done = _diffrl(TINY, workdir)
+    done = _rerun(TINY, capfd)
     assert done.returncode == 0, done.stderr[-2000:]
     if committed == 1:
         assert "resuming after step 1" in done.stderr
@@ -68,13 +81,13 @@ def test_killed_run_resumes_with_every_step_once(workdir, fault):
 
 
 @pytest.mark.slow
-def test_a_crash_before_queued_rows_land_resumes_with_every_step_once(workdir):
+def test_a_crash_before_queued_rows_land_resumes_with_every_step_once(workdir, capfd):
     """The step core writes rows behind the stages that made them: the process dies in the background writer
     while it writes step 2's second chunk, after that chunk's generate stage may have completed (and persisted
     its Prefect result). The rerun drops such results whose rows never landed and makes the chunk again."""
     killed = _diffrl(TINY, workdir, DIFFRL_INJECT_FAULT="write_rows@2.1:exit")
     assert killed.returncode == 137, killed.stderr[-2000:]
-    done = _diffrl(TINY, workdir)
+    done = _rerun(TINY, capfd)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "resuming after step 1" in done.stderr
     rows = lance.dataset(f"{workdir}/runs/quickstart/trajectories.lance").to_table(columns=["step", "chunk"])
@@ -87,7 +100,7 @@ def test_a_crash_before_queued_rows_land_resumes_with_every_step_once(workdir):
 
 
 @pytest.mark.slow
-def test_a_crash_right_after_a_checkpoint_keeps_the_policy_versions(workdir):
+def test_a_crash_right_after_a_checkpoint_keeps_the_policy_versions(workdir, capfd):
     """The process hangs in step 2's weight sync (sync_weights@2:stall) while the writer commits step 2's
     checkpoint, then dies: step 2 is done but its metrics never reached MLflow and its weight sync never ran. The
     rerun logs step 2's metrics with one weight sync, not two: step 3's rows carry policy version 2, as in an
@@ -96,7 +109,7 @@ def test_a_crash_right_after_a_checkpoint_keeps_the_policy_versions(workdir):
     assert killed.returncode == 137, killed.stderr[-2000:]
     with open(f"{workdir}/runs/quickstart/checkpoints/latest.json") as f:
         assert json.load(f)["step"] == 2  # committed while the step hung
-    done = _diffrl(TINY, workdir)
+    done = _rerun(TINY, capfd)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "resuming after step 2" in done.stderr
     rows = lance.dataset(f"{workdir}/runs/quickstart/trajectories.lance").to_table(columns=["step", "policy_version"])

@@ -54,16 +54,16 @@ def test_a_run_logged_only_to_tensorboard_resumes_after_a_failure_and_evaluates(
 
 
 @pytest.mark.slow
-def test_a_crash_after_a_checkpoint_logs_its_step_once_without_mlflow(workdir):
+def test_a_crash_after_a_checkpoint_logs_its_step_once_without_mlflow(workdir, capfd):
     """The process dies after step 2's checkpoint committed but before its metrics were logged (as in
     tests/e2e/test_kill_resume.py): the record says step 1, so the rerun logs step 2 once, then step 3."""
-    from test_kill_resume import _diffrl
+    from test_kill_resume import _diffrl, _rerun
 
     overrides = TINY + ["run.loggers=[tensorboard]"]
     killed = _diffrl(overrides, workdir, DIFFRL_INJECT_FAULT="sync_weights@2:stall")
     assert killed.returncode == 137, killed.stderr[-2000:]
     assert json.loads((workdir / RUN / "logged.json").read_text())["step"] == 1
-    done = _diffrl(overrides, workdir)
+    done = _rerun(overrides, capfd)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "resuming after step 2" in done.stderr and "TensorBoard: tensorboard --logdir" in done.stderr
     scalars = tensorboard_scalars(str(workdir / RUN / "tensorboard"))

@@ -1,9 +1,11 @@
 """Run by test_fsdp.py, under torchrun (gloo, 2 processes) or plainly (1 process); also by
 benchmarks/fsdp_equivalence.py on GPUs (NCCL, bf16):
 
-    python fsdp_worker.py MODEL OUT_DIR [cpu|cuda] [fp32|bf16] [MICRO_BATCH_SIZE]
+    python fsdp_worker.py MODEL OUT_DIR [cpu|cuda] [fp32|bf16|fp32,bf16] [MICRO_BATCH_SIZE]
 
-MICRO_BATCH_SIZE (default 1) changes only the order of the gradient sums (the benchmark's noise floor).
+MICRO_BATCH_SIZE (default 1) changes only the order of the gradient sums (the benchmark's noise floor). Several
+dtypes (comma-separated) run one after the other in the same processes and process group (one start-up of the
+interpreters and of torchrun for all), each writing into OUT_DIR/<dtype>.
 
 Generates the same trajectories in every process (before sharding), trains two RL steps with FSDP2 when
 the world size is > 1, and has rank 0 write the updated trainable weights (safetensors) and the metrics (JSON).
@@ -38,6 +40,18 @@ def main(model_path: str, out_dir: str, device: str = "cpu", dtype: str = "fp32"
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    dtypes = dtype.split(",")
+    for name in dtypes:
+        target = os.path.join(out_dir, name) if len(dtypes) > 1 else out_dir
+        os.makedirs(target, exist_ok=True)
+        train_two_steps(model_path, target, device, name, int(micro_batch_size))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def train_two_steps(model_path: str, out_dir: str, device: str, dtype: str, micro_batch_size: int) -> None:
+    """Two FlowGRPO updates of a fresh adapter in `dtype` on the same seeded trajectories; rank 0 writes the
+    trainable weights and the metrics into out_dir."""
     torch.manual_seed(0)
     adapter = load_adapter(model_path, device=device, dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
     sampling = SamplingConfig(num_inference_steps=3, height=32, width=32, noise_level=0.7, batch_size=4)
@@ -51,7 +65,7 @@ def main(model_path: str, out_dir: str, device: str = "cpu", dtype: str = "fp32"
     )
     advantages = torch.tensor([1.0, -1.0, 0.7, -0.7])
     cfg = TrainConfig(
-        lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=1, micro_batch_size=int(micro_batch_size), seed=3
+        lora_rank=4, lora_alpha=8, lr=1e-2, mini_batch_prompts=1, micro_batch_size=micro_batch_size, seed=3
     )
     trainer = PolicyTrainer(
         adapter,
@@ -67,8 +81,6 @@ def main(model_path: str, out_dir: str, device: str = "cpu", dtype: str = "fp32"
         save_file(weights, os.path.join(out_dir, "weights.safetensors"))
         with open(os.path.join(out_dir, "metrics.json"), "w") as f:
             json.dump(metrics, f)
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import pytest
 from safetensors.torch import load_file
 
 WORKER = os.path.join(os.path.dirname(__file__), "fsdp_worker.py")
+DTYPES = ("fp32", "bf16")
 
 
 def _run(args: list[str]) -> None:
@@ -26,12 +27,12 @@ def _run(args: list[str]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_two_process_fsdp2_matches_one_process(tiny_model, tmp_path, dtype):
+def test_two_process_fsdp2_matches_one_process(tiny_model, tmp_path):
+    """fp32 and bf16 one after the other in the same processes: one start-up of the interpreters and of torchrun."""
     path = tiny_model("sd3")
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir(), two.mkdir()
-    _run([sys.executable, WORKER, path, str(one), "cpu", dtype])
+    _run([sys.executable, WORKER, path, str(one), "cpu", ",".join(DTYPES)])
     _run(
         [
             sys.executable,
@@ -44,9 +45,14 @@ def test_two_process_fsdp2_matches_one_process(tiny_model, tmp_path, dtype):
             path,
             str(two),
             "cpu",
-            dtype,
+            ",".join(DTYPES),
         ]
     )
+    for dtype in DTYPES:
+        _assert_two_processes_match(one / dtype, two / dtype, dtype)
+
+
+def _assert_two_processes_match(one, two, dtype: str) -> None:
     w1, w2 = load_file(str(one / "weights.safetensors")), load_file(str(two / "weights.safetensors"))
     assert w1.keys() == w2.keys() and len(w1) > 0
     moved = max(float(w1[name].abs().max()) for name in w1 if "lora_B" in name)
