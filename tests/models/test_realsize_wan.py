@@ -182,6 +182,9 @@ def test_i2v_configs_only_folder_has_the_published_layout_and_loads_scaled(tmp_p
     small = build_random("wan22_i2v_a14b", str(tmp_path / "small"), device="cpu", scale=scale, weights=False)
     adapter = load_adapter(f"random:{small}")
     shape = SampleShape(16, 16, 5)
+    # the recipe's 8 steps on the published UniPC flow schedule (shift 3): timesteps 999, 954 and 900 (>= 0.9 x 1000)
+    # are the high-noise expert's, so wan22_i2v_flow_grpo's window on step 1 trains `transformer` alone
+    assert adapter._expert_index(adapter.sigmas(8, shape)[:-1] * 1000).tolist() == [0] * 3 + [1] * 5
     frame = str(tmp_path / "frame.png")
     from PIL import Image
 
