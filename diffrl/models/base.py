@@ -229,6 +229,10 @@ class ModelAdapter(ABC):
     is_video: ClassVar[bool] = False
     # Editing models: each prompt comes with an input image (metadata["image"]), passed to encode_prompt(images=).
     input_image: ClassVar[bool] = False
+    # Takes a last frame too where a prompt row has one (metadata["last_image"], encode_prompt(last_images=)).
+    last_image: ClassVar[bool] = False
+    # The input image's condition is made at the sample's size: encode_prompt(shape=) and the cache key carry it.
+    condition_on_shape: ClassVar[bool] = False
     default_lora_targets: ClassVar[tuple[str, ...]]  # peft target_modules names in the transformer
     default_guidance_scale: ClassVar[float]
     default_max_sequence_length: ClassVar[int]

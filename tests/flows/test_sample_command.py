@@ -119,11 +119,27 @@ def test_sample_video_writes_gif_and_frames(case, tiny_model, tmp_path, capsys):
     assert sorted(os.listdir(tmp_path / "wave_frames")) == [f"{k:04d}.png" for k in range(5)]
 
 
+def test_sample_image_to_video_takes_a_first_and_a_last_frame(tiny_model, tmp_path):
+    path = tiny_model("wan_i2v")
+    rng = np.random.default_rng(0)
+    for name in ("first", "last"):
+        Image.fromarray(rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)).save(tmp_path / f"{name}.png")
+    size = ["--steps", "2", "--height", "16", "--width", "16", "--num-frames", "5", "--guidance-scale", "1"]
+    base = ["sample", path, "--prompt", "a wave", *size, "--image", str(tmp_path / "first.png")]
+    frames = {}
+    for name, extra in (("i2v", []), ("flf2v", ["--last-image", str(tmp_path / "last.png")])):
+        assert sample.run(parse([*base, *extra, "--out", str(tmp_path / f"{name}.gif")])) == 0
+        frames[name] = [np.asarray(Image.open(tmp_path / f"{name}_frames" / f"{k:04d}.png")) for k in range(5)]
+    assert frames["i2v"][-1].shape == (16, 16, 3)
+    assert not np.array_equal(frames["i2v"][-1], frames["flf2v"][-1])  # the last frame steers the video
+
+
 @pytest.mark.parametrize("case", arch_params(["sd3"]))
 @pytest.mark.parametrize(
     "flags, message",
     [
         (["--height", "60"], "height"),
+        (["--last-image", "x.png"], "--last-image: sd3 takes no last frame"),
         (["--noise-level", "-1"], "noise_level"),
         (["--sde-type", "ddim"], "sde_type"),
         (["--steps", "0"], "steps"),

@@ -224,7 +224,10 @@ def test_existing_folders_are_refused(tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["bogus"], "unknown architecture 'bogus'; choose one of sd35m, qwen_image, qwen_image21, wan22_a14b"),
+        (
+            ["bogus"],
+            "unknown architecture 'bogus'; choose one of sd35m, qwen_image, qwen_image21, wan22_a14b, wan22_i2v_a14b",
+        ),
         (["sd35m", "--dtype", "int8"], "--dtype must be one of bf16, fp16, fp32"),
     ],
 )

@@ -162,3 +162,37 @@ def test_scaled_configs_only_folder_trains_both_experts_through_random_prefix(tm
     for expert, tensors in after.items():  # each expert's LoRA B moved off its zero init
         moved = [k for k, v in tensors.items() if "lora_B" in k and not torch.equal(v, before[expert][k])]
         assert moved and all(torch.isfinite(v).all() for v in tensors.values()), expert
+
+
+def test_i2v_configs_only_folder_has_the_published_layout_and_loads_scaled(tmp_path):
+    """`wan22_i2v_a14b`: Wan2.2-I2V-A14B's experts take 36 channels (4 mask + 2 x 16 latents), boundary 0.9, no image
+    encoder; a scaled configs-only folder loads through `random:` as the image-to-video adapter and denoises."""
+    counts = meta_counts(plan_for("wan22_i2v_a14b"))
+    patch_extra = 20 * 5120 * 2 * 2  # the patch embedding's 20 more input channels
+    assert counts["transformer"][0] == counts["transformer_2"][0] == 14_288_491_584 + patch_extra
+    folder = build_random("wan22_i2v_a14b", str(tmp_path / "cfg"), device="cpu", weights=False)
+    with open(os.path.join(folder, "model_index.json")) as f:
+        index = json.load(f)
+    assert index["_class_name"] == "WanImageToVideoPipeline" and index["boundary_ratio"] == 0.9
+    assert index["image_encoder"] == [None, None] and index["expand_timesteps"] is False
+    with open(os.path.join(folder, "transformer_2", "config.json")) as f:
+        assert (json.load(f)["in_channels"], index["transformer_2"][1]) == (36, "WanTransformer3DModel")
+
+    scale = {**SCALE, "transformer": {**SCALE["transformer"], "in_channels": 12}}
+    small = build_random("wan22_i2v_a14b", str(tmp_path / "small"), device="cpu", scale=scale, weights=False)
+    adapter = load_adapter(f"random:{small}")
+    shape = SampleShape(16, 16, 5)
+    # the recipe's 8 steps on the published UniPC flow schedule (shift 3): timesteps 999, 954 and 900 (>= 0.9 x 1000)
+    # are the high-noise expert's, so wan22_i2v_flow_grpo's window on step 1 trains `transformer` alone
+    assert adapter._expert_index(adapter.sigmas(8, shape)[:-1] * 1000).tolist() == [0] * 3 + [1] * 5
+    frame = str(tmp_path / "frame.png")
+    from PIL import Image
+
+    Image.new("RGB", (16, 16), (200, 30, 30)).save(frame)
+    encoding = adapter.encode_prompt(["a red wall"], images=[frame], shape=shape, max_sequence_length=8)
+    latents = adapter.prepare_latents(shape, [torch.Generator().manual_seed(0)])
+    velocity = adapter.velocity(latents, torch.ones(1), encoding, None, guidance_scale=1.0, shape=shape)
+    assert adapter.arch == "wan_i2v" and velocity.shape == latents.shape == (1, 4, 2, 2, 2)
+    assert torch.isfinite(velocity).all()
+    with pytest.raises(ValueError, match="in_channels must be 12"):
+        plan_for("wan22_i2v_a14b", SCALE)

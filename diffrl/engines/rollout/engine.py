@@ -65,36 +65,45 @@ class RolloutEngine:
 
     # ---- prompt encodings ----------------------------------------------------------------------
     def _fingerprint(self, cfg: SamplingConfig) -> str:
-        # The max sequence length changes the encoding, so it is part of the cache key.
+        # The max sequence length changes the encoding, so it is part of the cache key; so does the sample shape for
+        # an adapter whose input-image condition is made at the output size (Wan image-to-video).
         msl = cfg.max_sequence_length
-        return self.adapter.fingerprint() + ("" if msl is None else f"-msl{msl}")
+        key = self.adapter.fingerprint() + ("" if msl is None else f"-msl{msl}")
+        if self.adapter.condition_on_shape:
+            key += f"-{cfg.height}x{cfg.width}x{cfg.num_frames}"
+        return key
 
-    def embed_key(self, prompt: str, cfg: SamplingConfig, image_digest: str | None = None) -> str:
-        """Cache key of one prompt's encoding: text-encoder fingerprint + hash of the prompt (and, for an editing
-        model, of its input image's content digest: an edit's encoding depends on the image too)."""
-        return f"{self._fingerprint(cfg)}:{hashlib.sha1(_cache_text(prompt, image_digest).encode()).hexdigest()}"
+    def embed_key(self, prompt: str, cfg: SamplingConfig, image_digests: tuple[str, ...] = ()) -> str:
+        """Cache key of one prompt's encoding: text-encoder fingerprint + hash of the prompt (and, for an editing or
+        image-to-video model, of its input images' content digests: the encoding depends on the images too)."""
+        return f"{self._fingerprint(cfg)}:{hashlib.sha1(_cache_text(prompt, image_digests).encode()).hexdigest()}"
 
-    def input_images(self, count: int, metadata: Sequence[dict] | None) -> list[str | None]:
-        """Each sample's input image path (metadata["image"]) for an editing adapter; Nones for the others."""
+    def input_images(self, count: int, metadata: Sequence[dict] | None) -> list[tuple[str, ...]]:
+        """Each sample's input images for an adapter that takes them: (metadata["image"],), and
+        (metadata["image"], metadata["last_image"]) where the row has a last frame and the adapter takes one
+        (first/last-frame-to-video); () for the other adapters."""
         if not self.adapter.input_image:
-            return [None] * count
+            return [()] * count
         if metadata is None or len(metadata) != count:
             raise ValueError(
-                f"{self.adapter.arch} edits input images: give each prompt's metadata with its 'image' path"
+                f"{self.adapter.arch} takes input images: give each prompt's metadata with its 'image' path"
             )
-        paths = [m.get("image") for m in metadata]
-        for i, path in enumerate(paths):
-            if not isinstance(path, str) or not path:
-                raise ValueError(
-                    f"{self.adapter.arch} edits input images: sample {i} has no metadata['image'] (the prompt row's "
-                    f"'image' column, a path to the input image); got {path!r}"
-                )
-        return paths
+        found = []
+        for i, meta in enumerate(metadata):
+            paths = (meta.get("image"),) + ((meta["last_image"],) if "last_image" in meta else ())
+            if len(paths) == 2 and not self.adapter.last_image:
+                raise ValueError(f"{self.adapter.arch} takes no last frame: sample {i} has a metadata['last_image']")
+            for key, path in zip(("image", "last_image"), paths):
+                if not isinstance(path, str) or not path:
+                    raise ValueError(
+                        f"{self.adapter.arch} takes input images: sample {i} has no metadata[{key!r}] (the prompt "
+                        f"row's {key!r} column, a path to the image); got {path!r}"
+                    )
+            found.append(paths)
+        return found
 
-    def _digest(self, path: str | None) -> str | None:
+    def _digest(self, path: str) -> str:
         """sha256 of an input image file's bytes, memoised by (path, size, mtime)."""
-        if path is None:
-            return None
         try:
             stat = os.stat(path)
         except OSError as err:
@@ -105,14 +114,14 @@ class RolloutEngine:
                 self._digests[key] = hashlib.sha256(f.read()).hexdigest()
         return self._digests[key]
 
-    def _encode_unique(self, prompts: list[str], cfg: SamplingConfig, images: list[str | None]) -> list[str]:
-        """Make sure every (prompt, input image) encoding is in memory; returns their keys."""
-        digests = [self._digest(path) for path in images]
+    def _encode_unique(self, prompts: list[str], cfg: SamplingConfig, images: list[tuple[str, ...]]) -> list[str]:
+        """Make sure every (prompt, input images) encoding is in memory; returns their keys."""
+        digests = [tuple(self._digest(path) for path in paths) for paths in images]
         keys = [self.embed_key(p, cfg, d) for p, d in zip(prompts, digests)]
-        # cache text -> (prompt, image path) of what is not in memory yet
+        # cache text -> (prompt, image paths) of what is not in memory yet
         missing = {
-            _cache_text(p, d): (p, path)
-            for p, d, path, k in zip(prompts, digests, images, keys)
+            _cache_text(p, d): (p, paths)
+            for p, d, paths, k in zip(prompts, digests, images, keys)
             if k not in self._memory
         }
         fingerprint = self._fingerprint(cfg)
@@ -122,10 +131,12 @@ class RolloutEngine:
                 self._memory[key_of[text]] = self._to_device(enc)
             missing = {t: v for t, v in missing.items() if key_of[t] not in self._memory}
         fresh: dict[str, Encoding] = {}
-        for text, (prompt, path) in missing.items():
+        for text, (prompt, paths) in missing.items():
             # One prompt per call: the stored encoding (its padding length) is then the same whatever
             # batch the prompt first appeared in, and equals the upstream pipeline's batch of one.
-            extra = {} if path is None else {"images": [path]}
+            extra = {name: [path] for name, path in zip(("images", "last_images"), paths)}
+            if self.adapter.condition_on_shape:
+                extra["shape"] = SampleShape(cfg.height, cfg.width, cfg.num_frames)
             with _ENCODE_LOCK:
                 fresh[text] = self.adapter.encode_prompt([prompt], max_sequence_length=cfg.max_sequence_length, **extra)
             self._memory[key_of[text]] = fresh[text]
@@ -144,8 +155,8 @@ class RolloutEngine:
         self, prompts: list[str], cfg: SamplingConfig, metadata: Sequence[dict] | None = None
     ) -> tuple[Encoding, Encoding | None, list[str]]:
         """(positive batch, negative batch or None, embed keys); each unique prompt is encoded once
-        over the engine's life (and looked up in the persistent cache first). An editing adapter encodes each
-        prompt with its input image (metadata[i]["image"]), the negative prompt too."""
+        over the engine's life (and looked up in the persistent cache first). An editing or image-to-video adapter
+        encodes each prompt with its input images (metadata[i]["image"], ["last_image"]), the negative prompt too."""
         if not prompts:
             raise ValueError("prompts must not be empty")
         images = self.input_images(len(prompts), metadata)
@@ -423,9 +434,10 @@ class RolloutEngine:
         )
 
 
-def _cache_text(prompt: str, image_digest: str | None) -> str:
-    """What an encoding is of: the prompt, and for an editing model its input image's digest."""
-    return prompt if image_digest is None else f"{prompt}\x00image:sha256:{image_digest}"
+def _cache_text(prompt: str, image_digests: tuple[str, ...]) -> str:
+    """What an encoding is of: the prompt, and for an editing or image-to-video model its input images' digests."""
+    names = ("image", "last_image")
+    return "".join([prompt] + [f"\x00{name}:sha256:{d}" for name, d in zip(names, image_digests)])
 
 
 def forward_order(starts_B: torch.Tensor, sort_by_window: bool) -> list[int]:

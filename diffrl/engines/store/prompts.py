@@ -8,9 +8,10 @@ the prompt file's folder or absolute, local) goes to metadata["audios"] as absol
 checked when the file loads (it exists, is a PCM WAV, 16 bits a sample); the samples are read when the rollout
 encodes the prompt (diffrl/models/wav.py, audio.py).
 
-A row of an editing model's run names its input image: an `image` column (a path, relative to the prompt file's
-folder or absolute, local), checked to be a readable image when the file loads and kept in metadata["image"] as an
-absolute path: by reference into the trajectory rows, never inlined.
+A row of an editing or image-to-video model's run names its input image: an `image` column (a path, relative to the
+prompt file's folder or absolute, local; a first/last-frame video model's row a `last_image` too), checked to be a
+readable image when the file loads and kept in metadata["image"] (["last_image"]) as an absolute path: by reference
+into the trajectory rows, never inlined.
 """
 
 from __future__ import annotations
@@ -146,8 +147,9 @@ def _record(row: dict, index: int, path: str, prompt_column: str) -> PromptRecor
     metadata = {**rest, **metadata}
     if "audios" in metadata:
         metadata["audios"] = _audio_paths(metadata["audios"], index, path)
-    if "image" in metadata:
-        metadata["image"] = _image_path(metadata["image"], index, path)
+    for key in ("image", "last_image"):  # an editing or image-to-video model's input image, a video's last frame
+        if key in metadata:
+            metadata[key] = _image_path(metadata[key], index, path)
     return PromptRecord(uid=uid, prompt=prompt, ground_truth=truth, metadata=metadata)
 
 

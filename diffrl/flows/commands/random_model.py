@@ -9,13 +9,17 @@
     diffrl random-model wan22_a14b /data/wan22-configs --configs-only
     diffrl train wan22_dance_grpo model.path=random:/data/wan22-configs
 
+    diffrl random-model wan22_i2v_a14b /data/wan22-i2v-configs --configs-only
+    diffrl train wan22_i2v_flow_grpo model.path=random:/data/wan22-i2v-configs
+
     diffrl random-model hunyuan_image3 /data/hunyuan-image3-configs --configs-only
 
 The folder has the layout and shapes of stabilityai/stable-diffusion-3.5-medium ("sd35m"), Qwen/Qwen-Image
-("qwen_image") or Wan-AI/Wan2.2-T2V-A14B-Diffusers ("wan22_a14b": two experts), so training and sampling cost what
-they cost with the real checkpoint, on a machine with no hub access. Weights are random (seeded); tokenizers are
-built in memory. Sizes in bf16: ~16.3 GB (sd35m), ~57.7 GB (qwen_image), ~68.8 GB (wan22_a14b, more than a 64 GB
-disk holds); the free disk space is checked first. With --configs-only the folder holds configs,
+("qwen_image"), Wan-AI/Wan2.2-T2V-A14B-Diffusers ("wan22_a14b": two experts) or Wan-AI/Wan2.2-I2V-A14B-Diffusers
+("wan22_i2v_a14b": two image-to-video experts), so training and sampling cost what they cost with the real checkpoint,
+on a machine with no hub access. Weights are random (seeded); tokenizers are built in memory. Sizes in bf16: ~16.3 GB
+(sd35m), ~57.7 GB (qwen_image), ~68.8 GB (wan22_a14b, wan22_i2v_a14b: more than a 64 GB disk holds); the free disk
+space is checked first. With --configs-only the folder holds configs,
 tokenizers and the scheduler (a few MB, written in seconds) and `model.path=random:OUT_DIR` builds the weights in
 memory on the run's device instead (the same shapes and compute, nothing read from disk).
 Exit codes: 0 written, 2 bad input (one-line error on stderr).
@@ -37,7 +41,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Registers the `random-model` subcommand on an argparse subparsers object."""
     parser = subparsers.add_parser(
         "random-model",
-        help="write a real-size random-weight pipeline folder (SD3.5-Medium, Qwen-Image, Wan2.2 A14B) for GPU runs",
+        help="write a real-size random-weight pipeline folder (SD3.5-Medium, Qwen-Image, Wan2.2 A14B T2V/I2V) for GPU "
+        "runs",
         description=(
             "Build every component of a real pipeline (transformer, VAE, text encoders at their published "
             "sizes, tokenizers built in memory, scheduler) with random weights, one component at a time on "
@@ -48,8 +53,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "arch",
         metavar="ARCH",
-        help="architecture: sd35m, qwen_image, qwen_image21, wan22_a14b, bagel (BAGEL-7B-MoT; --configs-only) or "
-        "hunyuan_image3 (HunyuanImage-3.0, 80 B; --configs-only)",
+        help="architecture: sd35m, qwen_image, qwen_image21, wan22_a14b, wan22_i2v_a14b, bagel (BAGEL-7B-MoT; "
+        "--configs-only) or hunyuan_image3 (HunyuanImage-3.0, 80 B; --configs-only)",
     )
     parser.add_argument(
         "out_dir",

@@ -42,7 +42,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "model, e.g. reference:shapes-small) or tiny:<arch> (built offline, cached)",
     )
     parser.add_argument("--prompt", required=True, help="the text prompt")
-    parser.add_argument("--image", default=None, help="the input image (editing models: qwen_image_edit)")
+    parser.add_argument(
+        "--image", default=None, help="the input image (qwen_image_edit) or the video's first frame (wan_i2v)"
+    )
+    parser.add_argument(
+        "--last-image", default=None, help="the video's last frame (wan_i2v first/last-frame-to-video; with --image)"
+    )
     parser.add_argument(
         "--negative-prompt", default="", help="negative prompt (used by CFG-style models when guidance > 1; default '')"
     )
@@ -180,6 +185,24 @@ def model_folder(path: str) -> str:
     return path
 
 
+def _input_images(args: argparse.Namespace, adapter_cls: type) -> list[dict] | None:
+    """Each sample's metadata naming --image (and --last-image) as absolute paths, None for a text-only model."""
+    if (args.image is not None) != adapter_cls.input_image:
+        raise ValueError(
+            f"--image: {adapter_cls.arch} takes an input image (an edit's input, a video's first frame), give one"
+            if adapter_cls.input_image
+            else f"--image: {adapter_cls.arch} takes no input image"
+        )
+    if args.last_image is not None and not adapter_cls.last_image:
+        raise ValueError(f"--last-image: {adapter_cls.arch} takes no last frame (wan_i2v does)")
+    if args.image is None:
+        return None
+    images = {"image": os.path.abspath(args.image)}
+    if args.last_image is not None:
+        images["last_image"] = os.path.abspath(args.last_image)
+    return [images] * args.batch
+
+
 def run(args: argparse.Namespace) -> int:
     """Loads the model, samples args.batch images/videos and writes them; returns the exit code."""
     try:
@@ -192,15 +215,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--out: directory {out_dir!r} does not exist")
         adapter_cls = adapter_class(detect_architecture(args.model))
         cfg = _config(args, adapter_cls.is_video)  # checks the settings before the (slow) model load
+        metadata = _input_images(args, adapter_cls)
         device, dtype = _device_and_dtype(args)
         adapter = adapter_cls.from_pretrained(args.model, device=device, dtype=dtype)
-        if (args.image is not None) != adapter_cls.input_image:
-            raise ValueError(
-                f"--image: {adapter_cls.arch} edits an input image, give one"
-                if adapter_cls.input_image
-                else f"--image: {adapter_cls.arch} takes no input image"
-            )
-        metadata = None if args.image is None else [{"image": os.path.abspath(args.image)}] * args.batch
         seeds = [args.seed + i for i in range(args.batch)]
         traj = RolloutEngine(adapter).generate(
             [args.prompt] * args.batch, ["sample"] * args.batch, list(range(args.batch)), seeds, cfg, metadata=metadata

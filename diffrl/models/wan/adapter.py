@@ -184,10 +184,18 @@ class WanAdapter(ModelAdapter):
         assert sigmas.shape == (num_inference_steps + 1,) and sigmas[-1] == 0, "scheduler must end at sigma 0"
         return sigmas
 
+    def _latent_channels(self) -> int:
+        """Channels of the denoised latents (WanPipeline draws the transformer's in_channels)."""
+        return self.transformer.config.in_channels
+
+    def _condition(self, encoding: Encoding) -> torch.Tensor | None:
+        """Latents concatenated channel-wise to the noisy ones before each forward (image-to-video); none here."""
+        return None
+
     def _latent_shape(self, shape: SampleShape) -> tuple[int, int, int, int]:
         spatial = self.pipe.vae_scale_factor_spatial
         num_latent_frames = (shape.num_frames - 1) // self.pipe.vae_scale_factor_temporal + 1
-        return (self.transformer.config.in_channels, num_latent_frames, shape.height // spatial, shape.width // spatial)
+        return (self._latent_channels(), num_latent_frames, shape.height // spatial, shape.width // spatial)
 
     def prepare_latents(self, shape: SampleShape, generators: list[torch.Generator]) -> torch.Tensor:
         """(B, C, F', H', W') fp32 noise; sample i is upstream's draw for batch 1 with generators[i]."""
@@ -224,8 +232,11 @@ class WanAdapter(ModelAdapter):
         timesteps_B = sigma.to(device=self.device, dtype=torch.float32) * self.pipe.scheduler.config.num_train_timesteps
         timesteps_B = timesteps_B.expand(latents.shape[0])
         embeds_BLD, negative_BLD = encoding["prompt_embeds"], negative["prompt_embeds"] if cfg else None
+        condition = self._condition(encoding)
         if self.boundary_ratio is None:  # Wan2.1: one expert, no routing
-            return self._guided(self.pipe.transformer, latents, timesteps_B, embeds_BLD, negative_BLD, guidance_scale)
+            return self._guided(
+                self.pipe.transformer, latents, timesteps_B, embeds_BLD, negative_BLD, guidance_scale, condition
+            )
         experts_B = self._expert_index(timesteps_B)
         scales = (guidance_scale, guidance_scale if self.guidance_scale_2 is None else self.guidance_scale_2)
         out = torch.zeros(latents.shape, dtype=torch.float32, device=self.device)
@@ -234,7 +245,8 @@ class WanAdapter(ModelAdapter):
             if rows.numel() == 0:
                 continue
             neg = None if negative_BLD is None else negative_BLD[rows]
-            v = self._guided(model, latents[rows], timesteps_B[rows], embeds_BLD[rows], neg, scales[expert])
+            cond = None if condition is None else condition[rows]
+            v = self._guided(model, latents[rows], timesteps_B[rows], embeds_BLD[rows], neg, scales[expert], cond)
             out = out.index_copy(0, rows, v)
         return out
 
@@ -246,10 +258,14 @@ class WanAdapter(ModelAdapter):
         embeds_BLD: torch.Tensor,
         negative_BLD: torch.Tensor | None,
         guidance_scale: float,
+        condition: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """One expert's CFG output for its rows (fp32)."""
+        """One expert's CFG output for its rows (fp32); `condition` (image-to-video) joins the latents channel-wise,
+        the same for cond and uncond as upstream."""
         batch = latents.shape[0]
         x = latents.to(self.dtype)
+        if condition is not None:
+            x = torch.cat([x, condition.to(device=x.device, dtype=self.dtype)], dim=1)
         text = embeds_BLD.to(self.dtype)
         if negative_BLD is not None:
             if negative_BLD.shape[1] != text.shape[1]:

@@ -1,4 +1,5 @@
-"""Tiny offline Wan pipelines: Wan2.1 layout ("wan") and the two-expert Wan2.2 layout ("wan22").
+"""Tiny offline Wan pipelines: Wan2.1 layout ("wan"), the two-expert Wan2.2 layout ("wan22") and Wan2.2 A14B
+image-to-video ("wan_i2v").
 
 Real layouts at toy size: UMT5 text encoder with the in-memory T5/UMT5 Unigram tokenizer, a 3-level
 AutoencoderKLWan (spatial factor 8, temporal factor 4), WanTransformer3DModel with patch (1, 2, 2).
@@ -11,7 +12,13 @@ Wan2.2 A14B: boundary_ratio 0.875 and shift 12.0 (the original repo's t2v-A14B s
 from __future__ import annotations
 
 import torch
-from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+from diffusers import (
+    AutoencoderKLWan,
+    FlowMatchEulerDiscreteScheduler,
+    WanImageToVideoPipeline,
+    WanPipeline,
+    WanTransformer3DModel,
+)
 from transformers import UMT5Config, UMT5EncoderModel
 
 from diffrl.models.tiny import register_tiny
@@ -20,14 +27,17 @@ from diffrl.models.tokenizers import t5_tokenizer
 _Z_DIM, _TEXT_DIM = 4, 32
 _TEXT_OUTPUT_GAIN = 25.0  # default-init UMT5 outputs have std ~0.14; ~3.5 after this gain
 _CROSS_ATTN_QK_GAIN = 2.0
+_CONDITION_GAIN = 6.0  # image-to-video: the first frame's channels at random init barely move the output otherwise
+_ENCODER_GAIN = 20.0  # and the random VAE encoder maps different frames to nearly the same latents
 
 
-def _transformer() -> WanTransformer3DModel:
+def _transformer(in_channels: int = _Z_DIM) -> WanTransformer3DModel:
+    """A 2-block WanTransformer3DModel; `in_channels` > z for image-to-video (mask and condition channels)."""
     model = WanTransformer3DModel(
         patch_size=(1, 2, 2),
         num_attention_heads=2,
         attention_head_dim=16,
-        in_channels=_Z_DIM,
+        in_channels=in_channels,
         out_channels=_Z_DIM,
         text_dim=_TEXT_DIM,
         freq_dim=32,
@@ -102,5 +112,24 @@ def build_wan22(out_dir: str, seed: int) -> None:
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=12.0)
     pipe = WanPipeline(
         **parts, scheduler=scheduler, transformer=transformer, transformer_2=transformer_2, boundary_ratio=0.875
+    )
+    pipe.save_pretrained(out_dir, safe_serialization=True)
+
+
+@register_tiny("wan_i2v")
+def build_wan_i2v(out_dir: str, seed: int) -> None:
+    """Tiny Wan2.2 A14B image-to-video WanImageToVideoPipeline: no image encoder, two experts taking 4 mask + 2 x 4
+    latent channels, boundary_ratio 0.9 (Wan2.2-I2V-A14B's), Euler scheduler with shift 5.0 (the original repo's
+    i2v-A14B sample_shift)."""
+    parts = _components(seed)
+    in_channels = parts["vae"].config.scale_factor_temporal + 2 * _Z_DIM
+    experts = [_transformer(in_channels), _transformer(in_channels)]
+    with torch.no_grad():  # as the cross-attention gain: let the mask and first-frame latents visibly steer the video
+        for expert in experts:
+            expert.patch_embedding.weight[:, _Z_DIM:].mul_(_CONDITION_GAIN)
+        parts["vae"].quant_conv.weight[:_Z_DIM].mul_(_ENCODER_GAIN)  # the posterior mean's channels
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0)
+    pipe = WanImageToVideoPipeline(
+        **parts, scheduler=scheduler, transformer=experts[0], transformer_2=experts[1], boundary_ratio=0.9
     )
     pipe.save_pretrained(out_dir, safe_serialization=True)
