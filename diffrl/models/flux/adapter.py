@@ -153,19 +153,25 @@ class FluxAdapter(ModelAdapter):
     ) -> torch.Tensor:
         """Velocity (B, T, 4C) fp32 at per-sample sigmas (B,), one forward with the guidance embedding
         set to `guidance_scale` (`negative` is not used: FLUX's guidance is distilled)."""
-        batch = latents.shape[0]
+        h, w = self._latent_hw(shape)
+        img_ids = self.pipe._prepare_latent_image_ids(latents.shape[0], h // 2, w // 2, self.device, self.dtype)
+        return self._forward(latents, sigma, encoding, guidance_scale, img_ids)
+
+    def _forward(
+        self, hidden: torch.Tensor, sigma: torch.Tensor, encoding: Encoding, guidance_scale: float, img_ids
+    ) -> torch.Tensor:
+        """The transformer's output (B, len(img_ids), 4C) fp32 for the image tokens `hidden` at positions `img_ids`."""
+        batch = hidden.shape[0]
         # As the pipeline: scheduler.timesteps (fp32 sigma * 1000) cast to the latents dtype, then / 1000.
         timestep = sigma.to(self.device, torch.float32) * self.pipe.scheduler.config.num_train_timesteps
         timestep = timestep.to(self.dtype) / 1000
         guidance = None
         if self.transformer.config.guidance_embeds:
             guidance = torch.full((batch,), guidance_scale, device=self.device, dtype=torch.float32)
-        h, w = self._latent_hw(shape)
-        img_ids = self.pipe._prepare_latent_image_ids(batch, h // 2, w // 2, self.device, self.dtype)
         prompt_embeds = encoding["prompt_embeds"].to(self.dtype)
         txt_ids = torch.zeros(prompt_embeds.shape[1], 3, device=self.device, dtype=self.dtype)
         out = self.transformer(
-            hidden_states=latents.to(self.dtype),
+            hidden_states=hidden.to(self.dtype),
             timestep=timestep,
             guidance=guidance,
             pooled_projections=encoding["pooled_prompt_embeds"].to(self.dtype),
