@@ -40,17 +40,8 @@ def pipe(path):
 euler_sample = functools.partial(parity.euler_sample, shape=SHAPE, steps=3)
 
 
-def pipeline_uint8(pipe, prompt, seed, *, guidance_scale, shape=SHAPE, steps=3):
-    out = pipe(
-        prompt=prompt,
-        num_inference_steps=steps,
-        height=shape.height,
-        width=shape.width,
-        guidance_scale=guidance_scale,
-        generator=torch.Generator().manual_seed(seed),
-        output_type="np",
-    ).images
-    return torch.from_numpy((out * 255).round().astype("uint8"))
+def pipeline_uint8(pipe, prompt, seed, *, guidance_scale, shape=SHAPE):
+    return parity.pipeline_uint8(pipe, prompt, seed, shape=shape, steps=3, guidance_scale=guidance_scale)
 
 
 def test_batch_with_cfg_equals_single_pipeline_runs(adapter, pipe):

@@ -224,7 +224,11 @@ def test_existing_folders_are_refused(tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["bogus"], "unknown architecture 'bogus'; choose one of sd35m, qwen_image, wan22_a14b"),
+        (
+            ["bogus"],
+            "unknown architecture 'bogus'; choose one of sd35m, flux2_klein, flux2_klein_4b, flux2_dev, qwen_image, "
+            "wan22_a14b",
+        ),
         (["sd35m", "--dtype", "int8"], "--dtype must be one of bf16, fp16, fp32"),
     ],
 )

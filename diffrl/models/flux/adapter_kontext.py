@@ -34,9 +34,17 @@ from diffusers import FluxKontextPipeline
 from diffusers.pipelines.flux.pipeline_flux_kontext import PREFERRED_KONTEXT_RESOLUTIONS
 from PIL import Image
 
-from diffrl.models.base import Encoding, SampleShape, load_pipeline, pad_and_cat, register_adapter
+from diffrl.models.base import (
+    Encoding,
+    SampleShape,
+    by_image_grid,
+    check_input_images,
+    load_image,
+    load_pipeline,
+    pad_and_cat,
+    register_adapter,
+)
 from diffrl.models.flux.adapter import FluxAdapter
-from diffrl.models.qwen_image.adapter_edit import load_image
 
 
 @register_adapter
@@ -90,12 +98,7 @@ class FluxKontextAdapter(FluxAdapter):
     ) -> Encoding:
         """FLUX.1's {"prompt_embeds": (B, T, D), "pooled_prompt_embeds": (B, P)} plus each prompt's input image:
         "image_latents" (B, L', 64) and "image_grid" (B, 2) int64 token rows and columns of L' (right-padded)."""
-        if images is None or len(images) != len(prompts):
-            given = "none" if images is None else len(images)
-            raise ValueError(
-                f"flux_kontext edits an input image: give one image per prompt ({len(prompts)} prompts, {given} "
-                "images); in a prompt file, an 'image' column"
-            )
+        check_input_images(self.arch, prompts, images)
         text = super().encode_prompt(prompts, max_sequence_length=max_sequence_length)
         parts = [self._encode_image(load_image(image)) for image in images]
         return dict(text, **pad_and_cat(parts))
@@ -122,15 +125,13 @@ class FluxKontextAdapter(FluxAdapter):
         shape: SampleShape,
     ) -> torch.Tensor:
         """Velocity (B, L, 64) fp32 on the noisy tokens, the input image's latents riding along the sequence; one
-        forward per input-image grid (reading the grids is one device-to-host copy per call)."""
-        grids = [tuple(g) for g in encoding["image_grid"].tolist()]
-        out = torch.empty(latents.shape, dtype=torch.float32, device=self.device)
-        for grid in dict.fromkeys(grids):
-            rows = torch.tensor([i for i, g in enumerate(grids) if g == grid], device=self.device)
-            out[rows] = self._velocity_grid(
-                latents[rows], sigma[rows], {k: v[rows] for k, v in encoding.items()}, grid, guidance_scale, shape
-            )
-        return out
+        forward per input-image grid."""
+
+        def run(rows: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+            part = {k: v[rows] for k, v in encoding.items()}
+            return self._velocity_grid(latents[rows], sigma[rows], part, grid, guidance_scale, shape)
+
+        return by_image_grid(latents, encoding, run)
 
     def _velocity_grid(self, latents, sigma, encoding, grid, guidance_scale, shape) -> torch.Tensor:
         length = latents.shape[1]

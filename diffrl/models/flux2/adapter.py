@@ -40,6 +40,7 @@ from diffrl.models.base import (
     Encoding,
     ModelAdapter,
     SampleShape,
+    check_image_shape,
     images_to_uint8,
     load_pipeline,
     register_adapter,
@@ -118,15 +119,8 @@ class Flux2Adapter(ModelAdapter):
         return shape.height // factor, shape.width // factor
 
     def check_shape(self, shape: SampleShape) -> None:
-        if shape.num_frames != 1:
-            raise ValueError(f"num_frames must be 1 for the image model FLUX.2, got {shape.num_frames}")
-        multiple = self.pipe.vae_scale_factor * 2
-        for name, value in (("height", shape.height), ("width", shape.width)):
-            if value <= 0 or value % multiple:
-                raise ValueError(
-                    f"{name}={value} must be a positive multiple of {multiple} (VAE scale factor "
-                    f"{self.pipe.vae_scale_factor} x 2x2 latent patchify)"
-                )
+        factor = self.pipe.vae_scale_factor
+        check_image_shape(shape, factor * 2, "FLUX.2", f"VAE scale factor {factor} x 2x2 latent patchify")
 
     @torch.no_grad()
     def encode_prompt(self, prompts: list[str], *, max_sequence_length: int | None = None) -> Encoding:
