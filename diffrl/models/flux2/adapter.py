@@ -136,6 +136,7 @@ class Flux2Adapter(ModelAdapter):
 
     def sigmas(self, num_inference_steps: int, shape: SampleShape) -> torch.Tensor:
         """(N + 1,) fp32 sigmas of a copy of the pipeline's scheduler after the pipeline's set_timesteps."""
+        # Adapted from diffrl/models/flux/adapter.py: FluxAdapter.sigmas (mu from compute_empirical_mu)
         if num_inference_steps < 1:
             raise ValueError(f"num_inference_steps must be >= 1, got {num_inference_steps}")
         scheduler = copy.deepcopy(self.pipe.scheduler)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import functools
 
+from diffrl.models.flux2.tiny import FLUX2_SCHEDULER
 from diffrl.models.qwen_image.realsize import qwen_prompt_tokenizer
 from diffrl.models.realsize import Plan, merged, register_plan
 
@@ -57,16 +58,6 @@ QWEN3_8B = dict(
 )
 # Qwen/Qwen3-4B config.json: 36 layers of 2560, MLP 9728, tied embeddings.
 QWEN3_4B = dict(QWEN3_8B, hidden_size=2560, intermediate_size=9728, tie_word_embeddings=True)
-# scheduler/scheduler_config.json: the pipeline passes mu (compute_empirical_mu), so the shift is dynamic.
-FLUX2_SCHEDULER = dict(
-    num_train_timesteps=1000,
-    shift=3.0,
-    use_dynamic_shifting=True,
-    base_image_seq_len=256,
-    max_image_seq_len=4096,
-    base_shift=0.5,
-    max_shift=1.15,
-)
 # The stacked hidden layers `Flux2KleinPipeline.encode_prompt` reads by default (`Flux2Pipeline`: 10, 20, 30).
 TEXT_LAYERS_READ = (9, 18, 27)
 DEV_TEXT_LAYERS_READ = (10, 20, 30)

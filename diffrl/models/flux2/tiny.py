@@ -18,6 +18,17 @@ from diffrl.models.tiny import register_tiny
 from diffrl.models.tokenizers import QWEN3_CHAT_TEMPLATE, qwen_tokenizer
 
 TEXT_DIM, TEXT_LAYERS, LATENT_CHANNELS = 16, 28, 4
+# FLUX.2's scheduler/scheduler_config.json (klein and dev; the tiny and real-size pipelines both use it): the pipeline
+# passes mu (compute_empirical_mu), so the shift is dynamic.
+FLUX2_SCHEDULER = dict(
+    num_train_timesteps=1000,
+    shift=3.0,
+    use_dynamic_shifting=True,
+    base_image_seq_len=256,
+    max_image_seq_len=4096,
+    base_shift=0.5,
+    max_shift=1.15,
+)
 
 
 @register_tiny("flux2")
@@ -74,18 +85,8 @@ def tiny_flux2_pipeline() -> Flux2KleinPipeline:
         axes_dims_rope=(4, 4, 4, 4),
         guidance_embeds=False,
     )
-    # FLUX.2-klein's scheduler config: the pipeline passes mu (compute_empirical_mu), so the shift is dynamic.
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        num_train_timesteps=1000,
-        shift=3.0,
-        use_dynamic_shifting=True,
-        base_image_seq_len=256,
-        max_image_seq_len=4096,
-        base_shift=0.5,
-        max_shift=1.15,
-    )
     return Flux2KleinPipeline(
-        scheduler=scheduler,
+        scheduler=FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER),
         vae=tiny_vae(),
         text_encoder=text_encoder,
         tokenizer=tokenizer,
