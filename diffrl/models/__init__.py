@@ -28,6 +28,7 @@ from diffrl import registry
 ARCHITECTURES: list[str] = [
     "diffrl.models.sd3",
     "diffrl.models.flux",
+    "diffrl.models.flux2",
     "diffrl.models.qwen_image",
     "diffrl.models.qwen_image21",
     "diffrl.models.z_image",

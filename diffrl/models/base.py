@@ -18,10 +18,12 @@ import json
 import os
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+from PIL import Image
 from torch import nn
 
 from diffrl import registry
@@ -160,6 +162,54 @@ def _pad_dim1(value: torch.Tensor, length: int) -> torch.Tensor:
 def select(encoding: Encoding, index: torch.Tensor | slice | list[int]) -> Encoding:
     """Rows of an encoding (same index applied to every tensor)."""
     return {k: v[index] for k, v in encoding.items()}
+
+
+def check_image_shape(shape: SampleShape, multiple: int, model: str, why: str) -> None:
+    """ValueError unless `shape` is one frame whose height and width are positive multiples of `multiple`; `why`
+    says where the multiple comes from (e.g. "VAE scale factor 8 x 2x2 latent packing")."""
+    if shape.num_frames != 1:
+        raise ValueError(f"num_frames must be 1 for the image model {model}, got {shape.num_frames}")
+    for name, value in (("height", shape.height), ("width", shape.width)):
+        if value <= 0 or value % multiple:
+            raise ValueError(f"{name}={value} must be a positive multiple of {multiple} ({why})")
+
+
+def load_image(image: str | Image.Image) -> Image.Image:
+    """An RGB PIL image from a path or a PIL image (an editing model's input); ValueError naming the path when it
+    cannot be read."""
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    try:
+        with Image.open(image) as opened:
+            return opened.convert("RGB")
+    except (OSError, ValueError) as err:
+        raise ValueError(f"input image {image!r} cannot be read as an image: {err}") from None
+
+
+def check_input_images(arch: str, prompts: list[str], images: list | None) -> None:
+    """ValueError unless an editing adapter got one input image per prompt."""
+    if images is None or len(images) != len(prompts):
+        given = "none" if images is None else len(images)
+        raise ValueError(
+            f"{arch} edits an input image: give one image per prompt ({len(prompts)} prompts, {given} images); in a "
+            "prompt file, an 'image' column"
+        )
+
+
+def by_image_grid(
+    latents: torch.Tensor, encoding: Encoding, run: Callable[[torch.Tensor, tuple[int, int]], torch.Tensor]
+) -> torch.Tensor:
+    """An editing adapter's velocity (B, ...) fp32 computed per input-image grid: `run(rows, grid)` returns the
+    velocity of the samples `rows` (a (b,) index tensor), whose input images all have the token grid `grid` (the
+    encoding's "image_grid" row), in one forward. Reading the grids is one device-to-host copy per call."""
+    grids = [tuple(g) for g in encoding["image_grid"].tolist()]
+    if len(set(grids)) == 1:  # the usual case: one forward for the whole batch
+        return run(torch.arange(len(grids), device=latents.device), grids[0])
+    out = torch.empty(latents.shape, dtype=torch.float32, device=latents.device)
+    for grid in dict.fromkeys(grids):
+        rows = torch.tensor([i for i, g in enumerate(grids) if g == grid], device=latents.device)
+        out[rows] = run(rows, grid)
+    return out
 
 
 def images_to_uint8(images_B3HW: torch.Tensor) -> torch.Tensor:

@@ -21,3 +21,18 @@ def euler_sample(adapter, prompts, seeds, *, guidance_scale, shape, steps=4, neg
             v = adapter.velocity(x, s[i].expand(len(prompts)), enc, neg, guidance_scale=guidance_scale, shape=shape)
             x = x + (s[i + 1] - s[i]) * v
     return adapter.decode(x, shape)
+
+
+def pipeline_uint8(pipe, prompt, seed, *, shape, steps, **kwargs) -> torch.Tensor:
+    """The upstream pipeline's images (B, H, W, 3) uint8 for one prompt and seed, rounded as `numpy_to_pil` rounds
+    them; `kwargs` are the pipeline's guidance knobs."""
+    out = pipe(
+        prompt=prompt,
+        num_inference_steps=steps,
+        height=shape.height,
+        width=shape.width,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
+        **kwargs,
+    ).images
+    return torch.from_numpy((out * 255).round().astype("uint8"))

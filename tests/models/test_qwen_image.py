@@ -40,17 +40,9 @@ euler_sample = functools.partial(parity.euler_sample, guidance_scale=TRUE_CFG, s
 
 
 def pipeline_uint8(pipe, prompt, seed, *, steps=4, true_cfg_scale=TRUE_CFG, shape=SHAPE, negative=NEGATIVE):
-    out = pipe(
-        prompt=prompt,
-        negative_prompt=negative,
-        true_cfg_scale=true_cfg_scale,
-        num_inference_steps=steps,
-        height=shape.height,
-        width=shape.width,
-        generator=torch.Generator().manual_seed(seed),
-        output_type="np",
-    ).images
-    return torch.from_numpy((out * 255).round().astype("uint8"))
+    return parity.pipeline_uint8(
+        pipe, prompt, seed, shape=shape, steps=steps, negative_prompt=negative, true_cfg_scale=true_cfg_scale
+    )
 
 
 def test_noise_level_0_matches_pipeline_with_true_cfg(adapter, pipe):

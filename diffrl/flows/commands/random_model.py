@@ -41,8 +41,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Registers the `random-model` subcommand on an argparse subparsers object."""
     parser = subparsers.add_parser(
         "random-model",
-        help="write a real-size random-weight pipeline folder (SD3.5-Medium, Qwen-Image, Wan2.2 A14B T2V/I2V) for GPU "
-        "runs",
+        help="write a real-size random-weight pipeline folder (SD3.5-Medium, Qwen-Image, FLUX.2, Wan2.2 A14B "
+        "T2V/I2V) for GPU runs",
         description=(
             "Build every component of a real pipeline (transformer, VAE, text encoders at their published "
             "sizes, tokenizers built in memory, scheduler) with random weights, one component at a time on "
@@ -53,7 +53,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "arch",
         metavar="ARCH",
-        help="architecture: sd35m, qwen_image, qwen_image21, wan22_a14b, wan22_i2v_a14b, bagel (BAGEL-7B-MoT; "
+        help="architecture: sd35m, qwen_image, qwen_image21, flux2_klein (FLUX.2-klein base 9B), flux2_klein_4b, "
+        "flux2_dev (FLUX.2-dev 32B, 112.6 GB in bf16), wan22_a14b, wan22_i2v_a14b, bagel (BAGEL-7B-MoT; "
         "--configs-only) or hunyuan_image3 (HunyuanImage-3.0, 80 B; --configs-only)",
     )
     parser.add_argument(

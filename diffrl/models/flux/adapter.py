@@ -32,6 +32,7 @@ from diffrl.models.base import (
     Encoding,
     ModelAdapter,
     SampleShape,
+    check_image_shape,
     images_to_uint8,
     load_pipeline,
     register_adapter,
@@ -84,15 +85,8 @@ class FluxAdapter(ModelAdapter):
         return 2 * (shape.height // factor), 2 * (shape.width // factor)
 
     def check_shape(self, shape: SampleShape) -> None:
-        if shape.num_frames != 1:
-            raise ValueError(f"num_frames must be 1 for the image model FLUX, got {shape.num_frames}")
-        multiple = self.pipe.vae_scale_factor * 2
-        for name, value in (("height", shape.height), ("width", shape.width)):
-            if value <= 0 or value % multiple:
-                raise ValueError(
-                    f"{name}={value} must be a positive multiple of {multiple} (VAE scale factor "
-                    f"{self.pipe.vae_scale_factor} x 2x2 latent packing)"
-                )
+        factor = self.pipe.vae_scale_factor
+        check_image_shape(shape, factor * 2, "FLUX", f"VAE scale factor {factor} x 2x2 latent packing")
 
     @torch.no_grad()
     def encode_prompt(self, prompts: list[str], *, max_sequence_length: int | None = None) -> Encoding:
@@ -153,19 +147,25 @@ class FluxAdapter(ModelAdapter):
     ) -> torch.Tensor:
         """Velocity (B, T, 4C) fp32 at per-sample sigmas (B,), one forward with the guidance embedding
         set to `guidance_scale` (`negative` is not used: FLUX's guidance is distilled)."""
-        batch = latents.shape[0]
+        h, w = self._latent_hw(shape)
+        img_ids = self.pipe._prepare_latent_image_ids(latents.shape[0], h // 2, w // 2, self.device, self.dtype)
+        return self._forward(latents, sigma, encoding, guidance_scale, img_ids)
+
+    def _forward(
+        self, hidden: torch.Tensor, sigma: torch.Tensor, encoding: Encoding, guidance_scale: float, img_ids
+    ) -> torch.Tensor:
+        """The transformer's output (B, len(img_ids), 4C) fp32 for the image tokens `hidden` at positions `img_ids`."""
+        batch = hidden.shape[0]
         # As the pipeline: scheduler.timesteps (fp32 sigma * 1000) cast to the latents dtype, then / 1000.
         timestep = sigma.to(self.device, torch.float32) * self.pipe.scheduler.config.num_train_timesteps
         timestep = timestep.to(self.dtype) / 1000
         guidance = None
         if self.transformer.config.guidance_embeds:
             guidance = torch.full((batch,), guidance_scale, device=self.device, dtype=torch.float32)
-        h, w = self._latent_hw(shape)
-        img_ids = self.pipe._prepare_latent_image_ids(batch, h // 2, w // 2, self.device, self.dtype)
         prompt_embeds = encoding["prompt_embeds"].to(self.dtype)
         txt_ids = torch.zeros(prompt_embeds.shape[1], 3, device=self.device, dtype=self.dtype)
         out = self.transformer(
-            hidden_states=latents.to(self.dtype),
+            hidden_states=hidden.to(self.dtype),
             timestep=timestep,
             guidance=guidance,
             pooled_projections=encoding["pooled_prompt_embeds"].to(self.dtype),

@@ -23,6 +23,11 @@ CLIP_DIM, T5_DIM = 16, 32
 def build_flux(out_dir: str, seed: int) -> None:
     """Build the tiny FLUX pipeline (seeded random weights) and save it to out_dir."""
     torch.manual_seed(seed)
+    tiny_flux_pipeline().save_pretrained(out_dir, safe_serialization=True)
+
+
+def tiny_flux_pipeline() -> FluxPipeline:
+    """The tiny FluxPipeline, its weights drawn from torch's global generator."""
     tokenizer, tokenizer_2 = clip_tokenizer(), t5_tokenizer()
     text_encoder = CLIPTextModel(
         CLIPTextConfig(
@@ -62,7 +67,7 @@ def build_flux(out_dir: str, seed: int) -> None:
         base_shift=0.5,
         max_shift=1.15,
     )
-    pipe = FluxPipeline(
+    return FluxPipeline(
         scheduler=scheduler,
         vae=vae,
         text_encoder=text_encoder,
@@ -71,4 +76,3 @@ def build_flux(out_dir: str, seed: int) -> None:
         tokenizer_2=tokenizer_2,
         transformer=transformer,
     )
-    pipe.save_pretrained(out_dir, safe_serialization=True)

@@ -40,7 +40,16 @@ from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dime
 from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLProcessor
 
-from diffrl.models.base import Encoding, SampleShape, load_pipeline, pad_and_cat, register_adapter
+from diffrl.models.base import (
+    Encoding,
+    SampleShape,
+    by_image_grid,
+    check_input_images,
+    load_image,
+    load_pipeline,
+    pad_and_cat,
+    register_adapter,
+)
 from diffrl.models.qwen_image.adapter import _MAX_SEQUENCE_LENGTH_LIMIT, QwenImageAdapter, true_cfg
 
 CONDITION_AREA = 1024 * 1024  # upstream's fixed pixel area of the conditioning image
@@ -63,17 +72,6 @@ def load_processor(folder: str) -> ImageOnlyQwen2VLProcessor:
     return ImageOnlyQwen2VLProcessor(
         image_processor=AutoImageProcessor.from_pretrained(sub), tokenizer=AutoTokenizer.from_pretrained(sub)
     )
-
-
-def load_image(image: str | Image.Image) -> Image.Image:
-    """An RGB PIL image from a path or a PIL image; ValueError naming the path when it cannot be read."""
-    if isinstance(image, Image.Image):
-        return image.convert("RGB")
-    try:
-        with Image.open(image) as opened:
-            return opened.convert("RGB")
-    except (OSError, ValueError) as err:
-        raise ValueError(f"input image {image!r} cannot be read as an image: {err}") from None
 
 
 @register_adapter
@@ -127,12 +125,7 @@ class QwenImageEditAdapter(QwenImageAdapter):
         max_len = self.default_max_sequence_length if max_sequence_length is None else max_sequence_length
         if not 0 < max_len <= _MAX_SEQUENCE_LENGTH_LIMIT:
             raise ValueError(f"max_sequence_length={max_len} must be in [1, {_MAX_SEQUENCE_LENGTH_LIMIT}]")
-        if images is None or len(images) != len(prompts):
-            given = "none" if images is None else len(images)
-            raise ValueError(
-                f"qwen_image_edit edits an input image: give one image per prompt ({len(prompts)} prompts, {given} "
-                "images); in a prompt file, an 'image' column"
-            )
+        check_input_images(self.arch, prompts, images)
         return pad_and_cat([self._encode_one(p, load_image(im)) for p, im in zip(prompts, images)])
 
     def _encode_one(self, prompt: str, image: Image.Image) -> Encoding:
@@ -176,17 +169,14 @@ class QwenImageEditAdapter(QwenImageAdapter):
         """Guided velocity (B, L, C*4) fp32 on the noisy tokens; the input image's latents ride along the sequence.
         True CFG as Qwen-Image (cond and uncond share a forward); one forward per input-image grid. Reading the grids
         (`image_grid`, a few ints) is one device-to-host copy per call: on a GPU it waits for the queued work."""
-        grids = [tuple(g) for g in encoding["image_grid"].tolist()]
-        if len(set(grids)) == 1:  # the usual case: one forward for the whole batch
-            return self._velocity_grid(latents, sigma, encoding, negative, grids[0], guidance_scale, shape)
-        out = torch.empty(latents.shape, dtype=torch.float32, device=self.device)
-        for grid in dict.fromkeys(grids):
-            rows = torch.tensor([i for i, g in enumerate(grids) if g == grid], device=self.device)
+
+        def run(rows: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
             part = lambda enc: None if enc is None else {k: v[rows] for k, v in enc.items()}  # noqa: E731
-            out[rows] = self._velocity_grid(
+            return self._velocity_grid(
                 latents[rows], sigma[rows], part(encoding), part(negative), grid, guidance_scale, shape
             )
-        return out
+
+        return by_image_grid(latents, encoding, run)
 
     def _velocity_grid(self, latents, sigma, encoding, negative, grid, guidance_scale, shape) -> torch.Tensor:
         # Adapted from diffrl/models/qwen_image/adapter.py: QwenImageAdapter.velocity

@@ -52,6 +52,7 @@ CASES = [
         processor_from="diffrl.models.qwen_image21.adapter:load_processor",
     ),
     ArchCase("flux", "flux/adapter.py", "flux/tiny.py", 3.5, pipeline_kwargs={"guidance_scale": 3.5}),
+    ArchCase("flux2", "flux2/adapter.py", "flux2/tiny.py", 4.0, pipeline_kwargs={"guidance_scale": 4.0}),
     ArchCase("z_image", "z_image/adapter.py", "z_image/tiny.py", 4.0, pipeline_kwargs={"guidance_scale": 4.0}),
     ArchCase(
         "wan",
