@@ -197,3 +197,19 @@ def test_the_report_statistics_match_their_closed_forms(tmp_path):
     assert "| 1 | 16.8 | 11.8 |" in text and "| 1 | 17.1 | - |" in text  # peak GiB; "-" for a record without one
     assert "- **flow_dppo**: NO DIAGNOSIS YET" in text
     assert "- **awm**: NO DIAGNOSIS YET" in text and "**dpo**:" not in text.split("did not improve")[1].split("##")[0]
+
+
+def test_every_rows_overrides_make_a_config_the_run_accepts():
+    """Each row's overrides on the GPU base config load (no unknown key or bad value) and pass the checks a run makes
+    before any work; a distilling row with its teacher set as the runner sets it."""
+    from benchmarks.leaderboard_rows import ALL_ROWS, GPU_CONFIG
+    from diffrl.configs.schema import load_experiment
+    from diffrl.flows.build_preference import check_preference_config
+
+    distils = ["model.teacher=reference:shapes", "model.teacher_lora=teacher.safetensors"]
+    for row in ALL_ROWS:
+        teacher = distils if row.teacher is not None else []
+        cfg = load_experiment(GPU_CONFIG, [*row.overrides, *teacher, "run.seed=1"])
+        check_preference_config(cfg)
+        assert cfg.algorithm.name in row.name, row.name
+        assert cfg.rollout.samples_per_step == 512, row.name  # every row sees 512 images a step
