@@ -40,7 +40,9 @@ def _transformer_out(pipe, seed: int = 0) -> torch.Tensor:
         return t(latents, encoder_hidden_states=text, pooled_projections=pooled, timestep=torch.tensor([500.0]))[0]
 
 
-def test_export_writes_a_lora_and_a_merged_pipeline_that_plain_diffusers_loads(workdir, capsys):
+def test_export_writes_a_lora_and_a_merged_pipeline_and_refuses_a_damaged_checkpoint(workdir, capsys):
+    """The LoRA and merged pipeline load in plain diffusers; the same checkpoint, damaged afterwards, is named and
+    not exported (the export checks it against its checksums.json, as resuming does). One training run for both."""
     train(config=None, overrides=RUN)
     out = str(workdir / "exported")
     assert main(["export", *RUN, "--out", out, "--merge"]) == 0
@@ -53,7 +55,8 @@ def test_export_writes_a_lora_and_a_merged_pipeline_that_plain_diffusers_loads(w
         config = json.loads(f.metadata()["lora_adapter_metadata"])
     assert config["transformer.base_model_name_or_path"] == base  # null in the checkpoint itself
     # the tensors are the checkpoint's own
-    trained = load_file(os.path.join("runs/quickstart/checkpoints/step_1/lora/pytorch_lora_weights.safetensors"))
+    checkpoint_lora = "runs/quickstart/checkpoints/step_1/lora/pytorch_lora_weights.safetensors"
+    trained = load_file(checkpoint_lora)
     exported = load_file(lora_file)
     assert exported.keys() == trained.keys() and all(torch.equal(exported[k], trained[k]) for k in trained)
 
@@ -65,6 +68,16 @@ def test_export_writes_a_lora_and_a_merged_pipeline_that_plain_diffusers_loads(w
     merged = _transformer_out(StableDiffusion3Pipeline.from_pretrained(os.path.join(out, "pipeline")))
     torch.testing.assert_close(merged, with_lora, rtol=1e-4, atol=1e-5)
     assert (with_lora - before).abs().max() > 1e-6  # the trained LoRA changes the output
+
+    with open(checkpoint_lora, "r+b") as f:  # same size, other bytes
+        f.seek(os.path.getsize(checkpoint_lora) - 64)
+        f.write(b"\xff" * 64)
+    capsys.readouterr()
+    damaged = workdir / "damaged"
+    assert main(["export", *RUN, "--out", str(damaged)]) == 2
+    err = capsys.readouterr().err
+    assert "pytorch_lora_weights.safetensors does not match its checksum" in err
+    assert not (damaged / "pytorch_lora_weights.safetensors").exists()
 
 
 def test_export_without_a_checkpoint_is_a_one_line_error(workdir, capsys):
@@ -90,20 +103,6 @@ def test_export_of_full_fine_tuning_writes_the_trained_pipeline(workdir):
     dcp.load(target, checkpoint_id="runs/quickstart/checkpoints/step_1/dcp")
     for name, tensor in trained.transformer.state_dict().items():
         assert torch.equal(tensor, target["model"][name]), name
-
-
-def test_a_damaged_checkpoint_is_named_and_not_exported(workdir, capsys):
-    """The export checks the checkpoint against its checksums.json, as resuming does."""
-    train(config=None, overrides=RUN)
-    lora = "runs/quickstart/checkpoints/step_1/lora/pytorch_lora_weights.safetensors"
-    with open(lora, "r+b") as f:  # same size, other bytes
-        f.seek(os.path.getsize(lora) - 64)
-        f.write(b"\xff" * 64)
-    out = workdir / "damaged"
-    assert main(["export", *RUN, "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert "pytorch_lora_weights.safetensors does not match its checksum" in err
-    assert not (out / "pytorch_lora_weights.safetensors").exists()
 
 
 def _docs_snippet() -> str:

@@ -5,27 +5,48 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import subprocess
-import sys
 
 import pytest
 from e2e_settings import TINY
 from mlflow.tracking import MlflowClient
 
 from diffrl.configs.loader import ConfigError
+from diffrl.flows.cli import main
 from diffrl.flows.train import train
 
 
-def _cli(args: list[str], cwd) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "diffrl.flows.cli", "train", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+def _cli(args: list[str], capfd) -> subprocess.CompletedProcess:
+    """`diffrl train ARGS` in this process (`main` is what the `diffrl` script calls), its stderr read from fd 2:
+    these commands fail before or at their first step, so a fresh interpreter's imports and Prefect server start
+    (~20 s a command on the 2-core CI machine) would be most of their time."""
+    capfd.readouterr()
+    code = main(["train", *args])
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["diffrl", "train", *args], code, out, err)
+
+
+@pytest.fixture(scope="module")
+def one_step_run(tmp_path_factory, diffrl_cache):
+    """One TINY run of one step (runs/ and mlflow.db), trained once for the tests that damage or resume a copy."""
+    folder = tmp_path_factory.mktemp("one_step_run")
+    here, tracking = os.getcwd(), os.environ.pop("MLFLOW_TRACKING_URI", None)
+    os.chdir(folder)
+    try:
+        train(config=None, overrides=TINY + ["run.steps=1"])
+    finally:
+        os.chdir(here)
+        if tracking is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = tracking
+    return folder
+
+
+@pytest.fixture
+def trained(workdir, one_step_run):
+    """The working directory holding its own copy of `one_step_run`."""
+    shutil.copytree(one_step_run, workdir, dirs_exist_ok=True)
+    return workdir
 
 
 @pytest.mark.parametrize(
@@ -50,10 +71,10 @@ def test_a_prompt_file_that_is_not_utf8_is_named(workdir):
         train(config=None, overrides=TINY + [f"data.train={path}"])
 
 
-def test_an_engine_build_error_is_one_line(workdir):
+def test_an_engine_build_error_is_one_line(workdir, capfd):
     """A bad model path fails while the engines are built, inside the flow: diffrl's own one-line error, without
     Prefect's 24-line traceback before it."""
-    bad = _cli(TINY + ["model.path=/nonexistent/model"], workdir)
+    bad = _cli(TINY + ["model.path=/nonexistent/model"], capfd)
     assert bad.returncode == 2, bad.stderr[-2000:]
     assert "Traceback" not in bad.stderr and "Encountered exception" not in bad.stderr, bad.stderr
     assert bad.stderr.rstrip().splitlines()[-1] == (
@@ -62,12 +83,11 @@ def test_an_engine_build_error_is_one_line(workdir):
 
 
 @pytest.mark.slow
-def test_a_lost_lance_data_file_exits_1_and_says_a_rerun_cannot_help(workdir):
+def test_a_lost_lance_data_file_exits_1_and_says_a_rerun_cannot_help(trained, capfd):
     """Exit 2 means bad input, and "rerun the same command" cannot bring a deleted data file back."""
-    train(config=None, overrides=TINY + ["run.steps=1"])
     for path in glob.glob("runs/quickstart/trajectories.lance/data/*.lance"):
         os.remove(path)
-    rerun = _cli(TINY + ["run.steps=2"], workdir)
+    rerun = _cli(TINY + ["run.steps=2"], capfd)
     assert rerun.returncode == 1, rerun.stderr[-2000:]
     last = rerun.stderr.rstrip().splitlines()[-1]
     assert last.startswith("diffrl train: error: run 'quickstart': a file of its stored data is missing (")
@@ -75,11 +95,10 @@ def test_a_lost_lance_data_file_exits_1_and_says_a_rerun_cannot_help(workdir):
     assert "Traceback" not in rerun.stderr
 
 
-def test_a_failure_before_training_leaves_mlflow_failed_not_running(workdir):
+def test_a_failure_before_training_leaves_mlflow_failed_not_running(trained):
     """A run killed mid-step leaves its MLflow run RUNNING; a rerun that then fails before training (a validation
     prompt file that no longer exists) must not leave it so: every failed attempt ends FAILED."""
-    train(config=None, overrides=TINY + ["run.steps=1"])
-    client = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
+    client = MlflowClient(f"sqlite:///{trained}/mlflow.db")
     [run] = client.search_runs([client.get_experiment_by_name("diffrl-quickstart").experiment_id])
     client.update_run(run.info.run_id, status="RUNNING")  # what a kill -9 mid-step leaves
     with pytest.raises(ValueError, match="/nonexistent/prompts.parquet"):
@@ -87,21 +106,18 @@ def test_a_failure_before_training_leaves_mlflow_failed_not_running(workdir):
     assert client.get_run(run.info.run_id).info.status == "FAILED"
 
 
-def test_evaluate_takes_its_checkpoint_before_retention_can_remove_it(workdir):
+def test_evaluate_takes_its_checkpoint_before_retention_can_remove_it(trained):
     """`diffrl evaluate` beside a training run: the checkpoint it evaluates is taken (hard links) before the model
     loads, so the training run's retention removing it meanwhile leaves the evaluation a whole checkpoint. A named
     checkpoint already gone is one line naming it."""
-    import shutil
-
     from diffrl.configs.schema import load_experiment
     from diffrl.engines.train.checkpoint import verify
     from diffrl.flows.evaluate import take_checkpoint
 
-    train(config=None, overrides=TINY + ["run.steps=1"])
     cfg = load_experiment(None, TINY)
-    source, taken = take_checkpoint(cfg, None, str(workdir / "pinned"))
-    assert source.endswith("checkpoints/step_1")
+    source, taken = take_checkpoint(cfg, None, str(trained / "pinned"))
+    assert source.endswith("checkpoints/step_1") and os.path.realpath(source).startswith(str(trained.resolve()))
     shutil.rmtree(source)  # as the training run's retention would, while the evaluation builds its model
     verify(taken)  # every file there, matching checksums.json
     with pytest.raises(ValueError, match="step_1.*is not a folder"):
-        take_checkpoint(cfg, source, str(workdir / "again"))
+        take_checkpoint(cfg, source, str(trained / "again"))
