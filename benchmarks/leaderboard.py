@@ -19,6 +19,8 @@ its solo speed a run keeps at each K.
     python -m benchmarks.leaderboard probe --parallel 1 2 3 4 --seconds 60 --out probe.json   # GPU: choose K
     python -m benchmarks.leaderboard run --seeds 0 1 --budget-s 300 --parallel 3 --deadline-s 540   # K at once
     python -m benchmarks.leaderboard run --algorithms flow_grpo dpo --seeds 2            # some rows only
+    python -m benchmarks.leaderboard run --algorithms diffusion_opd dgpo gardo flow_grpo_ema_ref sft --seeds 0 1 2 \
+        --budget-s 300 --eval-every-s 60 --parallel 9 --by-row   # GPU: OPD's teachers train beside the first rows
     python -m benchmarks.leaderboard report      # docs/leaderboard.md's table + docs/images/leaderboard_*.png
     python -m benchmarks.leaderboard run --miniature --out-dir /tmp/lb   # CPU: 2 rows, 1 seed, ~1 minute
     python -m benchmarks.leaderboard report --results /tmp/lb --doc /tmp/lb/leaderboard.md --images /tmp/lb
