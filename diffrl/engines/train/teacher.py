@@ -27,6 +27,31 @@ SHAPE_KEYS = (
 )
 
 
+# VAE config entries that fix the latent space the denoiser's velocities live in: channels, scale and shift (or
+# per-channel statistics) and the spatial and temporal downsampling
+LATENT_KEYS = (
+    "latent_channels",
+    "z_dim",
+    "scaling_factor",
+    "shift_factor",
+    "latents_mean",
+    "latents_std",
+    "dim_mult",
+    "temperal_downsample",
+)
+
+
+def _latent_space(adapter: ModelAdapter) -> dict:
+    """The latent-space entries its VAE's config has, and its downsampling steps; {} without a VAE."""
+    vae = getattr(adapter.pipe, "vae", None)
+    if vae is None:
+        return {}
+    space = {k: vae.config[k] for k in LATENT_KEYS if k in vae.config}
+    if "block_out_channels" in vae.config:
+        space["downsampling_blocks"] = len(vae.config["block_out_channels"])
+    return space
+
+
 def load_teacher(path: str, student: ModelAdapter, *, lora: str | None = None, dtype: torch.dtype) -> nn.Module:
     """The frozen denoiser of the diffusers folder `path` (with the diffusers LoRA file `lora` fused into it), on the
     CPU: the trainer wakes it on its device for each update. ValueError, one line, when it cannot stand in for the
@@ -47,6 +72,15 @@ def load_teacher(path: str, student: ModelAdapter, *, lora: str | None = None, d
         raise ValueError(
             f"model.teacher {path!r} has other shapes than the policy (teacher, policy): {differ}; the teacher must "
             "share the policy's latent and text-embedding shapes"
+        )
+    ours, theirs = _latent_space(student), _latent_space(teacher)
+    differ = {
+        k: (theirs.get(k), ours.get(k)) for k in sorted(ours.keys() | theirs.keys()) if theirs.get(k) != ours.get(k)
+    }
+    if differ:
+        raise ValueError(
+            f"model.teacher {path!r} has another VAE latent space than the policy (teacher, policy): {differ}; its "
+            "velocities would be in other latents: the teacher must share the policy's VAE"
         )
     if lora is not None:
         teacher.pipe.load_lora_weights(os.path.dirname(os.path.abspath(lora)), weight_name=os.path.basename(lora))

@@ -74,3 +74,13 @@ def test_a_teacher_lora_that_is_nowhere_names_the_paths_tried(tmp_path, monkeypa
         teacher_lora_file("teacher/missing.safetensors")
     with pytest.raises(ValueError, match=re.escape(f"no such file (tried {tmp_path}/gone.safetensors);")):
         teacher_lora_file(str(tmp_path / "gone.safetensors"))
+
+
+def test_a_teacher_with_another_vae_latent_space_is_refused():
+    """The shipped shapes and shapes-small models share their denoiser's shapes (4 latent channels) but not their VAE
+    (other scale and shift, one downsampling block against two): the same image is other latents, so the teacher's
+    velocities would not be the policy's targets."""
+    student = load_adapter(os.path.join(REFERENCE_DIR, "shapes"))
+    with pytest.raises(ValueError, match=r"another VAE latent space than the policy .*'downsampling_blocks': \(2, 1\)"):
+        load_teacher(os.path.join(REFERENCE_DIR, "shapes-small"), student, dtype=torch.float32)
+    assert load_teacher(os.path.join(REFERENCE_DIR, "shapes"), student, dtype=torch.float32) is not None
