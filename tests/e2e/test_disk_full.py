@@ -12,39 +12,20 @@ import pytest
 from e2e_settings import TINY
 
 # In a private mount namespace (unshare -rm: no root needed, nothing mounted outside it): runs/ on a 700 KB tmpfs,
-# which fills within the first steps of the tiny run; then the tmpfs grows and the same command runs again. Both
-# commands are `main` (what the `diffrl` script calls) in one Python process: the second needs no fresh interpreter's
-# imports and Prefect server start (as tests/e2e/test_kill_resume.py's reruns); each one's stderr (fd 2) goes to its
-# own file.
+# which fills within the first steps of the tiny run; then the tmpfs grows and the same command runs again.
 SCRIPT = """
 set -e
 mkdir -p runs
 mount -t tmpfs -o size=700k tmpfs runs
-exec {python} -c "$0" "$@"
-"""
-RUNNER = """
-import json, os, subprocess, sys
-import lance
-from diffrl.flows.cli import main
-
-def command(name):
-    with open(name + '.err', 'w') as err:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(err.fileno(), 2)
-        try:
-            code = main(sys.argv[1:])
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-    with open(name + '.rc', 'w') as f:
-        f.write(str(code))
-
-command('first')
-subprocess.run(['mount', '-o', 'remount,size=64m', 'runs'], check=True)
-command('second')
+set +e
+"$@" > first.out 2> first.err; echo $? > first.rc
+mount -o remount,size=64m runs
+"$@" > second.out 2> second.err; echo $? > second.rc
+{python} -c "
+import json, lance
 t = lance.dataset('runs/quickstart/trajectories.lance').to_table(columns=['step', 'chunk'])
 json.dump([t.column('step').to_pylist(), t.column('chunk').to_pylist()], open('rows.json', 'w'))
+"
 """
 
 
@@ -58,9 +39,9 @@ def _private_mounts_work() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _private_mounts_work(), reason="needs unshare -rm and tmpfs mounts in a user namespace")
 def test_a_full_disk_stops_the_run_and_the_same_command_resumes_it(workdir):
+    command = [sys.executable, "-m", "diffrl.flows.cli", "train", *TINY, "run.steps=4"]
     script = SCRIPT.format(python=sys.executable)
-    argv = ["train", *TINY, "run.steps=4"]
-    subprocess.run(["unshare", "-rm", "sh", "-c", script, RUNNER, *argv], cwd=workdir, check=True, timeout=900)
+    subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", *command], cwd=workdir, check=True, timeout=900)
     first_err = (workdir / "first.err").read_text()
     assert (workdir / "first.rc").read_text().strip() == "1", first_err[-2000:]
     assert "No space left on device" in first_err
