@@ -116,7 +116,9 @@ class Background:
                 if future.exception() is not None and self._failure is None:
                     self._failure, self._failed_what = future.exception(), what
                     for *_, skipped in self._queue:  # nothing after a failure may run
-                        skipped.set_exception(BackgroundError(f"skipped after {what} failed"))
+                        error = BackgroundError(f"skipped after {what} failed")
+                        error.__cause__ = self._failure  # whichever call the flow awaits first names the cause
+                        skipped.set_exception(error)
                     self._queue.clear()
                 self._cond.notify_all()
 

@@ -68,3 +68,26 @@ def test_flush_with_a_timeout_says_whether_everything_landed():
     assert worker.flush(timeout=0.05) is False and worker.pending() == 1
     gate.set()
     assert worker.flush(timeout=5) is True and worker.pending() == 0
+
+
+def test_a_call_skipped_after_a_full_disk_reports_the_full_disk():
+    """Whichever call the flow awaits first, the command's one line names the failure and its advice: a call skipped
+    after a write that hit a full disk carries that error as its cause."""
+    import errno
+
+    from diffrl.flows.errors import report
+
+    worker, gate = Background("test"), threading.Event()
+
+    def fail():
+        gate.wait(5)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    worker.submit(0, "checkpoint of step 1", fail)
+    later = worker.submit(0, "rows of step 2", print)
+    gate.set()
+    with pytest.raises(BackgroundError):
+        worker.flush()
+    skipped = later.exception()
+    assert str(skipped) == "skipped after checkpoint of step 1 failed" and isinstance(skipped.__cause__, OSError)
+    assert "(the disk is full: free space, then rerun the same command to resume)" in report(skipped).line
