@@ -88,6 +88,7 @@ class SamplingConfig:
     height: int = 512
     width: int = 512
     num_frames: int = 1
+    duration: float | None = None  # seconds of audio (audio-only models; None: the model's default)
     guidance_scale: float | None = None
     negative_prompt: str = ""
     noise_level: float = 0.7
@@ -107,6 +108,8 @@ class SamplingConfig:
         for name in ("height", "width", "num_frames"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+        if self.duration is not None and not self.duration > 0:
+            raise ValueError(f"duration must be > 0 seconds or None (the model's default); got {self.duration}")
         if self.noise_level < 0:
             raise ValueError(f"noise_level must be >= 0 (0 = deterministic ODE sampling); got {self.noise_level}")
         if self.sde_type not in SDE_TYPES:

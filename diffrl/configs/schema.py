@@ -81,9 +81,9 @@ class RolloutConfig:
 
     # how a sample is drawn and how a step's samples are grouped and chunked: the stored rows of a step mean this
     FIXED_ON_RESUME: ClassVar[dict[str, str]] = dict.fromkeys(
-        "num_inference_steps height width num_frames guidance_scale negative_prompt max_sequence_length group_size"
-        " prompts_per_step chunk_size same_noise_per_group ode_tail ode_head max_new_tokens temperature top_p"
-        " stop".split(),
+        "num_inference_steps height width num_frames duration guidance_scale negative_prompt max_sequence_length"
+        " group_size prompts_per_step chunk_size same_noise_per_group ode_tail ode_head max_new_tokens temperature"
+        " top_p stop".split(),
         "data",
     )
 
@@ -91,6 +91,7 @@ class RolloutConfig:
     height: int = 512  # image height in pixels
     width: int = 512  # image width in pixels
     num_frames: int = 1  # video frames (video models; 1 for images)
+    duration: float | None = None  # seconds of audio (audio-only models); null: the model's default
     guidance_scale: float | None = None  # the model's guidance knob (CFG or distilled); null: the adapter's default
     negative_prompt: str = ""  # used where the adapter needs a negative prompt at that guidance
     max_sequence_length: int | None = None  # text tokens of the prompt at most; null: the model's default
@@ -138,6 +139,8 @@ class RolloutConfig:
                 f"rollout.same_noise_per_group needs whole groups per chunk: rollout.chunk_size "
                 f"({self.chunk_size}) must be a multiple of rollout.group_size ({self.group_size})"
             )
+        if self.duration is not None and not self.duration > 0:
+            raise ValueError(f"rollout.duration must be > 0 seconds or null (the model's default); got {self.duration}")
         if self.max_new_tokens < 1 or not self.temperature > 0 or not 0 < self.top_p <= 1:
             raise ValueError(
                 "rollout.max_new_tokens must be >= 1, rollout.temperature > 0 and rollout.top_p in (0, 1]; got "
@@ -165,6 +168,7 @@ class RolloutConfig:
             height=self.height,
             width=self.width,
             num_frames=self.num_frames,
+            duration=self.duration,
             guidance_scale=self.guidance_scale,
             negative_prompt=self.negative_prompt,
             noise_level=algorithm.noise_level,
@@ -235,7 +239,7 @@ class RunConfig:
     seed: int = 0  # seeds the prompt order, the rollout noise and the validation samples
     checkpoint_every: int = 5  # kept checkpoints (a resume point is written after every step)
     validate_every: int = 0  # 0 = only before the first and after the last step
-    log_images: int = 4  # rollout images logged per step
+    log_images: int = 4  # rollout images (audio clips, for a model that makes audio) logged per step
     # where metrics, images and the config go, the same names in each: mlflow (mlflow.db), tensorboard (event files in
     # runs/<name>/tensorboard), wandb (offline files in runs/<name>/wandb); [] logs nowhere (docs/training.md)
     loggers: tuple[str, ...] = ("mlflow",)

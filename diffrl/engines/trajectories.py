@@ -1,7 +1,7 @@
 """The record one rollout produces and every later stage reads (store, trainer, flows).
 
 Legend: B samples, W window steps (the stochastic steps kept for training), S per-sample latent
-shape (the adapter's layout), H/W/F image height, width, frames.
+shape (the adapter's layout), H/W/F image height, width, frames, C/T audio channels and samples.
 """
 
 from __future__ import annotations
@@ -9,6 +9,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from diffrl.engines.reward.base import AudioBatch
+from diffrl.models.base import ModelAdapter
+
+
+def decoded_outputs(
+    images: torch.Tensor, audio: torch.Tensor | None, sample_rate: int, fps: float | None
+) -> torch.Tensor | AudioBatch:
+    """What a reward scores of decoded samples: the images, or with audio an AudioBatch of the waveforms and the
+    videos they accompany (none for an audio-only model, whose images are (B, 0, 0, 3))."""
+    if audio is None:
+        return images
+    video = images if images.ndim == 5 and images.shape[1] > 0 else None
+    return AudioBatch(audio, sample_rate, video, fps if video is not None else None)
+
+
+def audio_format_of(adapter: ModelAdapter) -> tuple[int, float | None]:
+    """(sample rate, fps) the trajectories of `adapter` carry: (0, None) for an adapter without audio; the fps only
+    for one whose audio comes with video."""
+    if not adapter.has_audio:
+        return 0, None
+    return adapter.audio_sample_rate, adapter.fps if adapter.visual and adapter.is_video else None
+
+
+def no_frames(count: int) -> torch.Tensor:
+    """The images of an audio-only model's samples: none, (count, 0, 0, 3) uint8 (as a store read without images)."""
+    return torch.empty((count, 0, 0, 3), dtype=torch.uint8)
 
 
 @dataclass
@@ -31,16 +58,22 @@ class Trajectories:
     sigmas_prev: torch.Tensor  # (B, W) float32
     window_starts: torch.Tensor  # (B,) int64
     trained: torch.Tensor  # (B, W) bool
-    images: torch.Tensor  # (B, H, W, 3) or (B, F, H, W, 3) uint8
+    images: torch.Tensor  # (B, H, W, 3) or (B, F, H, W, 3) uint8; (B, 0, 0, 3) for an audio-only model
     embed_keys: list[str]  # prompt-embedding cache key of each sample's prompt
     metadata: list[dict] = field(default_factory=list)  # per-sample ground truth etc. (JSON-able)
     policy_version: int = 0
+    audio: torch.Tensor | None = None  # (B, C, T) float32 in [-1, 1]: the waveforms of a model that makes audio
+    sample_rate: int = 0  # Hz of `audio`
+    fps: float | None = None  # frames per second of `images` when they are videos with that audio
 
     def __post_init__(self) -> None:
         b = len(self.prompts)
         assert self.latents.dtype == torch.float32, "latents must be stored in fp32"
         assert self.latents.shape[0] == b and self.log_probs.shape[0] == b and self.images.shape[0] == b
         assert self.latents.shape[1] == self.log_probs.shape[1] + 1
+        if self.audio is not None:
+            assert self.audio.dtype == torch.float32 and self.audio.ndim == 3 and self.audio.shape[0] == b
+            assert self.sample_rate > 0, "audio needs its sample rate"
         if not self.metadata:
             self.metadata = [{} for _ in range(b)]
 
@@ -48,9 +81,10 @@ class Trajectories:
         return len(self.prompts)
 
     @property
-    def outputs(self) -> torch.Tensor:
-        """What a reward scores: the decoded images (a token rollout's are its response texts)."""
-        return self.images
+    def outputs(self) -> torch.Tensor | AudioBatch:
+        """What a reward scores: the decoded images (a token rollout's are its response texts), or for a model that
+        makes audio an AudioBatch of the waveforms with the videos they accompany (None for an audio-only model)."""
+        return decoded_outputs(self.images, self.audio, self.sample_rate, self.fps)
 
     @property
     def window_size(self) -> int:
@@ -80,6 +114,9 @@ class Trajectories:
             embed_keys=[self.embed_keys[i] for i in rows],
             metadata=[self.metadata[i] for i in rows],
             policy_version=self.policy_version,
+            audio=None if self.audio is None else self.audio[idx],
+            sample_rate=self.sample_rate,
+            fps=self.fps,
         )
 
     @staticmethod
@@ -100,4 +137,7 @@ class Trajectories:
             embed_keys=[k for t in parts for k in t.embed_keys],
             metadata=[m for t in parts for m in t.metadata],
             policy_version=min(t.policy_version for t in parts),  # the oldest, as the store reads a step
+            audio=None if parts[0].audio is None else torch.cat([t.audio for t in parts]),
+            sample_rate=parts[0].sample_rate,
+            fps=parts[0].fps,
         )

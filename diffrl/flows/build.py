@@ -266,4 +266,4 @@ def _start_ray(cfg: ExperimentConfig) -> cluster.RayEngines:
 def _shape(cfg: ExperimentConfig):
     from diffrl.models.base import SampleShape
 
-    return SampleShape(cfg.rollout.height, cfg.rollout.width, cfg.rollout.num_frames)
+    return SampleShape(cfg.rollout.height, cfg.rollout.width, cfg.rollout.num_frames, cfg.rollout.duration)

@@ -131,7 +131,7 @@ def train_prompts(cfg: ExperimentConfig) -> PromptDataset:
 
 def build_preference_cache(cfg: ExperimentConfig, adapter) -> PreferenceCache:
     """runs/<name>/preferences.lance with the VAE latents of every pair (encoded only where missing)."""
-    shape = SampleShape(cfg.rollout.height, cfg.rollout.width, cfg.rollout.num_frames)
+    shape = SampleShape(cfg.rollout.height, cfg.rollout.width, cfg.rollout.num_frames, cfg.rollout.duration)
     cache = PreferenceCache(
         os.path.join(cfg.run_dir, "preferences.lance"), storage_options=cfg.run.storage_options or None
     )

@@ -1,4 +1,5 @@
-"""Where a run's metrics, images and config go: `run.loggers`, any of mlflow, tensorboard and wandb (docs/training.md).
+"""Where a run's metrics, samples (images, audio clips) and config go: `run.loggers`, any of mlflow, tensorboard and
+wandb (docs/training.md).
 
 Every logger gets the same calls: the same metric names (docs/training.md, "Metrics") at the same steps (the global
 step, RL steps done; the validation before training at 0). The run folder, not a logger, keeps what resume needs:
@@ -50,6 +51,9 @@ class RunLogger(Protocol):
     def set_tags(self, tags: dict[str, str]) -> None: ...
     def log_values(self, metrics: dict[str, float], step: int) -> None: ...
     def log_images(self, images_BHW3: np.ndarray, captions: list[str], key: str, step: int) -> None: ...
+    def log_audio(
+        self, waveforms_BCT: np.ndarray, sample_rate: int, captions: list[str], key: str, step: int
+    ) -> None: ...
     def log_responses(
         self, prompts: list[str], responses: list[str], rewards: list[float], key: str, step: int
     ) -> None: ...
@@ -191,6 +195,9 @@ class RunLoggers:
     def log_images(self, images_BHW3: np.ndarray, captions: list[str], key: str, step: int) -> None:
         self._each("log_images", images_BHW3, captions, key, step)
 
+    def log_audio(self, waveforms_BCT: np.ndarray, sample_rate: int, captions: list[str], key: str, step: int) -> None:
+        self._each("log_audio", waveforms_BCT, sample_rate, captions, key, step)
+
     def log_responses(self, prompts: list[str], responses: list[str], rewards: list[float], key: str, step: int):
         self._each("log_responses", prompts, responses, rewards, key, step)
 
@@ -320,6 +327,14 @@ class TensorBoardLogger(_Queued):
         self.writer.add_image(key, image_grid(images_BHW3, captions), step, dataformats="HWC")
         self.writer.flush()
 
+    def log_audio(self, waveforms_BCT: np.ndarray, sample_rate: int, captions: list[str], key: str, step: int) -> None:
+        self._submit(step, f"TensorBoard audio {key} step {step}", self._audio, waveforms_BCT, sample_rate, key, step)
+
+    def _audio(self, waveforms_BCT: np.ndarray, sample_rate: int, key: str, step: int) -> None:
+        for i, waveform_CT in enumerate(waveforms_BCT):  # TensorBoard plays mono clips: the channels' mean
+            self.writer.add_audio(f"{key}/{i}", waveform_CT.mean(0, keepdims=True), step, sample_rate=sample_rate)
+        self.writer.flush()
+
     def log_responses(self, prompts: list[str], responses: list[str], rewards: list[float], key: str, step: int):
         lines = [f"{caption(p, r)}\n    -> {text!r}" for p, text, r in zip(prompts, responses, rewards)]
         self._submit(step, f"TensorBoard {key}", self._text, key, _code("\n".join(lines)), step)
@@ -396,6 +411,13 @@ class WandbLogger(_Queued):
 
     def _image(self, images_BHW3: np.ndarray, captions: list[str], key: str, step: int) -> None:
         self._log({key: self._wandb.Image(image_grid(images_BHW3, captions))}, step)
+
+    def log_audio(self, waveforms_BCT: np.ndarray, sample_rate: int, captions: list[str], key: str, step: int) -> None:
+        self._submit(step, f"W&B audio {key} step {step}", self._audio, waveforms_BCT, sample_rate, captions, key, step)
+
+    def _audio(self, waveforms_BCT: np.ndarray, sample_rate: int, captions: list[str], key: str, step: int) -> None:
+        clips = [self._wandb.Audio(w.T, sample_rate=sample_rate, caption=c) for w, c in zip(waveforms_BCT, captions)]
+        self._log({key: clips}, step)
 
     def log_responses(self, prompts: list[str], responses: list[str], rewards: list[float], key: str, step: int):
         rows = [[float(r), p, text] for p, text, r in zip(prompts, responses, rewards)]

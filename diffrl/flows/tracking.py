@@ -26,6 +26,7 @@ from diffrl.engines.step.background import Background
 from diffrl.engines.store import fs
 from diffrl.flows.errors import RunFailure, cause, one_line
 from diffrl.flows.mlflow_template import seed_sqlite_store
+from diffrl.models.wav import write_wav
 
 log = logging.getLogger("diffrl")
 
@@ -236,6 +237,21 @@ class Tracker:
             shutil.copyfile(path, os.path.join(folder, f"{stem}+compressed.png"))
             self.client.log_artifacts(self.run_id, folder, "images")
         self.client.set_tag(self.run_id, MLFLOW_LOGGED_IMAGES, "True")
+
+    def log_audio(self, waveforms_BCT: np.ndarray, sample_rate: int, captions: list[str], key: str, step: int) -> None:
+        """Audio clips at `step` as the artifacts `audio/<key>/step_<k>/<i>.wav` (16-bit PCM WAV: MLflow's artifact
+        view plays them) with their captions (reward and prompt) in `captions.txt` beside them."""
+        what = f"MLflow audio {key} step {step}"
+        self._writes.submit(step, what, self._log_audio, waveforms_BCT, sample_rate, captions, key, step)
+
+    def _log_audio(self, waveforms_BCT: np.ndarray, sample_rate: int, captions: list[str], key: str, step: int):
+        with tempfile.TemporaryDirectory() as folder:
+            for i, waveform_CT in enumerate(waveforms_BCT):
+                write_wav(os.path.join(folder, f"{i:02d}.wav"), waveform_CT, sample_rate)
+            lines = [f"{i:02d}.wav  {text}" for i, text in enumerate(captions)]
+            with open(os.path.join(folder, "captions.txt"), "w") as f:
+                f.write("\n".join(lines) + "\n")
+            self.client.log_artifacts(self.run_id, folder, f"audio/{key}/step_{step:06d}")
 
     def log_responses(
         self, prompts: list[str], responses: list[str], rewards: list[float], key: str, step: int

@@ -26,6 +26,7 @@ from diffrl.engines import cluster, trace
 from diffrl.engines.handle import EngineHandle, Engines
 from diffrl.engines.numbering import counted, step_number
 from diffrl.engines.redact import redact_text
+from diffrl.engines.reward.base import AudioBatch
 from diffrl.engines.step.generate import rollout_examples
 from diffrl.engines.step.plan import validation_due, validation_rollout
 from diffrl.engines.step.retention import checkpoint_bytes, describe_disk, latent_numel, retain, stored_image_bytes
@@ -130,14 +131,20 @@ def validate(engines: EngineHandle, tracker: RunLoggers, step: int, prepared: tu
 
 
 def _log_samples(engines: EngineHandle, tracker: RunLoggers, outputs, prompts, rewards, key: str, step: int) -> None:
-    """Up to 16 samples into the loggers: a captioned image grid, or a token run's responses as a text table."""
+    """Up to 16 samples into the loggers: a captioned image grid, audio clips (.wav) with their captions, or a token
+    run's responses as a text table."""
     shown = min(len(outputs), 16)
     # a token run's responses are texts, except those of an image-token policy (Janus): its outputs are images
     if engines.config.algorithm.needs.data == "tokens" and not isinstance(outputs, torch.Tensor):
         tracker.log_responses(list(prompts[:shown]), list(outputs[:shown]), list(rewards[:shown]), key, step)
         return
-    images = outputs.numpy() if isinstance(outputs, torch.Tensor) else np.asarray(outputs)
     captions = [caption(p, float(r)) for p, r in zip(prompts[:shown], rewards[:shown])]
+    if isinstance(outputs, AudioBatch):  # a model that makes audio: the clips, and the videos they go with
+        tracker.log_audio(outputs.waveform[:shown], outputs.sample_rate, captions, key, step)
+        if outputs.video is not None:
+            tracker.log_images(outputs.video[:shown], captions, key, step)
+        return
+    images = outputs.numpy() if isinstance(outputs, torch.Tensor) else np.asarray(outputs)
     tracker.log_images(images[:shown], captions, key, step)
 
 

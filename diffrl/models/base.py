@@ -221,11 +221,13 @@ def images_to_uint8(images_B3HW: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class SampleShape:
-    """Resolution of one generated sample; num_frames is 1 for images."""
+    """Resolution of one generated sample; num_frames is 1 for images. duration: seconds of audio an audio-only model
+    makes (None: the model's default); image and video models ignore it."""
 
     height: int
     width: int
     num_frames: int = 1
+    duration: float | None = None
 
 
 ATTENTION_BACKENDS = ("default", "cudnn", "flash", "efficient", "math")
@@ -277,6 +279,12 @@ class ModelAdapter(ABC):
     arch: ClassVar[str]  # registry name, e.g. "sd3"
     pipeline_classes: ClassVar[tuple[str, ...]]  # model_index.json _class_name values handled
     is_video: ClassVar[bool] = False
+    # Audio: decode_audio() gives each sample's waveform at `audio_sample_rate` Hz (the rewards get an AudioBatch).
+    has_audio: ClassVar[bool] = False
+    # False for an audio-only generator: it has no frames to decode, and none are stored.
+    visual: ClassVar[bool] = True
+    audio_sample_rate: int  # Hz of decode_audio's waveform (audio adapters: an instance attribute or property)
+    fps: float = 16.0  # frames per second of decode's videos (Wan's export rate); a video adapter may set its own
     # Editing models: each prompt comes with an input image (metadata["image"]), passed to encode_prompt(images=).
     input_image: ClassVar[bool] = False
     # Takes a last frame too where a prompt row has one (metadata["last_image"], encode_prompt(last_images=)).
@@ -388,3 +396,8 @@ class ModelAdapter(ABC):
     def decode(self, latents: torch.Tensor, shape: SampleShape) -> torch.Tensor:
         """Final latents -> uint8 images (B, H, W, 3) or videos (B, F, H, W, 3), as upstream's
         postprocess would produce them (pil/np output rounded the same way)."""
+
+    def decode_audio(self, latents: torch.Tensor, shape: SampleShape) -> torch.Tensor:
+        """Final latents -> float32 waveform (B, C, T) in [-1, 1] on the host, as the upstream pipeline's audio output
+        (its vocoder / audio VAE) with the same rounding as its "np"/"pt" output. Adapters with has_audio only."""
+        raise NotImplementedError(f"{self.arch} makes no audio (has_audio is False)")

@@ -32,7 +32,7 @@ from diffrl.engines import trace
 from diffrl.engines.rollout.fast_weights import FastWeights, rollout_weights
 from diffrl.engines.rollout.shortcut import run_shortcut, shortcut_bounds
 from diffrl.engines.rollout.step import denoise_step
-from diffrl.engines.trajectories import Trajectories
+from diffrl.engines.trajectories import Trajectories, audio_format_of, decoded_outputs, no_frames
 from diffrl.models.base import Encoding, ModelAdapter, SampleShape, pad_and_cat
 
 # A run's engines share the text encoders and their tokenizers (an asynchronous run's behaviour copy encodes on the
@@ -136,7 +136,7 @@ class RolloutEngine:
             # batch the prompt first appeared in, and equals the upstream pipeline's batch of one.
             extra = {name: [path] for name, path in zip(("images", "last_images"), paths)}
             if self.adapter.condition_on_shape:
-                extra["shape"] = SampleShape(cfg.height, cfg.width, cfg.num_frames)
+                extra["shape"] = SampleShape(cfg.height, cfg.width, cfg.num_frames, cfg.duration)
             with _ENCODE_LOCK:
                 fresh[text] = self.adapter.encode_prompt([prompt], max_sequence_length=cfg.max_sequence_length, **extra)
             self._memory[key_of[text]] = fresh[text]
@@ -172,7 +172,7 @@ class RolloutEngine:
 
     # ---- sampling ------------------------------------------------------------------------------
     def _shape(self, cfg: SamplingConfig) -> SampleShape:
-        shape = SampleShape(cfg.height, cfg.width, cfg.num_frames)
+        shape = SampleShape(cfg.height, cfg.width, cfg.num_frames, cfg.duration)
         self.adapter.check_shape(shape)
         return shape
 
@@ -200,10 +200,10 @@ class RolloutEngine:
 
         `step` is the global RL step (MixGRPO window strategies). With cfg.same_noise_per_group every
         sample of a group starts from the initial noise of the seed of the group's first sample in
-        this call; its SDE noise still comes from its own seed. `on_batch(rows, images)` is called
+        this call; its SDE noise still comes from its own seed. `on_batch(rows, outputs)` is called
         with each forward batch's row indices (into this call's rows; not contiguous with cfg.sort_by_window) and
-        decoded images as soon as they exist, while the next batch denoises (the step core streams them to the
-        reward).
+        decoded outputs (images, or an AudioBatch for an adapter with has_audio) as soon as they exist, while the next
+        batch denoises (the step core streams them to the reward).
         """
         seeds_B = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
         index_B = torch.as_tensor(sample_index, dtype=torch.int64).reshape(-1)
@@ -230,6 +230,7 @@ class RolloutEngine:
             leave=False,  # gone once sampled: `diffrl train`'s live step line stays the one line on screen
         )
         parts, started = [], time.perf_counter()
+        audio_format = audio_format_of(self.adapter)
         # not inference_mode: the trainer later uses cached tensors under autograd. rollout.weights: a rollout-only
         # copy of the current weights, built here (after the latest sync) and freed when the call ends
         with torch.no_grad(), rollout_weights(self.adapter.denoisers(), cfg.weights) as fast:
@@ -251,12 +252,14 @@ class RolloutEngine:
                     )
                 )
                 if on_batch is not None:
-                    on_batch(rows, parts[-1][-1])
+                    on_batch(rows, decoded_outputs(*parts[-1][-2:], *audio_format))
         bar.close()
-        latents, log_probs, sig, sig_prev, images = (torch.cat(t) for t in zip(*parts))
+        audio = torch.cat([p[-1] for p in parts]) if self.adapter.has_audio else None
+        latents, log_probs, sig, sig_prev, images = (torch.cat(t) for t in zip(*(p[:-1] for p in parts)))
         if cfg.sort_by_window:  # back to the caller's row order
             caller = torch.argsort(torch.tensor(order))
             latents, log_probs, sig, sig_prev, images = (t[caller] for t in (latents, log_probs, sig, sig_prev, images))
+            audio = None if audio is None else audio[caller]
         return Trajectories(
             prompts=list(prompts),
             group_ids=list(group_ids),
@@ -272,6 +275,9 @@ class RolloutEngine:
             embed_keys=keys,
             metadata=[dict(m) for m in metadata] if metadata else [],
             policy_version=policy_version,
+            audio=audio,
+            sample_rate=audio_format[0],
+            fps=audio_format[1],
         )
 
     def _sample_chunk(
@@ -289,7 +295,8 @@ class RolloutEngine:
         started: float,
         fast: FastWeights,
     ):
-        """Denoise one chunk; returns (latents (b, W+1, *S), log_probs, sigmas, sigmas_prev (b, W), images).
+        """Denoise one chunk; returns (latents (b, W+1, *S), log_probs, sigmas, sigmas_prev (b, W), images, audio):
+        images uint8 ((b, 0, 0, 3) for an audio-only adapter), audio (b, C, T) float32 or None (adapters without).
 
         The step loop moves nothing between host and device (a blocking copy would stall the GPU each
         step): per-step masks and indices are computed on the device, results stay there until the end.
@@ -359,9 +366,10 @@ class RolloutEngine:
             if trace.enabled() and pin:
                 torch.cuda.synchronize(latents.device)
         with trace.span("decode", samples=b):
-            images = self.adapter.decode(latents, shape).cpu()
+            images = self.adapter.decode(latents, shape).cpu() if self.adapter.visual else no_frames(b)
+            audio = self.adapter.decode_audio(latents, shape).float().cpu() if self.adapter.has_audio else None
         step_index = starts[:, None] + torch.arange(size)[None, :]  # (b, W) on the host
-        return _to_host(stored), _to_host(log_probs), sigmas[step_index], sigmas[step_index + 1], images
+        return _to_host(stored), _to_host(log_probs), sigmas[step_index], sigmas[step_index + 1], images, audio
 
     def _shortcut(
         self,

@@ -282,7 +282,7 @@ def _dataset_trajectories(engines: Engines, step: int) -> Trajectories:
     sampling = engines.config.sampling
     records = engines.prompts.sample(step)
     images_BHWC = engines.dataset.images([r.metadata["row"] for r in records], sampling.height, sampling.width)
-    shape = SampleShape(sampling.height, sampling.width, sampling.num_frames)
+    shape = SampleShape(sampling.height, sampling.width, sampling.num_frames, sampling.duration)
     x0 = vae_encode(engines.adapter, images_BHWC, shape)
     index = torch.zeros(len(records), dtype=torch.long)
     return _final_samples(engines, step, records, index, x0, images_BHWC, [{"row": r.metadata["row"]} for r in records])
@@ -298,7 +298,7 @@ def _final_samples(
     sampling = cfg.sampling
     n = sampling.num_inference_steps
     b = x0.shape[0]
-    shape = SampleShape(sampling.height, sampling.width, sampling.num_frames)
+    shape = SampleShape(sampling.height, sampling.width, sampling.num_frames, sampling.duration)
     last_sigma = float(engines.adapter.sigmas(n, shape)[n - 1])
     prompts = [r.prompt for r in records]
     encoder = engines.rollout if engines.rollout is not None else engines.trainer.replayer

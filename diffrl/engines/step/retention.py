@@ -83,7 +83,7 @@ def compact_embeddings(engines: Engines) -> None:
 def latent_numel(engines: Engines) -> int:
     """Elements of one sample's latent at the run's resolution (where the rollout's adapter lives)."""
     cfg = engines.config.rollout
-    shape = SampleShape(cfg.height, cfg.width, cfg.num_frames)
+    shape = SampleShape(cfg.height, cfg.width, cfg.num_frames, cfg.duration)
     return int(engines.adapter.prepare_latents(shape, [torch.Generator().manual_seed(0)])[0].numel())
 
 

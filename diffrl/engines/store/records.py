@@ -5,7 +5,10 @@ One row per sample. Tensors become fixed-size columns so a step reads back as co
 (no per-row Python work for tensors): latents are an Arrow `fixed_shape_tensor` of shape
 (W + 1, *S) float32, per-step values (log_probs, sigmas, sigmas_prev, trained) fixed-size lists
 of length W. Images are PNG bytes in a Lance blob column; a video is one PNG of its F frames
-stacked vertically (a lossless filmstrip, `num_frames` = F; 0 for a still image).
+stacked vertically (a lossless filmstrip, `num_frames` = F; 0 for a still image). An audio-only model's rows have no
+image (null). A model that makes audio has two more columns: `audio`, each sample's waveform as the bytes of a
+16-bit PCM WAV file (its channels and sample rate in the WAV header; diffrl/models/wav.py) in a blob column, and
+`fps`, the frames per second of the video that audio accompanies (null for audio alone).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import torch
 from PIL import Image
 
 from diffrl.engines.store.png import encode_batch
-from diffrl.engines.trajectories import Trajectories
+from diffrl.engines.trajectories import Trajectories, no_frames
+from diffrl.models.wav import decode_wav, encode_wav
 
 SCHEMA_VERSION = "1"
 META_SCHEMA_VERSION = "diffrl.schema_version"
@@ -53,6 +57,7 @@ SMALL_COLUMNS = [
 ]
 _PER_STEP = ("log_probs", "sigmas", "sigmas_prev")
 DIGESTED = ("latents", "log_probs")  # the columns a resumed step trains on, each with a digest per row
+AUDIO_COLUMNS = ["audio", "fps"]  # the columns of a model that makes audio (read with the images)
 
 
 def digest_column(name: str) -> str:
@@ -67,8 +72,9 @@ def row_digests(values_BN: np.ndarray) -> pa.Array:
     return pa.array([hashlib.sha256(row.data).hexdigest() for row in rows], pa.string())
 
 
-def trajectory_schema(latent_shape: tuple[int, ...]) -> pa.Schema:
-    """The table schema for latents of shape (W + 1, *S); the shape also goes in the metadata."""
+def trajectory_schema(latent_shape: tuple[int, ...], *, audio: bool = False) -> pa.Schema:
+    """The table schema for latents of shape (W + 1, *S); the shape also goes in the metadata. `audio`: with the
+    audio columns (AUDIO_COLUMNS) of a model that makes audio."""
     window = latent_shape[0] - 1
     step_f32 = pa.list_(pa.float32(), window)
     fields = [
@@ -97,6 +103,11 @@ def trajectory_schema(latent_shape: tuple[int, ...]) -> pa.Schema:
         # what the row's latents and log-probs were when written (row_digests): a resume checks them
         *[pa.field(digest_column(name), pa.string()) for name in DIGESTED],
     ]
+    if audio:
+        fields += [
+            pa.field("audio", pa.large_binary(), metadata={"lance-encoding:blob": "true"}),
+            pa.field("fps", pa.float64()),
+        ]
     meta = {
         META_SCHEMA_VERSION: SCHEMA_VERSION,
         META_LATENT_SHAPE: json.dumps(list(latent_shape)),
@@ -158,8 +169,9 @@ def to_arrow(
     """One chunk of samples as rows of the trajectory table."""
     b = len(traj)
     latent_shape = tuple(traj.latents.shape[1:])
-    schema = trajectory_schema(latent_shape)
-    blobs, num_frames = encode_images(traj.images, compress_level)
+    schema = trajectory_schema(latent_shape, audio=traj.audio is not None)
+    # an audio-only model's images are (B, 0, 0, 3): no frames, a null image
+    blobs, num_frames = encode_images(traj.images, compress_level) if traj.images.numel() else ([None] * b, 0)
     for name in ("sample_index", "seeds", "window_starts"):
         if getattr(traj, name).shape != (b,):
             raise ValueError(f"Trajectories.{name}: expected shape ({b},), got {tuple(getattr(traj, name).shape)}")
@@ -196,7 +208,20 @@ def to_arrow(
         "latents_digest": row_digests(traj.latents.detach().cpu().reshape(b, -1).numpy()),
         "log_probs_digest": row_digests(log_probs.numpy()),
     }
+    if traj.audio is not None:
+        waveforms = traj.audio.detach().cpu().numpy()
+        columns["audio"] = pa.array([encode_wav(w, traj.sample_rate) for w in waveforms], pa.large_binary())
+        columns["fps"] = pa.array([traj.fps] * b, pa.float64())
     return pa.Table.from_pydict(columns, schema=schema)
+
+
+def decode_audio_column(blobs: list[bytes]) -> tuple[torch.Tensor, int]:
+    """WAV bytes of one read -> (waveforms (B, C, T) float32, sample rate)."""
+    decoded = [decode_wav(blob) for blob in blobs]
+    formats = {(w.shape, rate) for w, rate in decoded}
+    if len(formats) != 1:
+        raise ValueError(f"stored audio of one read differs in (shape, sample rate): {sorted(formats)}")
+    return torch.from_numpy(np.stack([w for w, _ in decoded])), decoded[0][1]
 
 
 def column_to_tensor(
@@ -238,13 +263,18 @@ def from_arrow(
         latents = torch.empty((n, window + 1, 0), dtype=torch.float32)
     per_step = {c: column_to_tensor(table.column(c), dest, (window,), torch.float32) for c in _PER_STEP}
     trained = column_to_tensor(table.column("trained"), dest, (window,), torch.bool)
+    audio, sample_rate, fps = None, 0, None
     if with_images:
         frames = set(as_np("num_frames").tolist())
         if len(frames) != 1:
             raise ValueError(f"stored samples of one read mix videos and images (num_frames {sorted(frames)})")
-        images = decode_images(table.column("image").take(pa.array(order)).to_pylist(), frames.pop())
+        blobs = table.column("image").take(pa.array(order)).to_pylist()
+        images = no_frames(n) if all(blob is None for blob in blobs) else decode_images(blobs, frames.pop())
+        if "audio" in table.column_names:
+            audio, sample_rate = decode_audio_column(table.column("audio").take(pa.array(order)).to_pylist())
+            fps = table.column("fps")[0].as_py() if n else None
     else:
-        images = torch.empty((n, 0, 0, 3), dtype=torch.uint8)
+        images = no_frames(n)
     return Trajectories(
         prompts=small.column("prompt").to_pylist(),
         group_ids=small.column("group_id").to_pylist(),
@@ -260,6 +290,9 @@ def from_arrow(
         embed_keys=small.column("embed_key").to_pylist(),
         metadata=[json.loads(m) for m in small.column("metadata").to_pylist()],
         policy_version=int(as_np("policy_version").min()),
+        audio=audio,
+        sample_rate=sample_rate,
+        fps=fps,
     )
 
 

@@ -32,6 +32,7 @@ from PIL import Image
 
 from diffrl.engines.numbering import step_index, step_number
 from diffrl.engines.store.records import (
+    AUDIO_COLUMNS,
     KEY_COLUMNS,
     META_LATENT_DTYPE,
     META_LATENT_SHAPE,
@@ -91,12 +92,23 @@ class TrajectoryStore:
             )
         return tuple(json.loads(meta[META_LATENT_SHAPE]))
 
+    def has_audio(self) -> bool:
+        """Whether the table has the audio columns (a model that makes audio wrote it)."""
+        dataset = self._table.dataset()
+        return dataset is not None and "audio" in dataset.schema.names
+
     def _check_layout(self, traj: Trajectories, step: int, chunk: int) -> None:
         new_shape, new_dtype = tuple(traj.latents.shape[1:]), str(traj.latents.dtype).removeprefix("torch.")
         stored_shape = self.latent_shape()
         stored_dtype = self._table.schema_metadata().get(META_LATENT_DTYPE, "float32")
         if stored_shape is None and new_dtype == "float32":
             return
+        if stored_shape is not None and self.has_audio() != (traj.audio is not None):
+            held, given = ("audio", "no audio") if self.has_audio() else ("no audio", "audio")
+            raise ValueError(
+                f"{self.uri}: table stores samples with {held}; the write of step {step} chunk {chunk} has {given}. "
+                "Nothing was written."
+            )
         if (stored_shape, stored_dtype) != (new_shape, new_dtype):
             stored = "float32 latents (first write)" if stored_shape is None else f"{stored_dtype} {stored_shape}"
             raise ValueError(
@@ -260,6 +272,8 @@ class TrajectoryStore:
         winners = pc.unique(keys.column("write_id")).to_pylist()
         where = f"step = {step_number(step)} AND {sql_in('write_id', winners)}" + where_extra
         columns = SMALL_COLUMNS + ["latents"] * with_latents + ["image"] * with_images
+        if with_images and self.has_audio():
+            columns += AUDIO_COLUMNS
         # Lance's own choice of late materialization: reading every column in one pass read whole compacted
         # fragments (0.37 s against 0.014 s for one step of shapes_quick; benchmarks/store_io.py: 2.15 s
         # against 1.43 s for a 400 MB step)
@@ -290,11 +304,14 @@ class TrajectoryStore:
         return decode_image(rows.column("image")[0].as_py())  # first in table order = the committed write
 
     def image_bytes(self, step: int) -> float | None:
-        """Mean stored bytes of one image (or video) of step `step`'s rows, as written (PNG); None when it has none."""
-        rows = self._table.scan(["image"], filter=f"step = {step_number(step)}")  # blob descriptors, not the bytes
+        """Mean stored bytes of one sample's decoded output of step `step`'s rows, as written: its image or video
+        (PNG) and its audio (WAV) where the model makes audio; None when the step has no rows."""
+        columns = ["image"] + ["audio"] * self.has_audio()
+        rows = self._table.scan(columns, filter=f"step = {step_number(step)}")  # blob descriptors, not the bytes
         if rows is None or rows.num_rows == 0:
             return None
-        return float(pc.mean(rows.column("image").combine_chunks().field("size")).as_py())
+        sizes = [pc.fill_null(rows.column(c).combine_chunks().field("size"), 0) for c in columns]  # null: no image
+        return float(pc.mean(sizes[0] if len(sizes) == 1 else pc.add(*sizes)).as_py())
 
     def steps(self) -> list[int]:
         """Steps (indices) with at least one committed row, ascending."""

@@ -358,7 +358,7 @@ class PolicyTrainer(TrainerBase):
         """Every PPO epoch and mini-batch of the step's final samples (or pairs of them), re-noised per epoch."""
         n = self.sampling.num_inference_steps
         check_final_latents(traj, n, self.algorithm.name)
-        shape = SampleShape(self.sampling.height, self.sampling.width, self.sampling.num_frames)
+        shape = SampleShape(self.sampling.height, self.sampling.width, self.sampling.num_frames, self.sampling.duration)
         sigmas_N = self.adapter.sigmas(n, shape).float().cpu()
         needs = self.algorithm.needs
         sigmas_N = training_sigmas(sigmas_N, needs.highest_sigmas)

@@ -1,7 +1,11 @@
-"""`diffrl sample`: generate images or videos from a diffusers model folder with diffrl's sampler, e.g.
+"""`diffrl sample`: generate images, videos or audio from a diffusers model folder with diffrl's sampler, e.g.
 
     diffrl sample ./tiny_sd3 --prompt "a red cube" --steps 4 --height 64 --width 64 --seed 7 --out cube.png
     diffrl sample /models/sd3.5-medium --prompt "a cat" --guidance-scale 4.5 --batch 4 --out cats.png
+    diffrl sample tiny:stable_audio3 --prompt "soft rain" --steps 8 --duration 2 --out rain.wav
+
+A model that makes audio writes each sample's waveform as a 16-bit PCM WAV file (STEM.wav), besides its video when
+it makes one.
 
 With --noise-level 0 (the default) the output equals the upstream diffusers pipeline called with the
 same prompt, seed, steps, size and guidance; sample i of --batch K uses seed S + i (the pipeline run
@@ -26,11 +30,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Registers the `sample` subcommand on an argparse subparsers object."""
     parser = subparsers.add_parser(
         "sample",
-        help="generate images/videos from a diffusers model folder",
+        help="generate images/videos/audio from a diffusers model folder",
         description=(
-            "Generate images (PNG) or videos (GIF, MP4 when imageio-ffmpeg is installed, plus PNG frames) "
-            "from a diffusers pipeline folder (SD3/SD3.5, Qwen-Image, FLUX, Wan2.x, Z-Image) with diffrl's "
-            "rollout sampler. With --noise-level 0 the result equals the upstream diffusers pipeline."
+            "Generate images (PNG), videos (GIF, MP4 when imageio-ffmpeg is installed, plus PNG frames) or audio "
+            "(WAV) from a diffusers pipeline folder (SD3/SD3.5, Qwen-Image, FLUX, Wan2.x, Z-Image, Stable Audio 3) "
+            "with diffrl's rollout sampler. With --noise-level 0 the result equals the upstream diffusers pipeline."
         ),
         epilog='example: diffrl sample ./tiny_sd3 --prompt "a red cube" --steps 4 --height 64 --width 64 '
         "--out cube.png",
@@ -55,6 +59,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--height", type=int, default=None, help="image height in pixels (default 512; Wan 480)")
     parser.add_argument("--width", type=int, default=None, help="image width in pixels (default 512; Wan 832)")
     parser.add_argument("--num-frames", type=int, default=None, help="video frames (video models only; default 81)")
+    parser.add_argument(
+        "--duration", type=float, default=None, help="seconds of audio (audio models only; default: the model's)"
+    )
     parser.add_argument(
         "--guidance-scale",
         type=float,
@@ -88,7 +95,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--out",
         required=True,
         metavar="PATH",
-        help="output file; with --batch K > 1 files are named STEM_{i}.png (videos STEM_{i}.gif)",
+        help="output file; with --batch K > 1 files are named STEM_{i}.png (videos STEM_{i}.gif, audio STEM_{i}.wav)",
     )
     parser.set_defaults(func=run)
     return parser
@@ -132,6 +139,15 @@ def write_video(frames, stem: str, fps: int = 16) -> list[str]:
     return written
 
 
+def write_audio(waveform_CT, stem: str, out: str, batch: int, sample_rate: int) -> list[str]:
+    """(C, T) float waveform in [-1, 1] -> 16-bit PCM WAV (PATH itself when it ends in .wav and batch is 1)."""
+    from diffrl.models.wav import write_wav
+
+    path = out if batch == 1 and out.lower().endswith(".wav") else stem + ".wav"
+    write_wav(path, waveform_CT, sample_rate)
+    return [path]
+
+
 def _device_and_dtype(args: argparse.Namespace):
     import torch
 
@@ -140,7 +156,7 @@ def _device_and_dtype(args: argparse.Namespace):
     return device, getattr(torch, dtype_name)
 
 
-def _config(args: argparse.Namespace, is_video: bool):
+def _config(args: argparse.Namespace, is_video: bool, has_audio: bool = False):
     from diffrl.algorithms.windows import WindowPolicy
     from diffrl.configs.rollout import SamplingConfig
 
@@ -150,6 +166,8 @@ def _config(args: argparse.Namespace, is_video: bool):
         raise ValueError(f"--steps must be >= 1; got {args.steps}")
     if args.num_frames is not None and not is_video and args.num_frames != 1:
         raise ValueError(f"--num-frames is for video models; this model makes images (got {args.num_frames})")
+    if args.duration is not None and not has_audio:
+        raise ValueError(f"--duration is for audio models; this model makes no audio (got {args.duration})")
     height, width, frames = VIDEO_SIZE if is_video else (*IMAGE_SIZE, 1)
     # Every step but the last is stochastic (Flow-GRPO); one step: the whole (single-step) window.
     window = WindowPolicy("all_but_last") if args.steps >= 2 else WindowPolicy("random_start", size=1)
@@ -158,6 +176,7 @@ def _config(args: argparse.Namespace, is_video: bool):
         height=args.height or height,
         width=args.width or width,
         num_frames=args.num_frames or frames,
+        duration=args.duration,
         guidance_scale=args.guidance_scale,
         negative_prompt=args.negative_prompt,
         noise_level=args.noise_level,
@@ -204,7 +223,7 @@ def _input_images(args: argparse.Namespace, adapter_cls: type) -> list[dict] | N
 
 
 def run(args: argparse.Namespace) -> int:
-    """Loads the model, samples args.batch images/videos and writes them; returns the exit code."""
+    """Loads the model, samples args.batch images/videos/audio clips and writes them; returns the exit code."""
     try:
         from diffrl.engines.rollout import RolloutEngine
         from diffrl.models.base import adapter_class, detect_architecture
@@ -214,7 +233,8 @@ def run(args: argparse.Namespace) -> int:
         if not os.path.isdir(out_dir):
             raise ValueError(f"--out: directory {out_dir!r} does not exist")
         adapter_cls = adapter_class(detect_architecture(args.model))
-        cfg = _config(args, adapter_cls.is_video)  # checks the settings before the (slow) model load
+        # checks the settings before the (slow) model load
+        cfg = _config(args, adapter_cls.is_video, adapter_cls.has_audio)
         metadata = _input_images(args, adapter_cls)
         device, dtype = _device_and_dtype(args)
         adapter = adapter_cls.from_pretrained(args.model, device=device, dtype=dtype)
@@ -225,8 +245,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"diffrl sample: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    for pixels, stem in zip(traj.images.numpy(), output_stems(args.out, args.batch)):
-        paths = write_video(pixels, stem) if adapter.is_video else write_image(pixels, stem, args.out, args.batch)
+    for i, stem in enumerate(output_stems(args.out, args.batch)):
+        paths = []
+        if adapter.visual and adapter.is_video:
+            paths += write_video(traj.images[i].numpy(), stem, round(adapter.fps))
+        elif adapter.visual:
+            paths += write_image(traj.images[i].numpy(), stem, args.out, args.batch)
+        if traj.audio is not None:
+            paths += write_audio(traj.audio[i].numpy(), stem, args.out, args.batch, traj.sample_rate)
         for path in paths:
             print(path)
     return EXIT_OK
