@@ -7,6 +7,9 @@
 - `t5_tokenizer`: a Unigram model (substring log-frequencies of the same corpus, T5's Metaspace
   pre-tokeniser), wrapped as `T5TokenizerFast` (`<pad>`=0, `</s>`=1, `<unk>`=2, then the pieces, then the `<extra_id_*>`
   sentinels in reverse, as T5's vocab is laid out). Usable as the UMT5 tokenizer (Wan) too.
+- `gemma_tokenizer`: Gemma's BPE with byte fallback (`GemmaTokenizer`: `<pad>` 0, `<eos>` 1, `<bos>` 2, `<unk>` 3,
+  `<mask>` 4, the 256 `<0x..>` byte pieces, then characters and whole corpus words, spaces as "▁"): the T5Gemma text
+  encoder of Stable Audio 3.
 - `qwen_tokenizer`: Qwen2's byte-level BPE (`Qwen2Tokenizer`, `<|endoftext|>` / `<|im_start|>` / `<|im_end|>`
   specials), trained with the `tokenizers` library on the same corpus: the text encoders of Qwen-Image (Qwen2.5-VL)
   and Z-Image (Qwen3, with QWEN3_CHAT_TEMPLATE), and the language models of BAGEL, HunyuanImage-3.0, Janus-Pro, the
@@ -26,7 +29,7 @@ from collections import Counter
 from typing import Mapping, Sequence
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import CLIPTokenizer, Qwen2Tokenizer, T5TokenizerFast
+from transformers import CLIPTokenizer, GemmaTokenizer, Qwen2Tokenizer, T5TokenizerFast
 
 # A few hundred words of plain English in the style of text-to-image prompts. Small on purpose: the
 # tiny models have random weights, so the tokenizer only has to be a working, realistic one.
@@ -197,6 +200,32 @@ def t5_tokenizer(
     if save_dir is not None:
         tok.save_pretrained(save_dir)
     return tok
+
+
+GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")  # ids 0-4, as in Gemma's vocabulary
+
+
+def gemma_tokenizer(*, model_max_length: int = 256) -> GemmaTokenizer:
+    """A Gemma tokenizer built in memory: BPE over characters with byte fallback, whose merges join each CORPUS word
+    (with and without its leading "▁") left to right, so a corpus word is one token and any other text still
+    encodes (unknown characters as their UTF-8 byte pieces). `<bos>` is prepended, nothing appended, padding on the
+    left, as Gemma's tokenizer does. Deterministic: the vocabulary follows CORPUS order."""
+    vocab: dict[str, int] = {token: i for i, token in enumerate(GEMMA_SPECIALS)}
+    for byte in range(256):
+        vocab[f"<0x{byte:02X}>"] = len(vocab)
+    for ch in "▁" + _ALPHABET:
+        vocab.setdefault(ch, len(vocab))
+    merges: list[tuple[str, str]] = []
+    words = list(dict.fromkeys(w for text in CORPUS for w in text.split()))
+    # the "▁word" merges rank first, so a word after a space becomes one "▁word" token
+    for form in ["▁" + w for w in words] + words:
+        for ch in form:
+            vocab.setdefault(ch, len(vocab))
+        for end in range(2, len(form) + 1):
+            if form[:end] not in vocab:
+                vocab[form[:end]] = len(vocab)
+                merges.append((form[: end - 1], form[end - 1]))
+    return GemmaTokenizer(vocab=vocab, merges=merges, model_max_length=model_max_length, add_bos_token=True)
 
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
