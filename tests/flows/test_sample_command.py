@@ -196,3 +196,28 @@ def test_sample_takes_the_model_names_configs_take(tmp_path, capsys):
     assert err.startswith("diffrl sample: error: MODEL 'reference:nope'") and "'shapes-small'" in err
     assert sample.run(parse(["sample", "tiny:nope", "--prompt", "x", "--out", str(out)])) == 2
     assert "'tiny:sd3'" in capsys.readouterr().err
+
+
+def test_sample_audio_writes_the_pipelines_waveform_as_wav(tiny_model, tmp_path, capsys):
+    import torch
+    from diffusers import StableAudio3Pipeline
+
+    from diffrl.models.wav import decode_wav
+
+    path = tiny_model("stable_audio3")
+    argv = ["sample", path, "--prompt", "soft rain", "--steps", "3", "--duration", "0.25", "--seed", "5"]
+    assert sample.run(parse([*argv, "--batch", "2", "--out", str(tmp_path / "rain.wav")])) == 0
+    written = capsys.readouterr().out.split()
+    assert written == [str(tmp_path / "rain_0.wav"), str(tmp_path / "rain_1.wav")]
+    pipe = StableAudio3Pipeline.from_pretrained(path)
+    pipe.set_progress_bar_config(disable=True)
+    for i, file in enumerate(written):  # sample i is the pipeline run with seed 5 + i, as 16-bit PCM
+        expected = pipe(
+            "soft rain", duration=0.25, num_inference_steps=3, generator=torch.Generator().manual_seed(5 + i)
+        )
+        with open(file, "rb") as f:
+            waveform, rate = decode_wav(f.read())
+        assert rate == 8000 and waveform.shape == (2, 2000)
+        np.testing.assert_allclose(waveform, expected.audios[0].numpy(), rtol=0, atol=1e-4)
+    assert sample.run(parse(["sample", tiny_model("sd3"), "--prompt", "x", "--duration", "1", "--out", "x.png"])) == 2
+    assert "--duration is for audio models" in capsys.readouterr().err

@@ -8,7 +8,7 @@ import wave
 import numpy as np
 import pytest
 
-from diffrl.models.wav import read_wav, wav_info
+from diffrl.models.wav import decode_wav, encode_wav, read_wav, wav_info, write_wav
 
 
 def _write(path, samples: np.ndarray, *, rate: int = 16000, width: int = 2) -> str:
@@ -59,3 +59,21 @@ def test_unreadable_files_name_the_file_and_the_fix(tmp_path):
     open(cut, "r+b").truncate(44 + 500)  # the header still names 1000 frames
     with pytest.raises(ValueError, match="cut.wav: the WAV header names 1000 frames"):
         read_wav(cut)
+
+
+def test_written_waveforms_read_back_within_half_a_step(tmp_path):
+    rate, n = 8000, 800
+    t = np.arange(n) / rate
+    stereo = np.stack([0.5 * np.sin(2 * np.pi * 440 * t), np.full(n, 1.0)]).astype(np.float32)
+    data = encode_wav(stereo, rate)
+    waveform, got_rate = decode_wav(data)
+    assert got_rate == rate and waveform.shape == (2, n) and waveform.dtype == np.float32
+    np.testing.assert_allclose(waveform[0], stereo[0], rtol=0, atol=0.5 / 32768 + 1e-7)
+    assert (waveform[1] == 32767 / 32768).all()  # +1.0 is clipped to the largest 16-bit sample
+    path = str(tmp_path / "clip.wav")
+    write_wav(path, stereo, rate)
+    assert wav_info(path).channels == 2 and read_wav(path)[0].shape == (n,)  # the WAV reader's own view
+    with pytest.raises(ValueError, match="non-finite"):
+        encode_wav(np.array([[np.nan]], dtype=np.float32), rate)
+    with pytest.raises(ValueError, match="not a PCM WAV"):
+        decode_wav(b"not a wav file")

@@ -1,5 +1,6 @@
 """TrajectoryStore on real Lance tables: round trip, idempotency, bad input, rewards, retention."""
 
+import dataclasses
 import glob
 import os
 
@@ -266,3 +267,33 @@ def test_every_handle_of_a_table_reads_through_its_bounded_cache(tmp_path):
         assert table.dataset().session().is_same_as(table._session)
     reopened = LanceTable(table.uri)
     assert reopened.dataset().session().is_same_as(reopened._session) and reopened.version() == 5
+
+
+def _with_audio(traj: Trajectories, *, frames: bool, seed: int) -> Trajectories:
+    """`traj` with stereo waveforms at 8 kHz (a model that makes audio); no frames for an audio-only model."""
+    waveform = torch.rand(len(traj), 2, 400, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+    waveform[0, 0, :3] = torch.tensor([1.0, -1.0, 0.0])  # full scale both ways, and silence
+    images = traj.images if frames else torch.empty((len(traj), 0, 0, 3), dtype=torch.uint8)
+    fps = 8.0 if frames else None
+    return dataclasses.replace(traj, images=images, audio=waveform, sample_rate=8000, fps=fps)
+
+
+@pytest.mark.parametrize("frames", [False, True])  # audio only, and video with its audio track
+def test_audio_round_trip_as_16_bit_pcm(tmp_path, frames):
+    store = TrajectoryStore(str(tmp_path / "trajectories.lance"))
+    video = random_trajectories(1, 2, num_frames=3, image_size=8, seed=4)
+    a = _with_audio(video, frames=frames, seed=0)
+    store.append(a, run="r", step=0, chunk=0)
+    back = store.read_step(0)
+    assert_same(back, a)  # latents, frames (none for audio only) and the rest exactly
+    assert back.sample_rate == 8000 and back.fps == a.fps and back.audio.shape == a.audio.shape
+    # round(x * 32768) / 32768, +1.0 clipped to 32767 / 32768
+    expected = (a.audio * 32768).round().clamp(-32768, 32767) / 32768
+    assert torch.equal(back.audio, expected)
+    assert float((back.audio - a.audio).abs().max()) <= 1 / 32768
+    outputs = back.outputs
+    assert outputs.sample_rate == 8000 and (outputs.video is None) == (not frames)
+    assert store.read_step(0, with_images=False).audio is None  # the outputs are read only when asked for
+    assert store.image_bytes(0) > 2 * 400 * 2  # a WAV of 2 x 400 16-bit samples and its header, at least
+    with pytest.raises(ValueError, match="samples with audio"):  # a chunk without audio does not join the table
+        store.append(random_trajectories(1, 2, num_frames=3, image_size=8, seed=5), run="r", step=0, chunk=1)
