@@ -10,6 +10,7 @@ import pytest
 import torch
 from diffusers import StableAudio3Pipeline
 from peft import LoraConfig
+from peft.utils import get_peft_model_state_dict
 
 from diffrl.configs.rollout import SamplingConfig
 from diffrl.engines.reward.base import AudioBatch
@@ -91,9 +92,10 @@ def test_shapes_and_errors(adapter):
     assert StableAudio3Adapter.has_audio and not StableAudio3Adapter.visual
 
 
-def test_lora_on_the_default_targets_changes_the_velocity_and_gets_gradients(path):
+def test_lora_gets_gradients_and_its_file_loads_back(path, tmp_path):
     adapter = load_adapter(path)
-    adapter.transformer.add_adapter(LoraConfig(r=4, lora_alpha=8, target_modules=list(adapter.default_lora_targets)))
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=list(adapter.default_lora_targets))
+    adapter.transformer.add_adapter(config)
     for name, p in adapter.transformer.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.1)
@@ -103,6 +105,18 @@ def test_lora_on_the_default_targets_changes_the_velocity_and_gets_gradients(pat
     v.square().mean().backward()
     grads = [p.grad for n, p in adapter.transformer.named_parameters() if "lora_A" in n]
     assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+    # the checkpoint's LoRA file (the pipeline's save_lora_weights) loads into a fresh transformer: same velocity
+    layers = get_peft_model_state_dict(adapter.transformer)
+    type(adapter.pipe).save_lora_weights(
+        str(tmp_path), transformer_lora_layers=layers, transformer_lora_adapter_metadata=config.to_dict()
+    )
+    fresh = load_adapter(path)
+    fresh.transformer.load_lora_adapter(
+        str(tmp_path), prefix="transformer", weight_name="pytorch_lora_weights.safetensors"
+    )
+    with torch.no_grad():
+        again = fresh.velocity(x, torch.tensor([0.5]), enc, None, guidance_scale=1.0, shape=SHAPE)
+    assert torch.allclose(again, v.detach(), atol=1e-5) and not torch.allclose(again, torch.zeros_like(again))
 
 
 def test_the_tiny_folder_is_under_one_megabyte(path):
