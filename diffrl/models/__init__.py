@@ -33,6 +33,7 @@ ARCHITECTURES: list[str] = [
     "diffrl.models.qwen_image21",
     "diffrl.models.z_image",
     "diffrl.models.wan",
+    "diffrl.models.ltx2",
     "diffrl.models.stable_audio3",
     "diffrl.models.bagel",
     "diffrl.models.hunyuan_image3",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -61,19 +62,36 @@ def random_pipeline(
 
 
 # The libraries whose classes a pipeline folder may name, as diffusers loads them (its LOADABLE_CLASSES, less
-# onnxruntime). Any other name would make us import that module: plain diffusers refuses such a folder.
+# onnxruntime), and the pipeline modules of diffusers (LTX-2's connectors and vocoder live in
+# diffusers.pipelines.ltx2, which its folders name "ltx2"). Any other name would make us import that module: plain
+# diffusers refuses such a folder.
 LIBRARIES = ("diffusers", "transformers")
 
 
+def _library_module(library) -> str | None:
+    """The module a model_index.json library names: diffusers, transformers or one of diffusers' pipeline packages
+    (found, never imported, here); None for anything else."""
+    if library in LIBRARIES:
+        return library
+    if isinstance(library, str) and library.isidentifier():
+        pipelines = importlib.util.find_spec("diffusers.pipelines")
+        if pipelines and os.path.isdir(os.path.join(list(pipelines.submodule_search_locations)[0], library)):
+            return f"diffusers.pipelines.{library}"
+    return None
+
+
 def _component_class(folder: str, name: str, library, class_name) -> type:
-    """The class model_index.json in `folder` names for component `name`: an attribute of diffusers or transformers,
-    never a module imported because the folder names it (ValueError naming the component otherwise)."""
+    """The class model_index.json in `folder` names for component `name`: an attribute of diffusers, transformers or
+    a diffusers pipeline package, never another module imported because the folder names it (ValueError naming the
+    component otherwise)."""
     where = f"{os.path.join(folder, 'model_index.json')}: component {name!r}"
-    if library not in LIBRARIES:
+    module = _library_module(library)
+    if module is None:
         raise ValueError(
-            f"{where} names library {library!r}; a `random:` folder's components come from {' or '.join(LIBRARIES)}"
+            f"{where} names library {library!r}; a `random:` folder's components come from {' or '.join(LIBRARIES)} "
+            "or a diffusers pipeline package"
         )
-    cls = getattr(importlib.import_module(library), str(class_name), None) if isinstance(class_name, str) else None
+    cls = getattr(importlib.import_module(module), str(class_name), None) if isinstance(class_name, str) else None
     if not isinstance(cls, type):
         raise ValueError(f"{where} names {class_name!r}, which is no class of {library}")
     return cls

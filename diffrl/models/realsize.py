@@ -204,7 +204,7 @@ def _write_model(
         torch.cuda.synchronize(device)
     built = time.perf_counter()
     entry = _library_and_class(model)
-    kwargs = {"safe_serialization": True} if entry[0] == "diffusers" else {}  # transformers 5: always
+    kwargs = {"safe_serialization": True} if entry[0] != "transformers" else {}  # transformers 5: always
     model.save_pretrained(path, max_shard_size=MAX_SHARD_SIZE, **kwargs)
     parameters = sum(p.numel() for p in model.parameters())
     del model
@@ -223,7 +223,7 @@ def _write_config(build: Callable[[], nn.Module], path: str, *, dtype: torch.dty
     with default_dtype(dtype), torch.device("meta"):
         model = build()
     entry = _library_and_class(model)
-    if entry[0] == "diffusers":
+    if entry[0] != "transformers":  # diffusers, or one of its pipeline modules
         model.save_config(path)
     else:
         model.config.save_pretrained(path)
@@ -246,12 +246,16 @@ def _write_model_index(plan: Plan, index: dict[str, object], folder: str) -> Non
 
 
 def _library_and_class(obj: object) -> list[str]:
-    """["diffusers" | "transformers", class name]: a model_index.json entry. A subclass defined elsewhere (diffrl's
-    processors without a video processor) is written as the library class it extends, as released folders name it."""
+    """["diffusers" | "transformers" | a diffusers pipeline module, class name]: a model_index.json entry. A class
+    defined in a pipeline's own module (LTX-2's connectors and vocoder) is written under that module's name ("ltx2"),
+    as diffusers' `register_modules` writes it. A subclass defined elsewhere (diffrl's processors without a video
+    processor) is written as the library class it extends, as released folders name it."""
     for cls in type(obj).__mro__:
-        library = cls.__module__.split(".")[0]
-        if library in ("diffusers", "transformers"):
-            return [library, cls.__name__]
+        path = cls.__module__.split(".")
+        if path[:2] == ["diffusers", "pipelines"] and len(path) > 3:
+            return [path[2], cls.__name__]
+        if path[0] in ("diffusers", "transformers"):
+            return [path[0], cls.__name__]
     return [type(obj).__module__.split(".")[0], type(obj).__name__]
 
 

@@ -303,3 +303,34 @@ def qwen_tokenizer(
     if chat_template is not None:
         qwen.chat_template = chat_template
     return qwen
+
+
+GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")
+
+
+def gemma_tokenizer(*, num_merges: int = 200, model_max_length: int = 1024) -> GemmaTokenizer:
+    """A Gemma tokenizer trained in memory on CORPUS: BPE with byte fallback over "▁"-joined text, `<bos>` prepended.
+
+    Token ids: GEMMA_SPECIALS (0-4), the 256 byte tokens `<0x00>` ... `<0xFF>`, "▁" and the characters of
+    `_ALPHABET`, then the merges in order (the greedy trainer of `_train_clip_bpe`: ties to the smallest pair, so the
+    vocabulary is the same in every process). Gemma's tokenizer has no pre-tokeniser; the merges are learned within
+    the corpus's "▁word" pieces, so they never join two words.
+    """
+    words: Counter[tuple[str, ...]] = Counter()
+    for text in CORPUS:
+        for word in text.split():
+            words[tuple("▁" + word)] += 1
+    merges: list[tuple[str, str]] = []
+    for _ in range(num_merges):
+        pairs: Counter[tuple[str, str]] = Counter()
+        for symbols, n in words.items():
+            for pair in zip(symbols, symbols[1:]):
+                pairs[pair] += n
+        if not pairs:
+            break
+        best = min(pairs, key=lambda pair: (-pairs[pair], pair))
+        merges.append(best)
+        words = Counter({_merge(symbols, best): n for symbols, n in words.items()})
+    tokens = [*GEMMA_SPECIALS, *(f"<0x{b:02X}>" for b in range(256)), "▁", *_ALPHABET, *("".join(m) for m in merges)]
+    vocab = {tok: i for i, tok in enumerate(dict.fromkeys(tokens))}
+    return GemmaTokenizer(vocab=vocab, merges=merges, model_max_length=model_max_length, add_bos_token=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import AutoTokenizer, CLIPTokenizer, T5TokenizerFast
 
-from diffrl.models.tokenizers import clip_tokenizer, t5_tokenizer
+from diffrl.models.tokenizers import GEMMA_SPECIALS, clip_tokenizer, gemma_tokenizer, t5_tokenizer
 
 
 def test_clip_tokenizer_specials_and_padding():
@@ -48,3 +48,16 @@ def test_tokenizers_deterministic_and_round_trip(tmp_path):
     assert clip_r(text).input_ids == clip_a(text).input_ids and clip_r.model_max_length == 77
     assert t5_r(text).input_ids == t5_a(text).input_ids == t5_auto(text).input_ids
     assert t5_r.batch_decode(t5_r(text).input_ids, skip_special_tokens=True) == text
+
+
+def test_gemma_tokenizer_layout_left_padding_and_byte_fallback(tmp_path):
+    tok = gemma_tokenizer()
+    assert [tok.convert_tokens_to_ids(t) for t in GEMMA_SPECIALS] == [0, 1, 2, 3, 4]
+    assert tok.convert_tokens_to_ids("<0x00>") == 5 and tok.padding_side == "left"
+    ids = tok(["a photo of a cat"], padding="max_length", max_length=12).input_ids[0]
+    first = ids.index(tok.bos_token_id)
+    assert first > 0 and set(ids[:first]) == {0} and ids[-1] != 0  # left-padded, <bos> first, as Gemma's
+    assert "▁photo" in tok.convert_ids_to_tokens(ids)  # a trained merge: one token for a corpus word
+    assert tok.decode(tok("Zebra é ✓").input_ids, skip_special_tokens=True) == "Zebra é ✓"  # bytes for the rest
+    tok.save_pretrained(tmp_path)
+    assert AutoTokenizer.from_pretrained(tmp_path)("a red cat").input_ids == gemma_tokenizer()("a red cat").input_ids
