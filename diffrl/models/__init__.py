@@ -33,6 +33,7 @@ ARCHITECTURES: list[str] = [
     "diffrl.models.qwen_image21",
     "diffrl.models.z_image",
     "diffrl.models.wan",
+    "diffrl.models.hunyuan_video15",
     "diffrl.models.bagel",
     "diffrl.models.hunyuan_image3",
     "diffrl.models.janus",
