@@ -21,6 +21,9 @@ Deviations (documented, by design):
 - Cond and uncond run in ONE batched forward (upstream runs two); equal up to float rounding.
 - CFG is on for guidance_scale > 1 (upstream's guider: any scale but 1); folders whose guider rescales, uses the
   original formulation or a start/stop window are refused.
+- The pipeline class is `HunyuanVideo15LoraPipeline`: diffusers 0.42.1 gives HunyuanVideo15Pipeline no LoRA loader,
+  so checkpoints write their LoRA through HunyuanVideo's (transformer-only, diffusers key format). A plain
+  HunyuanVideo15Pipeline loads it with `pipe.transformer.load_lora_adapter(file, prefix="transformer")`.
 - Sizes the pipeline silently rounds down (height/width not a multiple of 16, num_frames not 1 mod 4) are a
   ValueError here.
 
@@ -37,6 +40,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 from diffusers import ClassifierFreeGuidance, HunyuanVideo15Pipeline
+from diffusers.loaders import HunyuanVideoLoraLoaderMixin
 from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import (
     extract_glyph_texts,
     format_text_input,
@@ -59,6 +63,11 @@ TEXT_KEYS = ("prompt_embeds", "prompt_embeds_mask")  # Qwen2.5-VL tokens
 GLYPH_KEYS = ("prompt_embeds_2", "prompt_embeds_mask_2")  # ByT5 tokens of the quoted texts
 # The pipeline's hidden state: `hidden_states[-(num_hidden_layers_to_skip + 1)]` with its default skip of 2.
 _HIDDEN_LAYERS_TO_SKIP = 2
+
+
+class HunyuanVideo15LoraPipeline(HunyuanVideoLoraLoaderMixin, HunyuanVideo15Pipeline):
+    """HunyuanVideo15Pipeline with diffusers' transformer-only LoRA loader (`save_lora_weights`, `load_lora_weights`,
+    `fuse_lora`): HunyuanVideo's mixin, which puts a diffusers-format LoRA into any transformer through peft."""
 
 
 @register_adapter
@@ -89,7 +98,7 @@ class HunyuanVideo15Adapter(ModelAdapter):
         """Load a HunyuanVideo15Pipeline folder with `dtype` on `device` (download Hub checkpoints first)."""
         if kwargs:
             raise ValueError(f"unexpected options for hunyuan_video15: {sorted(kwargs)}; it takes none")
-        pipe = load_pipeline(HunyuanVideo15Pipeline, path, device=device, dtype=dtype)
+        pipe = load_pipeline(HunyuanVideo15LoraPipeline, path, device=device, dtype=dtype)
         _check_guider(pipe.guider, path)
         adapter = cls(pipe, device=device, dtype=dtype)
         adapter.source = path
