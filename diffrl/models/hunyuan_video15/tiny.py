@@ -23,7 +23,14 @@ from diffusers import (
     HunyuanVideo15Pipeline,
     HunyuanVideo15Transformer3DModel,
 )
-from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
+from transformers import (
+    ByT5Tokenizer,
+    Qwen2_5_VLTextConfig,
+    Qwen2_5_VLTextModel,
+    Qwen2Tokenizer,
+    T5Config,
+    T5EncoderModel,
+)
 
 from diffrl.models.tiny import register_tiny
 from diffrl.models.tokenizers import QWEN3_CHAT_TEMPLATE, qwen_tokenizer
@@ -43,6 +50,16 @@ def system_message() -> str:
     """The system turn HunyuanVideo15Pipeline puts before every prompt (its `_get_mllm_prompt_embeds` default)."""
     signature = inspect.signature(HunyuanVideo15Pipeline._get_mllm_prompt_embeds)
     return signature.parameters["system_message"].default
+
+
+def hunyuan_video15_tokenizer() -> Qwen2Tokenizer:
+    """The in-memory Qwen BPE with Qwen2.5-VL's rendering of a system + user turn (QWEN3_CHAT_TEMPLATE gives the same
+    text for them), right-padding as the converted folders' tokenizer; the template's prefix is 108 tokens."""
+    tokenizer = qwen_tokenizer(
+        vocab_size=_QWEN_VOCAB_SIZE, chat_template=QWEN3_CHAT_TEMPLATE, extra_texts=[system_message()]
+    )
+    tokenizer.padding_side = "right"
+    return tokenizer
 
 
 def _text_encoder(vocab_size: int) -> Qwen2_5_VLTextModel:
@@ -115,10 +132,7 @@ def build_hunyuan_video15(out_dir: str, seed: int) -> None:
     """Tiny HunyuanVideo15Pipeline (480p T2V layout): shift 5.0, guidance 6.0."""
     with torch.random.fork_rng(devices=[]):  # seed the weights without touching the caller's RNG
         torch.manual_seed(seed)
-        tokenizer = qwen_tokenizer(
-            vocab_size=_QWEN_VOCAB_SIZE, chat_template=QWEN3_CHAT_TEMPLATE, extra_texts=[system_message()]
-        )
-        tokenizer.padding_side = "right"  # as the converted folders' tokenizer
+        tokenizer = hunyuan_video15_tokenizer()
         tokenizer_2 = ByT5Tokenizer()
         pipe = HunyuanVideo15Pipeline(
             text_encoder=_text_encoder(len(tokenizer)),
