@@ -35,6 +35,7 @@ ARCHITECTURES: list[str] = [
     "diffrl.models.wan",
     "diffrl.models.ltx2",
     "diffrl.models.stable_audio3",
+    "diffrl.models.hunyuan_video15",
     "diffrl.models.bagel",
     "diffrl.models.hunyuan_image3",
     "diffrl.models.janus",

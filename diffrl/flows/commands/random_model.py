@@ -12,14 +12,18 @@
     diffrl random-model wan22_i2v_a14b /data/wan22-i2v-configs --configs-only
     diffrl train wan22_i2v_flow_grpo model.path=random:/data/wan22-i2v-configs
 
+    diffrl random-model hunyuan_video15_480p /data/hv15-random --device cuda --dtype bf16
+    diffrl train hunyuan_video15_flow_grpo model.path=/data/hv15-random
+
     diffrl random-model hunyuan_image3 /data/hunyuan-image3-configs --configs-only
 
 The folder has the layout and shapes of stabilityai/stable-diffusion-3.5-medium ("sd35m"), Qwen/Qwen-Image
 ("qwen_image"), Wan-AI/Wan2.2-T2V-A14B-Diffusers ("wan22_a14b": two experts) or Wan-AI/Wan2.2-I2V-A14B-Diffusers
-("wan22_i2v_a14b": two image-to-video experts), so training and sampling cost what they cost with the real checkpoint,
+("wan22_i2v_a14b": two image-to-video experts) or hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v
+("hunyuan_video15_480p"), so training and sampling cost what they cost with the real checkpoint,
 on a machine with no hub access. Weights are random (seeded); tokenizers are built in memory. Sizes in bf16: ~16.3 GB
-(sd35m), ~57.7 GB (qwen_image), ~68.8 GB (wan22_a14b, wan22_i2v_a14b: more than a 64 GB disk holds); the free disk
-space is checked first. With --configs-only the folder holds configs,
+(sd35m), ~57.7 GB (qwen_image), ~68.8 GB (wan22_a14b, wan22_i2v_a14b: more than a 64 GB disk holds), ~33.8 GB
+(hunyuan_video15_480p); the free disk space is checked first. With --configs-only the folder holds configs,
 tokenizers and the scheduler (a few MB, written in seconds) and `model.path=random:OUT_DIR` builds the weights in
 memory on the run's device instead (the same shapes and compute, nothing read from disk).
 Exit codes: 0 written, 2 bad input (one-line error on stderr).
@@ -42,7 +46,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "random-model",
         help="write a real-size random-weight pipeline folder (SD3.5-Medium, Qwen-Image, FLUX.2, Wan2.2 A14B "
-        "T2V/I2V) for GPU runs",
+        "T2V/I2V, HunyuanVideo-1.5) for GPU runs",
         description=(
             "Build every component of a real pipeline (transformer, VAE, text encoders at their published "
             "sizes, tokenizers built in memory, scheduler) with random weights, one component at a time on "
@@ -54,7 +58,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "arch",
         metavar="ARCH",
         help="architecture: sd35m, qwen_image, qwen_image21, flux2_klein (FLUX.2-klein base 9B), flux2_klein_4b, "
-        "flux2_dev (FLUX.2-dev 32B, 112.6 GB in bf16), wan22_a14b, wan22_i2v_a14b, bagel (BAGEL-7B-MoT; "
+        "flux2_dev (FLUX.2-dev 32B, 112.6 GB in bf16), wan22_a14b, wan22_i2v_a14b, hunyuan_video15_480p "
+        "(HunyuanVideo-1.5 480p T2V), bagel (BAGEL-7B-MoT; "
         "--configs-only) or hunyuan_image3 (HunyuanImage-3.0, 80 B; --configs-only)",
     )
     parser.add_argument(

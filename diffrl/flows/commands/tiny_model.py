@@ -32,7 +32,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "arch",
         metavar="ARCH",
         help="architecture: sd3, qwen_image, qwen_image_edit, qwen_image21, flux, flux_kontext, flux2 (FLUX.2-klein), "
-        "wan, z_image (or wan22, wan_i2v), qwen3_omni, bagel, hunyuan_image3",
+        "wan, z_image (or wan22, wan_i2v), hunyuan_video15, qwen3_omni, bagel, hunyuan_image3",
     )
     parser.add_argument("out_dir", metavar="OUT_DIR", help="folder to write (created; existing files are replaced)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")

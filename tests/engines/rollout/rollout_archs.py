@@ -64,6 +64,16 @@ CASES = [
         width=32,
         num_frames=5,
     ),
+    # the guidance scale is the tiny folder's guider's (6.0): HunyuanVideo15Pipeline takes none
+    ArchCase(
+        "hunyuan_video15",
+        "hunyuan_video15/adapter.py",
+        "hunyuan_video15/tiny.py",
+        6.0,
+        height=32,
+        width=32,
+        num_frames=5,
+    ),
 ]
 
 
