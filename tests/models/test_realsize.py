@@ -227,7 +227,7 @@ def test_existing_folders_are_refused(tmp_path):
         (
             ["bogus"],
             "unknown architecture 'bogus'; choose one of sd35m, flux2_klein, flux2_klein_4b, flux2_dev, qwen_image, "
-            "qwen_image21, wan22_a14b, wan22_i2v_a14b, hunyuan_video15_480p",
+            "qwen_image21, wan22_a14b, wan22_i2v_a14b, ltx2, stable_audio3_medium, hunyuan_video15_480p",
         ),
         (["sd35m", "--dtype", "int8"], "--dtype must be one of bf16, fp16, fp32"),
     ],

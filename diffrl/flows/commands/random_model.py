@@ -15,6 +15,9 @@
     diffrl random-model hunyuan_video15_480p /data/hv15-random --device cuda --dtype bf16
     diffrl train hunyuan_video15_flow_grpo model.path=/data/hv15-random
 
+    diffrl random-model ltx2 /data/ltx2-configs --configs-only
+    diffrl train ltx2_flow_grpo model.path=random:/data/ltx2-configs
+
     diffrl random-model hunyuan_image3 /data/hunyuan-image3-configs --configs-only
 
 The folder has the layout and shapes of stabilityai/stable-diffusion-3.5-medium ("sd35m"), Qwen/Qwen-Image
@@ -46,7 +49,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "random-model",
         help="write a real-size random-weight pipeline folder (SD3.5-Medium, Qwen-Image, FLUX.2, Wan2.2 A14B "
-        "T2V/I2V, HunyuanVideo-1.5) for GPU runs",
+        "T2V/I2V, HunyuanVideo-1.5, LTX-2, Stable Audio 3) for GPU runs",
         description=(
             "Build every component of a real pipeline (transformer, VAE, text encoders at their published "
             "sizes, tokenizers built in memory, scheduler) with random weights, one component at a time on "
@@ -59,7 +62,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="ARCH",
         help="architecture: sd35m, qwen_image, qwen_image21, flux2_klein (FLUX.2-klein base 9B), flux2_klein_4b, "
         "flux2_dev (FLUX.2-dev 32B, 112.6 GB in bf16), wan22_a14b, wan22_i2v_a14b, hunyuan_video15_480p "
-        "(HunyuanVideo-1.5 480p T2V), bagel (BAGEL-7B-MoT; "
+        "(HunyuanVideo-1.5 480p T2V), ltx2 (LTX-2 video with audio, 67.7 GB in bf16), stable_audio3_medium "
+        "(Stable Audio 3 text-to-audio), bagel (BAGEL-7B-MoT; "
         "--configs-only) or hunyuan_image3 (HunyuanImage-3.0, 80 B; --configs-only)",
     )
     parser.add_argument(
