@@ -44,6 +44,7 @@ from benchmarks.leaderboard_rows import (
     REPO,
     RESULTS,
     RESULTS_ASYNC,
+    RESULTS_OTHER_DEVICE,
     ROW_NAMES,
     ROWS,
     Plan,
@@ -375,6 +376,11 @@ def main(argv: list[str] | None = None):
     p_report = sub.add_parser("report", help="write the table and the plots from the run records")
     p_report.add_argument("--results", default=RESULTS)
     p_report.add_argument("--async-results", default=RESULTS_ASYNC, help="the asynchronous rows' records")
+    p_report.add_argument(
+        "--other-device-results",
+        default=RESULTS_OTHER_DEVICE,
+        help="rows measured on another device, with the flow_grpo runs of the same call",
+    )
     p_report.add_argument("--doc", default=os.path.join(REPO, "docs", "leaderboard.md"))
     p_report.add_argument("--images", default=os.path.join(REPO, "docs", "images"))
     args = parser.parse_args(argv)
@@ -382,7 +388,7 @@ def main(argv: list[str] | None = None):
         return run(args)
     if args.command == "probe":
         return probe(args)
-    return write_report(args.results, args.doc, args.images, args.async_results)
+    return write_report(args.results, args.doc, args.images, args.async_results, args.other_device_results)
 
 
 if __name__ == "__main__":

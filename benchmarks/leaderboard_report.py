@@ -130,6 +130,48 @@ python -m benchmarks.leaderboard run --miniature --algorithms flow_grpo flow_grp
 """
 
 
+# The page's "Rows measured on another device" section, above its table (when that folder has records).
+OTHER_DEVICE_TEXT = """## Rows measured on another device
+
+These rows ran on another device, with another number of runs at once, than the table above, so they are compared
+with the flow_grpo runs of the same call (its `flow_grpo` lines), not with the table above. The flow_grpo runs are the
+teachers the `diffusion_opd` row trains first (`teachers/` in the out-dir, each seed's record copied beside the
+others): they are evaluated before and at the end of the budget only, so their "time to +10 points" is the whole
+budget whenever they got there. Records: `benchmarks/results/leaderboard_h100/` (each run's log beside it; a run that
+failed to start keeps its log only).
+
+<!-- skip: gpu -->
+```bash
+python -m benchmarks.leaderboard run --algorithms diffusion_opd dgpo gardo flow_grpo_ema_ref sft --seeds 0 1 2 \\
+  --budget-s 300 --eval-every-s 60 --parallel 6 --by-row --out-dir OUT      # one H100 (80 GB)
+```
+"""
+
+
+def other_device_section(results_dir: str | None) -> list[str]:
+    """The "Rows measured on another device" section from the records in `results_dir` (none: no section)."""
+    runs = load_runs(results_dir) if results_dir and os.path.isdir(results_dir) else {}
+    if not runs:
+        return []
+    # the budget as the rows state it: the flow_grpo runs (teachers) are evaluated at the start and the end only
+    first = min((r for records in runs.values() for r in records), key=lambda r: r.get("eval_every_s") or 0)
+    failed = sorted(
+        name.removesuffix(".log")
+        for name in os.listdir(results_dir)
+        if name.endswith(".log") and not os.path.isfile(os.path.join(results_dir, name.removesuffix(".log") + ".json"))
+    )
+    lines = [
+        OTHER_DEVICE_TEXT,
+        f"Device: {first['device']}. Budget: {budget_text(first)}. Runs at once on the device: "
+        f"{', '.join(map(str, sorted({concurrency(r) for records in runs.values() for r in records})))}.",
+        "",
+        *table(runs),
+    ]
+    if failed:
+        lines += ["", f"Runs that failed to start (their logs): {', '.join(failed)}."]
+    return lines
+
+
 def async_comparison(runs: dict[str, list[dict]]) -> list[dict]:
     """Each asynchronous row of `runs` whose on-policy row is there too: its final accuracy (mean, s.d.), the
     on-policy row's, the difference of the means and whether it is within the on-policy s.d. (None with fewer than
@@ -332,9 +374,16 @@ def budget_text(record: dict) -> str:
     return f"{record['budget_s']:.0f} s of training per run, evaluated every {record['eval_every_s']:.0f} s"
 
 
-def write_report(results_dir: str, doc_path: str, images_dir: str, async_dir: str | None = None) -> dict:
+def write_report(
+    results_dir: str,
+    doc_path: str,
+    images_dir: str,
+    async_dir: str | None = None,
+    other_device_dir: str | None = None,
+) -> dict:
     """Write the doc and the two PNGs; return the summaries by algorithm. The asynchronous rows' comparison is made
-    from the records in `async_dir` (their own folder: they run at equal images, the table at equal seconds)."""
+    from the records in `async_dir` (their own folder: they run at equal images, the table at equal seconds); rows
+    measured on another device, from `other_device_dir`."""
     runs = load_runs(results_dir)
     if not runs:
         raise SystemExit(f"no leaderboard run records in {results_dir}: run `benchmarks/leaderboard.py run` first")
@@ -388,9 +437,12 @@ def write_report(results_dir: str, doc_path: str, images_dir: str, async_dir: st
             f"None: every algorithm's mean final accuracy is at least {MIN_GAIN * 100:.0f} points above its mean start."
         )
     lines += ["", *async_section(load_runs(async_dir) if async_dir and os.path.isdir(async_dir) else {}), ""]
+    other = other_device_section(other_device_dir)
+    lines += [*other, ""] if other else []
     lines += [HOW_IT_RUNS, "## Settings of each row", ""]
+    other_runs = load_runs(other_device_dir) if other_device_dir and os.path.isdir(other_device_dir) else {}
     for row in ALL_ROWS:
-        if row.name in runs:
+        if row.name in runs or row.name in other_runs:
             lines.append(f"- **{row.name}**: {row.source}. Overrides: `{' '.join(row.overrides)}`")
     lines += ["", "Reproduce each run with the `command` in its record (benchmarks/results/leaderboard/).", ""]
     with open(doc_path, "w") as f:

@@ -213,3 +213,30 @@ def test_every_rows_overrides_make_a_config_the_run_accepts():
         check_preference_config(cfg)
         assert cfg.algorithm.name in row.name, row.name
         assert cfg.rollout.samples_per_step == 512, row.name  # every row sees 512 images a step
+
+
+def test_rows_from_another_device_get_their_own_section_with_the_runs_that_failed(tmp_path):
+    main, other = tmp_path / "main", tmp_path / "other"
+    main.mkdir(), other.mkdir()
+    common = {"budget_s": 90, "val_prompts": 4, "val_samples_per_prompt": 1, "config": "shapes_quick"}
+    main_record = _record(0, [(0, 0, 0.1), (90, 512, 0.2)]) | common | {"device": "A", "eval_every_s": 30}
+    (main / "dpo_0.json").write_text(json.dumps(main_record))
+    # the flow_grpo baseline is evaluated at the start and the end only; the rows every 30 s
+    teacher = _record(0, [(0, 0, 0.10), (90, 512, 0.30)], algorithm="flow_grpo") | {"eval_every_s": 90}
+    row = _record(0, [(0, 0, 0.10), (30, 256, 0.14), (60, 384, 0.22)], algorithm="dgpo") | {"eval_every_s": 30}
+    for record in (teacher, row):
+        name = f"{record['algorithm']}_seed0_b.json"
+        (other / name).write_text(json.dumps(record | common | {"device": "B", "concurrent_runs": 6}))
+    (other / "gardo_seed0_b.log").write_text("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED\n")
+    (other / "dgpo_seed0_b.log").write_text("a finished run's log\n")
+    doc = tmp_path / "doc.md"
+    leaderboard_report.write_report(str(main), str(doc), str(tmp_path), other_device_dir=str(other))
+    section = doc.read_text().split("## Rows measured on another device")[1].split("## How it runs")[0]
+    budget = "Budget: 90 s of training per run, evaluated every 30 s. Runs at once on the device: 6."
+    assert f"Device: B. {budget}" in section
+    assert "| flow_grpo | 1 | 10.0 | 30.0 | +20.0 | 512 | 90 | 90 s (1/1 seeds) |" in section
+    assert "| dgpo | 1 | 10.0 | 22.0 | +12.0 | 384 | 60 | 60 s (1/1 seeds) |" in section
+    assert "Runs that failed to start (their logs): gardo_seed0_b." in section
+    assert "- **dgpo**:" in doc.read_text().split("## Settings of each row")[1]  # its settings are listed too
+    leaderboard_report.write_report(str(main), str(doc), str(tmp_path), other_device_dir=str(tmp_path / "none"))
+    assert "## Rows measured on another device" not in doc.read_text()
