@@ -1,6 +1,7 @@
 """`diffrl train` of the shipped LTX-2 recipe on the tiny "ltx2" on the CPU, with FlowGRPO (the recipe's CPS window)
-and DanceGRPO: the packed video + audio latents go through rollout, storage, replay and the LoRA update, with an image
-reward scoring the video frames."""
+and DanceGRPO: the packed video + audio latents go through rollout, storage, replay and the LoRA update, with image
+rewards scoring the video frames and av_sync scoring the video with its audio track (its stored value is the closed
+form of the stored video and audio)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import json
 import math
 
 import lance
+import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
+from diffrl.engines.reward.av_sync import sync_lag
+from diffrl.engines.store.trajectories import TrajectoryStore
 from diffrl.engines.train.checkpoint import lora_file_name
 from diffrl.flows.train import train
 
@@ -26,7 +30,8 @@ TINY = [
     "data.train=prompts.jsonl",
     "data.val=null",
     "data.num_val_prompts=0",
-    "reward.components=[{name: jpeg_compressibility}, {name: temporal_consistency, weight: 0.2}]",
+    "reward.components=[{name: jpeg_compressibility}, {name: temporal_consistency, weight: 0.2}, "
+    "{name: av_sync, weight: 0.5}]",
     "run.checkpoint_every=1",
     "run.validate_every=0",
     "run.log_images=0",
@@ -67,8 +72,19 @@ def test_ltx2_recipe_trains_on_packed_video_and_audio(workdir, overrides):
     for branch in ("attn1", "audio_attn1", "audio_ff"):
         assert any(branch + "." in k and k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in lora.items())
     mlflow = MlflowClient(f"sqlite:///{workdir}/mlflow.db")
-    for key in ("critic/rewards/mean", "reward/temporal_consistency", "actor/grad_norm"):
+    for key in ("critic/rewards/mean", "reward/temporal_consistency", "reward/av_sync", "actor/grad_norm"):
         history = mlflow.get_metric_history(result["mlflow_run_id"], key)
         assert [m.step for m in history] == [1] and math.isfinite(history[0].value), key
     table = lance.dataset(f"{RUN}/trajectories.lance").to_table()
     assert table.num_rows == 4
+    # both streams are stored: the frames as images, the waveform as WAV bytes, with the video's fps
+    store = TrajectoryStore(f"{RUN}/trajectories.lance")
+    traj = store.read_step(0, with_latents=False)
+    assert traj.images.shape[:2] == (4, 9) and traj.audio.shape[0] == 4 and traj.fps == 24.0
+    _, components, _ = store.read_rewards(0)
+    expected = []
+    for video, waveform in zip(traj.images.numpy(), traj.audio.numpy()):
+        lag, _, max_lag = sync_lag(video, waveform, traj.sample_rate, traj.fps, max_lag_s=0.5)
+        expected.append(math.nan if lag is None else 1.0 - abs(lag) / max_lag)
+    assert np.allclose(components["av_sync"].numpy(), expected, equal_nan=True), (components["av_sync"], expected)
+    assert not all(math.isnan(e) for e in expected)
