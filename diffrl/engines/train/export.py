@@ -103,6 +103,8 @@ def merged_pipeline(base_model: str, checkpoint: str, lora_file: str | None, lor
     from diffusers import DiffusionPipeline
 
     pipe = DiffusionPipeline.from_pretrained(base_model, dtype=torch.float32)
+    if lora_file is not None and not hasattr(pipe, "load_lora_weights"):
+        return _merged_into_transformer(pipe, lora_file)
     if lora_file is not None:
         pipe.load_lora_weights(os.path.dirname(lora_file), weight_name=os.path.basename(lora_file))
         components = ["transformer"]
@@ -132,4 +134,23 @@ def merged_pipeline(base_model: str, checkpoint: str, lora_file: str | None, lor
             f"{checkpoint}: could not load its full fine-tuning weights into {base_model}'s transformer ({e}): "
             "was the checkpoint trained on another base model?"
         ) from None
+    return pipe
+
+
+def _merged_into_transformer(pipe, lora_file: str):
+    """`pipe` with the LoRA of `lora_file` (diffusers' format, `transformer.`-prefixed keys) fused into its transformer,
+    for pipelines diffusers gives no LoRA loader (HunyuanVideo-1.5, Stable Audio 3): the transformer takes it through
+    diffusers' PeftAdapterMixin, added to its class where diffusers leaves it out (the class keeps its name and
+    module, so the saved folder names the plain diffusers class)."""
+    from diffusers.loaders.peft import PeftAdapterMixin
+
+    transformer = pipe.transformer
+    if not isinstance(transformer, PeftAdapterMixin):
+        cls = type(transformer)
+        transformer.__class__ = type(cls.__name__, (cls, PeftAdapterMixin), {"__module__": cls.__module__})
+    transformer.load_lora_adapter(
+        os.path.dirname(lora_file), weight_name=os.path.basename(lora_file), prefix="transformer"
+    )
+    transformer.fuse_lora()
+    transformer.unload_lora()
     return pipe
