@@ -8,8 +8,8 @@
   pre-tokeniser), wrapped as `T5TokenizerFast` (`<pad>`=0, `</s>`=1, `<unk>`=2, then the pieces, then the `<extra_id_*>`
   sentinels in reverse, as T5's vocab is laid out). Usable as the UMT5 tokenizer (Wan) too.
 - `gemma_tokenizer`: Gemma's BPE with byte fallback (`GemmaTokenizer`: `<pad>` 0, `<eos>` 1, `<bos>` 2, `<unk>` 3,
-  `<mask>` 4, the 256 `<0x..>` byte pieces, then characters and whole corpus words, spaces as "▁"): the T5Gemma text
-  encoder of Stable Audio 3.
+  `<mask>` 4, the 256 `<0x..>` byte pieces, then characters and BPE merges learned on the corpus, spaces as "▁"): the
+  T5Gemma text encoder of Stable Audio 3 and the Gemma-3 encoder of LTX-2.
 - `qwen_tokenizer`: Qwen2's byte-level BPE (`Qwen2Tokenizer`, `<|endoftext|>` / `<|im_start|>` / `<|im_end|>`
   specials), trained with the `tokenizers` library on the same corpus: the text encoders of Qwen-Image (Qwen2.5-VL)
   and Z-Image (Qwen3, with QWEN3_CHAT_TEMPLATE), and the language models of BAGEL, HunyuanImage-3.0, Janus-Pro, the
@@ -202,32 +202,6 @@ def t5_tokenizer(
     return tok
 
 
-GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")  # ids 0-4, as in Gemma's vocabulary
-
-
-def gemma_tokenizer(*, model_max_length: int = 256) -> GemmaTokenizer:
-    """A Gemma tokenizer built in memory: BPE over characters with byte fallback, whose merges join each CORPUS word
-    (with and without its leading "▁") left to right, so a corpus word is one token and any other text still
-    encodes (unknown characters as their UTF-8 byte pieces). `<bos>` is prepended, nothing appended, padding on the
-    left, as Gemma's tokenizer does. Deterministic: the vocabulary follows CORPUS order."""
-    vocab: dict[str, int] = {token: i for i, token in enumerate(GEMMA_SPECIALS)}
-    for byte in range(256):
-        vocab[f"<0x{byte:02X}>"] = len(vocab)
-    for ch in "▁" + _ALPHABET:
-        vocab.setdefault(ch, len(vocab))
-    merges: list[tuple[str, str]] = []
-    words = list(dict.fromkeys(w for text in CORPUS for w in text.split()))
-    # the "▁word" merges rank first, so a word after a space becomes one "▁word" token
-    for form in ["▁" + w for w in words] + words:
-        for ch in form:
-            vocab.setdefault(ch, len(vocab))
-        for end in range(2, len(form) + 1):
-            if form[:end] not in vocab:
-                vocab[form[:end]] = len(vocab)
-                merges.append((form[: end - 1], form[end - 1]))
-    return GemmaTokenizer(vocab=vocab, merges=merges, model_max_length=model_max_length, add_bos_token=True)
-
-
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 # Qwen2's pre-tokenisation regex (transformers.models.qwen2.tokenization_qwen2.PRETOKENIZE_REGEX).
 _QWEN_SPLIT = (
@@ -305,7 +279,7 @@ def qwen_tokenizer(
     return qwen
 
 
-GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")
+GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")  # ids 0-4, as in Gemma's vocabulary
 
 
 def gemma_tokenizer(*, num_merges: int = 200, model_max_length: int = 1024) -> GemmaTokenizer:
