@@ -272,6 +272,34 @@ def set_tf32(enabled: bool) -> None:
     torch.backends.cudnn.allow_tf32 = bool(enabled)
 
 
+class DiffusersLoraWriter:
+    """`save_lora_weights` for a pipeline class diffusers gives no LoRA writer (BAGEL, Stable Audio 3): mixed into the
+    pipeline class, it writes the file as diffusers' own writers do, so checkpoints and `diffrl export` read it
+    alike."""
+
+    @classmethod
+    def save_lora_weights(
+        cls,
+        save_directory: str,
+        *,
+        transformer_lora_layers: dict[str, torch.Tensor],
+        transformer_lora_adapter_metadata: dict | None = None,
+        weight_name: str = "pytorch_lora_weights.safetensors",
+    ) -> None:
+        """Write a LoRA as diffusers writes one: `transformer.<module>.lora_A.weight` keys, the LoraConfig under the
+        metadata key `lora_adapter_metadata` (what `load_lora_adapter(..., prefix="transformer")` reads back)."""
+        from safetensors.torch import save_file
+
+        os.makedirs(save_directory, exist_ok=True)
+        tensors = {f"transformer.{k}": v.detach().contiguous().cpu() for k, v in transformer_lora_layers.items()}
+        metadata = {"format": "pt"}
+        if transformer_lora_adapter_metadata is not None:
+            metadata["lora_adapter_metadata"] = json.dumps(
+                {f"transformer.{k}": v for k, v in transformer_lora_adapter_metadata.items()}, default=list
+            )
+        save_file(tensors, os.path.join(save_directory, weight_name), metadata=metadata)
+
+
 class ModelAdapter(ABC):
     """One architecture. Subclasses live in their architecture's folder (diffrl/models/sd3/adapter.py, ...), decorated
     with @register_adapter, and must reproduce the upstream diffusers pipeline exactly at noise level 0."""

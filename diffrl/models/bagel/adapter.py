@@ -29,8 +29,6 @@ inside the CFG interval, and whether any sample is costs one host sync per step.
 
 from __future__ import annotations
 
-import json
-import os
 import warnings
 from typing import ClassVar
 
@@ -38,13 +36,13 @@ import torch
 
 from diffrl.models.bagel import layout
 from diffrl.models.bagel.mot import BagelMoT
-from diffrl.models.base import Encoding, ModelAdapter, SampleShape, register_adapter
+from diffrl.models.base import DiffusersLoraWriter, Encoding, ModelAdapter, SampleShape, register_adapter
 from diffrl.models.kind import RANDOM
 
 RENORM_TYPES = ("global", "channel", "text_channel")
 
 
-class BagelPipeline:
+class BagelPipeline(DiffusersLoraWriter):
     """The components of a BAGEL folder, under the names diffrl's trainer reads from a pipeline (`transformer` is
     the module LoRA goes into); not a diffusers pipeline."""
 
@@ -57,28 +55,6 @@ class BagelPipeline:
     @property
     def components(self) -> dict:
         return {"transformer": self.transformer, "vae": self.vae, "tokenizer": self.tokenizer}
-
-    @classmethod
-    def save_lora_weights(
-        cls,
-        save_directory: str,
-        *,
-        transformer_lora_layers: dict[str, torch.Tensor],
-        transformer_lora_adapter_metadata: dict | None = None,
-        weight_name: str = "pytorch_lora_weights.safetensors",
-    ) -> None:
-        """Write a LoRA as diffusers writes one (`transformer.<module>.lora_A.weight`, the LoraConfig under the
-        metadata key `lora_adapter_metadata`); peft's `set_peft_model_state_dict` loads it into a BagelMoT."""
-        from safetensors.torch import save_file
-
-        os.makedirs(save_directory, exist_ok=True)
-        tensors = {f"transformer.{k}": v.detach().contiguous().cpu() for k, v in transformer_lora_layers.items()}
-        metadata = {"format": "pt"}
-        if transformer_lora_adapter_metadata is not None:
-            metadata["lora_adapter_metadata"] = json.dumps(
-                {f"transformer.{k}": v for k, v in transformer_lora_adapter_metadata.items()}, default=list
-            )
-        save_file(tensors, os.path.join(save_directory, weight_name), metadata=metadata)
 
 
 @register_adapter

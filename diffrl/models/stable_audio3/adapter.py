@@ -25,9 +25,7 @@ Deviations from the upstream pipeline (documented, by design):
 from __future__ import annotations
 
 import copy
-import json
 import math
-import os
 import warnings
 
 import torch
@@ -36,7 +34,14 @@ from diffusers.loaders.peft import PeftAdapterMixin
 from diffusers.pipelines.stable_audio_3.pipeline_stable_audio_3 import logsnr_sigma_schedule
 from diffusers.utils.torch_utils import randn_tensor
 
-from diffrl.models.base import Encoding, ModelAdapter, SampleShape, load_pipeline, register_adapter
+from diffrl.models.base import (
+    DiffusersLoraWriter,
+    Encoding,
+    ModelAdapter,
+    SampleShape,
+    load_pipeline,
+    register_adapter,
+)
 
 LOGSNR_MIN, LOGSNR_MAX = -6.2, 2.0  # StableAudio3Pipeline.__call__ defaults
 MAX_TEXT_TOKENS = 256  # the pipeline's cap on the tokenizer length (the reference checkpoint's max_length)
@@ -47,32 +52,9 @@ class StableAudio3LoraDiT(StableAudio3DiTModel, PeftAdapterMixin):
     diffusers 0.42.1 leaves out of this class; the module, its weights and forward are StableAudio3DiTModel's."""
 
 
-class StableAudio3LoraPipeline(StableAudio3Pipeline):
+class StableAudio3LoraPipeline(DiffusersLoraWriter, StableAudio3Pipeline):
     """StableAudio3Pipeline that can write a LoRA of its transformer (diffusers 0.42.1 gives it no LoRA loader): the
     same components and __call__; loaded from the same folders."""
-
-    # Adapted from models/bagel/adapter.py: BagelPipeline.save_lora_weights
-    @classmethod
-    def save_lora_weights(
-        cls,
-        save_directory: str,
-        *,
-        transformer_lora_layers: dict[str, torch.Tensor],
-        transformer_lora_adapter_metadata: dict | None = None,
-        weight_name: str = "pytorch_lora_weights.safetensors",
-    ) -> None:
-        """Write a LoRA as diffusers writes one (`transformer.<module>.lora_A.weight`, the LoraConfig under the
-        metadata key `lora_adapter_metadata`); `StableAudio3LoraDiT.load_lora_adapter` loads it back."""
-        from safetensors.torch import save_file
-
-        os.makedirs(save_directory, exist_ok=True)
-        tensors = {f"transformer.{k}": v.detach().contiguous().cpu() for k, v in transformer_lora_layers.items()}
-        metadata = {"format": "pt"}
-        if transformer_lora_adapter_metadata is not None:
-            metadata["lora_adapter_metadata"] = json.dumps(
-                {f"transformer.{k}": v for k, v in transformer_lora_adapter_metadata.items()}, default=list
-            )
-        save_file(tensors, os.path.join(save_directory, weight_name), metadata=metadata)
 
 
 @register_adapter
