@@ -47,11 +47,27 @@ def _own_environment():
 # `item._id`), so its marks group nothing and each module fixture would be set up on both workers. So the scheduler
 # groups here, by folder and file, from the node ids it is given.
 XDIST_GROUPS = {"cluster": "ray", "vllm": "vllm"}
+# The folders whose tests start processes and servers (tens of seconds to minutes each) are handed out first, the
+# many short unit-test files after them: a long test handed out last would run alone on one worker while the other
+# idles. xdist's own order (most tests first) put the single-test e2e files, the longest, at the end of the queue.
+HEAVY_FIRST = ("cluster", "vllm", "e2e", "benchmarks")
+
+
+def heavy_first(units: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """xdist's work units (scope, {nodeid: done}) with those under HEAVY_FIRST first; otherwise in the given order
+    (xdist's: most tests first)."""
+
+    def light(unit: tuple[str, dict]) -> bool:
+        parts = next(iter(unit[1])).split("::")[0].split("/")
+        return not (len(parts) > 2 and parts[0] == "tests" and parts[1] in HEAVY_FIRST)
+
+    return sorted(units, key=light)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadgroup`: xdist's scope scheduler with the scopes above (other --dist modes: xdist's own)."""
+    """`--dist loadgroup`: xdist's scope scheduler with the scopes above, handed out heavy folders first (other --dist
+    modes: xdist's own)."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -63,6 +79,14 @@ def pytest_xdist_make_scheduler(config, log):
             if len(parts) > 2 and parts[0] == "tests":
                 return XDIST_GROUPS.get(parts[1], path)
             return path
+
+        def _assign_work_unit(self, node) -> None:
+            if not getattr(self, "heavy_first", False):  # the first assignment: the queue is complete
+                units = heavy_first(list(self.workqueue.items()))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+                self.heavy_first = True
+            super()._assign_work_unit(node)
 
     return SharedResourceScheduling(config, log)
 

@@ -1,7 +1,8 @@
 """`make test`'s grouping (tests/conftest.py `pytest_xdist_make_scheduler`), on a small suite run with the same
 `-n 2 --dist loadgroup`: the tests under tests/cluster share one worker (one Ray cluster), and each other file runs on
-one worker, so its module fixture is set up once. xdist's own loadgroup grouped nothing under pytest 9.2 and set up
-every module fixture on both workers; this catches such a change of either package."""
+one worker, so its module fixture is set up once; the heavy folders (tests/e2e here) are handed out first. xdist's own
+loadgroup grouped nothing under pytest 9.2 and set up every module fixture on both workers; this catches such a change
+of either package."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import textwrap
 CONFTEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conftest.py")
 
 
-def _module(log: str, name: str) -> str:
+def _module(log: str, name: str, tests: int = 4) -> str:
     return textwrap.dedent(
         f"""
         import os
@@ -29,7 +30,7 @@ def _module(log: str, name: str) -> str:
             return 1
 
 
-        @pytest.mark.parametrize("i", range(4))
+        @pytest.mark.parametrize("i", range({tests}))
         def test_one(shared, i):
             time.sleep(0.05)
             with open({log!r}, "a") as f:
@@ -40,11 +41,18 @@ def _module(log: str, name: str) -> str:
 
 def test_make_test_keeps_the_cluster_tests_on_one_worker_and_sets_module_fixtures_up_once(tmp_path):
     log = str(tmp_path / "log")
-    files = {"cluster/test_a.py": "a", "cluster/test_b.py": "b", "engines/test_c.py": "c", "test_d.py": "d"}
+    files = {
+        "cluster/test_a.py": "a",
+        "cluster/test_b.py": "b",
+        "engines/test_c.py": "c",
+        "test_d.py": "d",
+        "e2e/test_e.py": "e",
+        "algorithms/test_f.py": "f",
+    }
     for path, name in files.items():
         target = tmp_path / "tests" / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(_module(log, name))
+        target.write_text(_module(log, name, tests=6 if name == "f" else 4))
     (tmp_path / "tests" / "conftest.py").write_text(
         "import importlib.util\n"
         f"spec = importlib.util.spec_from_file_location('diffrl_tests_conftest', {CONFTEST!r})\n"
@@ -63,8 +71,12 @@ def test_make_test_keeps_the_cluster_tests_on_one_worker_and_sets_module_fixture
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = [line.split() for line in open(log).read().splitlines()]
     setups = sorted(name for kind, name, _ in lines if kind == "setup")
-    assert setups == ["a", "b", "c", "d"], lines  # each module fixture once
+    assert setups == ["a", "b", "c", "d", "e", "f"], lines  # each module fixture once
     workers = {name: {pid for kind, n, pid in lines if kind == "test" and n == name} for name in files.values()}
     assert all(len(pids) == 1 for pids in workers.values()), workers  # a file stays on its worker
     assert workers["a"] == workers["b"], workers  # tests/cluster: one worker
     assert len({pid for _, _, pid in lines}) == 2  # and the suite did run on two workers
+    # the heavy folders are handed out first, one unit to each worker: tests/e2e (4 tests) starts before the unit-test
+    # files, where xdist's own order (most tests first) hands out tests/algorithms' file of 6 before it
+    order = [name for kind, name, _ in lines if kind == "setup"]
+    assert order.index("e") < min(order.index(n) for n in "cdf"), order
