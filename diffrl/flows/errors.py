@@ -110,13 +110,24 @@ def cause(error: BaseException, kind: type) -> BaseException | None:
     return next((seen for seen in chain(error) if isinstance(seen, kind)), None)
 
 
-def is_interrupt(error: BaseException) -> bool:
-    """Whether `error` is a request to stop (Ctrl-C, SIGTERM, a cancel), not a failure."""
+def _is_stop(error: BaseException) -> bool:
+    """Whether `error` itself is a request to stop (Ctrl-C, SIGTERM, a cancel)."""
     return isinstance(error, KeyboardInterrupt) or bool(_classes(error) & set(SIGNALS))
 
 
+def is_interrupt(error: BaseException) -> bool:
+    """Whether `error` is a request to stop, not a failure: the request itself, or an error raised while a library
+    handled it (Prefect's task engine, interrupted while it creates a task run, fails its own crash handling with
+    "Task run is not set", the interrupt as that error's context)."""
+    return any(_is_stop(seen) for seen in chain(error))
+
+
 def report(error: BaseException) -> Report:
-    """The line, exit code and rerun advice of `error` (see the module docstring)."""
+    """The line, exit code and rerun advice of `error` (see the module docstring); a stop request anywhere in the
+    chain is what is reported (what failed after it failed because of it)."""
+    stop = next((seen for seen in chain(error) if _is_stop(seen)), None)
+    if stop is not None:
+        return _known(stop, error)
     for seen in chain(error):
         known = _known(seen, error)
         if known is not None:
@@ -125,7 +136,7 @@ def report(error: BaseException) -> Report:
 
 
 def _known(seen: BaseException, error: BaseException) -> Report | None:
-    if is_interrupt(seen):
+    if _is_stop(seen):
         how = getattr(seen, "how", "interrupted" if isinstance(seen, KeyboardInterrupt) else "interrupted (SIGTERM)")
         where = next((w for w in (getattr(s, "diffrl_where", None) for s in chain(error)) if w), None)
         return Report(f"{how} {where}" if where else how, 130, rerun=True)

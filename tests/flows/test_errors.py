@@ -13,7 +13,7 @@ from diffrl.engines.cluster import ReplicaLost
 from diffrl.engines.reward.base import RewardError
 from diffrl.engines.step.background import BackgroundError
 from diffrl.engines.store.tables import DamagedStore
-from diffrl.flows.errors import DETERMINISTIC, SIGNALS, TRANSIENT, DamagedRun, Interrupted, report
+from diffrl.flows.errors import DETERMINISTIC, SIGNALS, TRANSIENT, DamagedRun, Interrupted, is_interrupt, report
 
 
 def test_every_error_class_named_by_module_exists():
@@ -68,3 +68,22 @@ def test_an_interrupt_says_where_the_run_was():
     )
     assert report(KeyboardInterrupt()).code == 130
     assert report(KeyboardInterrupt()).text("ui") == "diffrl ui: interrupted"  # nothing to resume
+
+
+def test_an_error_raised_while_an_interrupt_was_handled_reports_the_interrupt():
+    """Prefect's task engine, interrupted by a cancel while it creates a task run, fails its crash handling with
+    ValueError("Task run is not set") (the interrupt as its context): the command says it was cancelled, exit 130."""
+    try:
+        try:
+            raise Interrupted("cancelled in the Prefect UI")
+        except BaseException:  # as prefect.task_engine's initialize_run: handle_crash -> set_state raises
+            raise ValueError("Task run is not set")  # noqa: B904 - the context is the point
+    except ValueError as error:
+        error.diffrl_where = "at step 2 (generate)"
+        failure = report(error)
+        assert is_interrupt(error)
+    assert failure.code == 130 and failure.text("train") == (
+        "diffrl: cancelled in the Prefect UI at step 2 (generate); rerun the same command to resume"
+    )
+    plain = ValueError("Task run is not set")  # the same error without an interrupt behind it is a failure
+    assert not is_interrupt(plain) and report(plain).code == 2
