@@ -148,9 +148,8 @@ python -m benchmarks.leaderboard run --algorithms diffusion_opd dgpo gardo flow_
 """
 
 
-def other_device_section(results_dir: str | None) -> list[str]:
-    """The "Rows measured on another device" section from the records in `results_dir` (none: no section)."""
-    runs = load_runs(results_dir) if results_dir and os.path.isdir(results_dir) else {}
+def other_device_section(results_dir: str | None, runs: dict[str, list[dict]]) -> list[str]:
+    """The "Rows measured on another device" section from `runs`, the records in `results_dir` (none: no section)."""
     if not runs:
         return []
     # the budget as the rows state it: the flow_grpo runs (teachers) are evaluated at the start and the end only
@@ -437,10 +436,10 @@ def write_report(
             f"None: every algorithm's mean final accuracy is at least {MIN_GAIN * 100:.0f} points above its mean start."
         )
     lines += ["", *async_section(load_runs(async_dir) if async_dir and os.path.isdir(async_dir) else {}), ""]
-    other = other_device_section(other_device_dir)
+    other_runs = load_runs(other_device_dir) if other_device_dir and os.path.isdir(other_device_dir) else {}
+    other = other_device_section(other_device_dir, other_runs)
     lines += [*other, ""] if other else []
     lines += [HOW_IT_RUNS, "## Settings of each row", ""]
-    other_runs = load_runs(other_device_dir) if other_device_dir and os.path.isdir(other_device_dir) else {}
     for row in ALL_ROWS:
         if row.name in runs or row.name in other_runs:
             lines.append(f"- **{row.name}**: {row.source}. Overrides: `{' '.join(row.overrides)}`")

@@ -103,8 +103,9 @@ class TrajectoryStore:
         stored_dtype = self._table.schema_metadata().get(META_LATENT_DTYPE, "float32")
         if stored_shape is None and new_dtype == "float32":
             return
-        if stored_shape is not None and self.has_audio() != (traj.audio is not None):
-            held, given = ("audio", "no audio") if self.has_audio() else ("no audio", "audio")
+        stored_audio = stored_shape is not None and self.has_audio()  # one read of the latest version's schema
+        if stored_shape is not None and stored_audio != (traj.audio is not None):
+            held, given = ("audio", "no audio") if stored_audio else ("no audio", "audio")
             raise ValueError(
                 f"{self.uri}: table stores samples with {held}; the write of step {step} chunk {chunk} has {given}. "
                 "Nothing was written."
