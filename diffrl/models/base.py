@@ -397,6 +397,13 @@ class ModelAdapter(ABC):
         """Whether velocity() needs a negative-prompt encoding at this guidance scale (CFG-style)."""
         return guidance_scale > 1.0
 
+    def uses_cfg(self, guidance_scale: float, negative: Encoding | None) -> bool:
+        """needs_negative(guidance_scale), for velocity(): ValueError when CFG is on and `negative` is missing."""
+        cfg = self.needs_negative(guidance_scale)
+        if cfg and negative is None:
+            raise ValueError(f"guidance_scale={guidance_scale} > 1 needs a negative-prompt encoding (negative=None)")
+        return cfg
+
     @abstractmethod
     def sigmas(self, num_inference_steps: int, shape: SampleShape) -> torch.Tensor:
         """(N + 1,) fp32 sigma schedule the upstream pipeline uses (same shift / mu), ending in 0."""

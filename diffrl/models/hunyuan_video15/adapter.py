@@ -231,9 +231,7 @@ class HunyuanVideo15Adapter(ModelAdapter):
         shape: SampleShape,
     ) -> torch.Tensor:
         """Guided flow velocity (B, C, F', H', W') fp32; cond and uncond in one forward when CFG is on."""
-        cfg = self.needs_negative(guidance_scale)
-        if cfg and negative is None:
-            raise ValueError(f"guidance_scale={guidance_scale} > 1 needs a negative-prompt encoding (negative=None)")
+        cfg = self.uses_cfg(guidance_scale, negative)
         batch = latents.shape[0]
         x = latents.to(device=self.device, dtype=self.dtype)
         # t2v: the condition latents and the condition mask are zeros (`prepare_cond_latents_and_mask`)

@@ -292,9 +292,7 @@ class LTX2Adapter(ModelAdapter):
     ) -> torch.Tensor:
         """Guided packed velocity (B, N) fp32 at per-sample sigmas (B,) > 0: one transformer forward ([uncond; cond]
         batched as upstream when CFG is on), guidance per stream in x0 space, back to velocities."""
-        cfg = self.needs_negative(guidance_scale)
-        if cfg and negative is None:
-            raise ValueError(f"guidance_scale={guidance_scale} > 1 needs a negative-prompt encoding (negative=None)")
+        cfg = self.uses_cfg(guidance_scale, negative)
         batch = latents.shape[0]
         video, audio = self.split(latents.to(self.device), shape)
         sigma_B = sigma.to(device=self.device, dtype=torch.float32).expand(batch)

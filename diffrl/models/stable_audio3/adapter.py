@@ -170,9 +170,7 @@ class StableAudio3Adapter(ModelAdapter):
         shape: SampleShape,
     ) -> torch.Tensor:
         """Guided flow velocity (B, C, T') fp32; negative and positive in one forward when guidance_scale > 1."""
-        cfg = self.needs_negative(guidance_scale)
-        if cfg and negative is None:
-            raise ValueError(f"guidance_scale={guidance_scale} > 1 needs a negative-prompt encoding (negative=None)")
+        cfg = self.uses_cfg(guidance_scale, negative)
         batch = latents.shape[0]
         timesteps = sigma.to(device=self.device, dtype=torch.float32) * self.pipe.scheduler.config.num_train_timesteps
         timesteps = timesteps.expand(batch)

@@ -226,9 +226,7 @@ class WanAdapter(ModelAdapter):
         CFG is on when guidance_scale > 1 (upstream's switch), the low-noise expert then uses
         `self.guidance_scale_2` (default: guidance_scale).
         """
-        cfg = self.needs_negative(guidance_scale)
-        if cfg and negative is None:
-            raise ValueError(f"guidance_scale={guidance_scale} > 1 needs a negative-prompt encoding (negative=None)")
+        cfg = self.uses_cfg(guidance_scale, negative)
         timesteps_B = sigma.to(device=self.device, dtype=torch.float32) * self.pipe.scheduler.config.num_train_timesteps
         timesteps_B = timesteps_B.expand(latents.shape[0])
         embeds_BLD, negative_BLD = encoding["prompt_embeds"], negative["prompt_embeds"] if cfg else None
