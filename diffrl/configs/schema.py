@@ -47,6 +47,9 @@ class ModelConfig:
         False  # torch.compile the denoiser's transformer blocks (faster sampling and training after a compile)
     )
     tf32: bool = True  # CUDA fp32 matmuls (e.g. fp32 LoRA branches over a bf16 base) on TF32 tensor cores
+    # the text encoders wait in host memory and visit the GPU only to encode new prompts (their GPU memory goes to
+    # the denoiser; each visit copies them over)
+    offload_text_encoder: bool = False
     # editing models only: the pixel area input images are resized to (null: the model's own; Qwen-Image-Edit 1024²)
     condition_area: int | None = None
     # the teacher an on-policy distillation algorithm (diffusion_opd) distils: any name `path` takes, same architecture

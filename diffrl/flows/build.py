@@ -181,7 +181,11 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", *, durable: bool 
             diffusers_logging.disable_progress_bar()
         area = cfg.model.condition_area  # an editing model's option; the others refuse it
         adapter = load_adapter(
-            model_path, device=device, dtype=dtype, **({} if area is None else {"condition_area": area})
+            model_path,
+            device=device,
+            dtype=dtype,
+            offload_text_encoder=cfg.model.offload_text_encoder,
+            **({} if area is None else {"condition_area": area}),
         )
         adapter.attention = cfg.model.attention
         set_tf32(cfg.model.tf32)

@@ -12,6 +12,7 @@ Wan: (B, C, F, H, W)); the engines treat them as opaque fp32 tensors with a fixe
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import importlib
 import json
@@ -28,6 +29,7 @@ from torch import nn
 
 from diffrl import registry
 from diffrl.models.kind import RANDOM, is_bagel_folder, is_hunyuan_image3_folder
+from diffrl.models.offload import HostResident, all_on
 
 # A prompt encoding: batch-first tensors under the names the transformer takes, e.g.
 # {"prompt_embeds": (B, L, D), "pooled_prompt_embeds": (B, D)} or {"prompt_embeds", "prompt_embeds_mask"}.
@@ -73,13 +75,36 @@ def detect_architecture(path: str) -> str:
     raise ValueError(f"{index_path}: pipeline class {class_name!r} is not supported; supported: {known}")
 
 
+# Set while load_adapter loads with offload_text_encoder: load_pipeline then leaves the text encoders on the host.
+_TEXT_ENCODERS_ON_HOST = contextvars.ContextVar("text_encoders_on_host", default=False)
+
+
+def is_text_encoder(name: str) -> bool:
+    """A pipeline component that encodes prompts (diffusers names them text_encoder, text_encoder_2, ...)."""
+    return name.startswith("text_encoder")
+
+
 def load_adapter(
-    path: str, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, **kwargs
+    path: str,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    offload_text_encoder: bool = False,
+    **kwargs,
 ) -> "ModelAdapter":
     """Detect the architecture of a diffusers folder and load its adapter. `random:<folder>`: a folder of configs
-    only, built with random weights (diffrl/models/random_weights.py)."""
+    only, built with random weights (diffrl/models/random_weights.py). `offload_text_encoder`: the text encoders
+    never load onto `device`; they wait in host memory and visit it only to encode (ModelAdapter.offload_text_encoders).
+    """
     arch = detect_architecture(path.removeprefix(RANDOM))
-    return adapter_class(arch).from_pretrained(path, device=device, dtype=dtype, **kwargs)
+    token = _TEXT_ENCODERS_ON_HOST.set(offload_text_encoder)
+    try:
+        adapter = adapter_class(arch).from_pretrained(path, device=device, dtype=dtype, **kwargs)
+    finally:
+        _TEXT_ENCODERS_ON_HOST.reset(token)
+    if offload_text_encoder:
+        adapter.offload_text_encoders()
+    return adapter
 
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -93,17 +118,30 @@ def load_pipeline(pipeline_cls, path: str, *, device, dtype: torch.dtype, compon
     random_weights, folder = path.startswith(RANDOM), path.removeprefix(RANDOM)
     if not os.path.isdir(folder) and (random_weights or not _HUB_ID.match(path)):
         raise ValueError(f"model path {path!r} does not exist (expected a diffusers {pipeline_cls.__name__} folder)")
+    on_host = _TEXT_ENCODERS_ON_HOST.get()
     if random_weights:
         from diffrl.models.random_weights import random_pipeline
 
-        pipe = random_pipeline(pipeline_cls, folder, device=device, dtype=dtype, components=components)
+        pipe = random_pipeline(
+            pipeline_cls,
+            folder,
+            device=device,
+            dtype=dtype,
+            components=components,
+            host=is_text_encoder if on_host else None,
+        )
     else:
         try:
             pipe = pipeline_cls.from_pretrained(path, dtype=dtype, **(components or {}))
         except OSError as err:  # diffusers raises OSError for a missing or incomplete folder / Hub id
             raise ValueError(f"could not load a {pipeline_cls.__name__} from {path!r}: {err}") from err
     pipe.set_progress_bar_config(disable=True)
-    pipe = pipe.to(device)
+    if on_host:  # the text encoders stay where they loaded, on the host
+        for name, module in pipe.components.items():
+            if isinstance(module, nn.Module) and not is_text_encoder(name):
+                module.to(device)
+    else:
+        pipe = pipe.to(device)
     vae = getattr(pipe, "vae", None)
     if torch.device(device).type == "cpu" and vae is not None and all(p.dim() <= 4 for p in vae.parameters()):
         # CPU convolutions run about 2x faster on NHWC weights (the shapes-small VAE decodes 48 images in
@@ -330,10 +368,33 @@ class ModelAdapter(ABC):
         self.source = ""  # path or hub id it was loaded from (set by from_pretrained)
         self.attention = "default"  # SDPA backend of the denoiser forwards (see attention_context)
         self.compiled = False  # compile_blocks ran: adapters whose text length varies pad it to text_bucket()
+        self.host_resident: list[HostResident] = []  # offloaded text encoders (offload_text_encoders)
 
     def attention_context(self) -> contextlib.AbstractContextManager:
         """Enter around denoiser forwards: selects the SDPA backend `self.attention` names."""
         return attention_context(self.attention, self.device)
+
+    # ---- text encoders in host memory ---------------------------------------------------------------
+    def offload_text_encoders(self) -> list[HostResident]:
+        """Keep the pipeline's text encoders in host memory; encode_prompt runs inside text_encoders_on_device().
+        ValueError for a model whose prompts go through the denoiser itself (BAGEL, HunyuanImage-3.0)."""
+        if not self.host_resident:
+            named = [
+                (name, module)
+                for name, module in getattr(self.pipe, "components", {}).items()
+                if is_text_encoder(name) and isinstance(module, nn.Module)
+            ]
+            if not named:
+                raise ValueError(
+                    f"model.offload_text_encoder: {self.arch} has no separate text encoder to keep off the GPU "
+                    "(its denoiser reads the prompt); set it to false"
+                )
+            self.host_resident = [HostResident(name, module.requires_grad_(False)) for name, module in named]
+        return self.host_resident
+
+    def text_encoders_on_device(self) -> contextlib.AbstractContextManager:
+        """Enter around encode_prompt: offloaded text encoders visit the adapter's device inside the block."""
+        return all_on(self.host_resident, self.device) if self.host_resident else contextlib.nullcontext()
 
     # ---- loading -------------------------------------------------------------------------------
     @classmethod

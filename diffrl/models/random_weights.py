@@ -22,6 +22,7 @@ import importlib.util
 import inspect
 import json
 import os
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -30,13 +31,21 @@ SEED = 0  # the weights of a `random:` folder: the same in every process
 
 
 def random_pipeline(
-    pipeline_cls: type, folder: str, *, device, dtype: torch.dtype, seed: int = SEED, components: dict | None = None
+    pipeline_cls: type,
+    folder: str,
+    *,
+    device,
+    dtype: torch.dtype,
+    seed: int = SEED,
+    components: dict | None = None,
+    host: Callable[[str], bool] | None = None,
 ):
     """`pipeline_cls` with the components model_index.json in `folder` lists: models built from their configs with
     random weights on `device` in `dtype`, the rest loaded (`components`: given ones, used as they are); the
     pipeline's own config values there (Wan2.2's boundary_ratio) passed to its constructor, as `from_pretrained`
     passes them. ValueError when the folder holds weight files (it would not be what those weights say) or a model
-    component has no config."""
+    component has no config. `host(name)` true: that component moves to host memory once built (on `device`, so the
+    weights are those a run without it builds), before the next is built."""
     with open(os.path.join(folder, "model_index.json")) as f:
         index = json.load(f)
     takes = set(inspect.signature(pipeline_cls.__init__).parameters) - {"self"}
@@ -56,6 +65,8 @@ def random_pipeline(
         sub = os.path.join(folder, name)
         if isinstance(cls, type) and issubclass(cls, nn.Module):
             components[name] = _random_module(cls, library, sub, device=device, dtype=dtype, seed=seed * 100 + i)
+            if host is not None and host(name):
+                components[name].to("cpu")
         else:
             components[name] = cls.from_pretrained(sub)
     return pipeline_cls(**components)

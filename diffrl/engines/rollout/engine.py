@@ -131,15 +131,18 @@ class RolloutEngine:
                 self._memory[key_of[text]] = self._to_device(enc)
             missing = {t: v for t, v in missing.items() if key_of[t] not in self._memory}
         fresh: dict[str, Encoding] = {}
-        for text, (prompt, paths) in missing.items():
-            # One prompt per call: the stored encoding (its padding length) is then the same whatever
-            # batch the prompt first appeared in, and equals the upstream pipeline's batch of one.
-            extra = {name: [path] for name, path in zip(("images", "last_images"), paths)}
-            if self.adapter.condition_on_shape:
-                extra["shape"] = SampleShape(cfg.height, cfg.width, cfg.num_frames, cfg.duration)
-            with _ENCODE_LOCK:
-                fresh[text] = self.adapter.encode_prompt([prompt], max_sequence_length=cfg.max_sequence_length, **extra)
-            self._memory[key_of[text]] = fresh[text]
+        if missing:
+            with _ENCODE_LOCK, self.adapter.text_encoders_on_device():  # offloaded encoders: one visit for all
+                for text, (prompt, paths) in missing.items():
+                    # One prompt per call: the stored encoding (its padding length) is then the same whatever
+                    # batch the prompt first appeared in, and equals the upstream pipeline's batch of one.
+                    extra = {name: [path] for name, path in zip(("images", "last_images"), paths)}
+                    if self.adapter.condition_on_shape:
+                        extra["shape"] = SampleShape(cfg.height, cfg.width, cfg.num_frames, cfg.duration)
+                    fresh[text] = self.adapter.encode_prompt(
+                        [prompt], max_sequence_length=cfg.max_sequence_length, **extra
+                    )
+                    self._memory[key_of[text]] = fresh[text]
         if fresh and self.cache is not None:
             self.cache.put(fingerprint, fresh)
         return keys
