@@ -378,8 +378,9 @@ def main(argv: list[str] | None = None):
     p_report.add_argument("--async-results", default=RESULTS_ASYNC, help="the asynchronous rows' records")
     p_report.add_argument(
         "--other-device-results",
-        default=RESULTS_OTHER_DEVICE,
-        help="rows measured on another device, with the flow_grpo runs of the same call",
+        nargs="+",
+        default=list(RESULTS_OTHER_DEVICE),
+        help="folders of rows measured on another device, one call's runs each (with that call's flow_grpo runs)",
     )
     p_report.add_argument("--doc", default=os.path.join(REPO, "docs", "leaderboard.md"))
     p_report.add_argument("--images", default=os.path.join(REPO, "docs", "images"))

@@ -130,45 +130,52 @@ python -m benchmarks.leaderboard run --miniature --algorithms flow_grpo flow_grp
 """
 
 
-# The page's "Rows measured on another device" section, above its table (when that folder has records).
+# The page's "Rows measured on another device" section, above its table (when its folders have records).
 OTHER_DEVICE_TEXT = """## Rows measured on another device
 
-These rows ran on another device, with another number of runs at once, than the table above, so they are compared
-with the flow_grpo runs of the same call (its `flow_grpo` lines), not with the table above. The flow_grpo runs are the
-teachers the `diffusion_opd` row trains first (`teachers/` in the out-dir, each seed's record copied beside the
-others): they are evaluated before and at the end of the budget only, so their "time to +10 points" is the whole
-budget whenever they got there. Records: `benchmarks/results/leaderboard_h100/` (each run's log beside it; a run that
-failed to start keeps its log only).
+These rows ran on another device, with another number of runs at once, than the table above, one call a folder, so
+each row is compared with the flow_grpo runs of its own call (the `flow_grpo` line of its table), not with the table
+above. In the first call the flow_grpo runs are the teachers the `diffusion_opd` row trains first (`teachers/` in the
+out-dir, each seed's record copied beside the others): they are evaluated before and at the end of the budget only,
+so their "time to +10 points" is the whole budget whenever they got there. Each run's log is beside its record; a run
+that failed to start keeps its log only.
 
 <!-- skip: gpu -->
 ```bash
 python -m benchmarks.leaderboard run --algorithms diffusion_opd dgpo gardo flow_grpo_ema_ref sft --seeds 0 1 2 \\
-  --budget-s 300 --eval-every-s 60 --parallel 6 --by-row --out-dir OUT      # one H100 (80 GB)
+  --budget-s 300 --eval-every-s 60 --parallel 6 --by-row --out-dir OUT      # one H100 (80 GB): leaderboard_h100/
+python -m benchmarks.leaderboard run --algorithms flow_grpo_ema_ref flow_grpo --seeds 0 1 2 \\
+  --budget-s 300 --eval-every-s 60 --parallel 6 --by-row --out-dir OUT      # one H100: leaderboard_h100_ema_ref/
 ```
 """
 
 
-def other_device_section(results_dir: str | None, runs: dict[str, list[dict]]) -> list[str]:
-    """The "Rows measured on another device" section from `runs`, the records in `results_dir` (none: no section)."""
-    if not runs:
-        return []
-    # the budget as the rows state it: the flow_grpo runs (teachers) are evaluated at the start and the end only
-    first = min((r for records in runs.values() for r in records), key=lambda r: r.get("eval_every_s") or 0)
-    failed = sorted(
-        name.removesuffix(".log")
-        for name in os.listdir(results_dir)
-        if name.endswith(".log") and not os.path.isfile(os.path.join(results_dir, name.removesuffix(".log") + ".json"))
-    )
-    lines = [
-        OTHER_DEVICE_TEXT,
-        f"Device: {first['device']}. Budget: {budget_text(first)}. Runs at once on the device: "
-        f"{', '.join(map(str, sorted({concurrency(r) for records in runs.values() for r in records})))}.",
-        "",
-        *table(runs),
-    ]
-    if failed:
-        lines += ["", f"Runs that failed to start (their logs): {', '.join(failed)}."]
-    return lines
+def other_device_section(results_dirs: list[str]) -> list[str]:
+    """The "Rows measured on another device" section: a table for each folder of `results_dirs` with records (one
+    call's runs), under the folder's name (none with records: no section)."""
+    lines = []
+    for results_dir in results_dirs:
+        runs = load_runs(results_dir) if os.path.isdir(results_dir) else {}
+        if not runs:
+            continue
+        # the budget as the rows state it: the flow_grpo runs (teachers) are evaluated at the start and the end only
+        first = min((r for records in runs.values() for r in records), key=lambda r: r.get("eval_every_s") or 0)
+        failed = sorted(
+            name.removesuffix(".log")
+            for name in os.listdir(results_dir)
+            if name.endswith(".log")
+            and not os.path.isfile(os.path.join(results_dir, name.removesuffix(".log") + ".json"))
+        )
+        lines += [
+            f"### `benchmarks/results/{os.path.basename(os.path.normpath(results_dir))}/`",
+            "",
+            f"Device: {first['device']}. Budget: {budget_text(first)}. Runs at once on the device: "
+            f"{', '.join(map(str, sorted({concurrency(r) for records in runs.values() for r in records})))}.",
+            "",
+            *table(runs),
+        ]
+        lines += ["", f"Runs that failed to start (their logs): {', '.join(failed)}.", ""] if failed else [""]
+    return [OTHER_DEVICE_TEXT, *lines[:-1]] if lines else []
 
 
 def async_comparison(runs: dict[str, list[dict]]) -> list[dict]:
@@ -378,11 +385,11 @@ def write_report(
     doc_path: str,
     images_dir: str,
     async_dir: str | None = None,
-    other_device_dir: str | None = None,
+    other_device_dirs: list[str] | tuple[str, ...] = (),
 ) -> dict:
     """Write the doc and the two PNGs; return the summaries by algorithm. The asynchronous rows' comparison is made
     from the records in `async_dir` (their own folder: they run at equal images, the table at equal seconds); rows
-    measured on another device, from `other_device_dir`."""
+    measured on another device, from the folders `other_device_dirs` (one call's records each)."""
     runs = load_runs(results_dir)
     if not runs:
         raise SystemExit(f"no leaderboard run records in {results_dir}: run `benchmarks/leaderboard.py run` first")
@@ -436,8 +443,8 @@ def write_report(
             f"None: every algorithm's mean final accuracy is at least {MIN_GAIN * 100:.0f} points above its mean start."
         )
     lines += ["", *async_section(load_runs(async_dir) if async_dir and os.path.isdir(async_dir) else {}), ""]
-    other_runs = load_runs(other_device_dir) if other_device_dir and os.path.isdir(other_device_dir) else {}
-    other = other_device_section(other_device_dir, other_runs)
+    other_runs = {a for d in other_device_dirs if os.path.isdir(d) for a in load_runs(d)}
+    other = other_device_section(list(other_device_dirs))
     lines += [*other, ""] if other else []
     lines += [HOW_IT_RUNS, "## Settings of each row", ""]
     for row in ALL_ROWS:

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results", "leaderboard")
 RESULTS_ASYNC = os.path.join(REPO, "benchmarks", "results", "leaderboard_async")  # the asynchronous rows' runs
-# rows measured on another device than the table's, beside the flow_grpo runs of the same call
-RESULTS_OTHER_DEVICE = os.path.join(REPO, "benchmarks", "results", "leaderboard_h100")
+# rows measured on another device than the table's, one folder a call, each beside the flow_grpo runs of its call
+RESULTS_OTHER_DEVICE = tuple(
+    os.path.join(REPO, "benchmarks", "results", name) for name in ("leaderboard_h100", "leaderboard_h100_ema_ref")
+)
 GPU_CONFIG = "diffrl/configs/shapes_flow_grpo.yaml"
 GAIN = 0.10  # "time to +10 points" of held-out strict accuracy
 

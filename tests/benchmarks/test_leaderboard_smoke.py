@@ -230,13 +230,28 @@ def test_rows_from_another_device_get_their_own_section_with_the_runs_that_faile
     (other / "gardo_seed0_b.log").write_text("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED\n")
     (other / "dgpo_seed0_b.log").write_text("a finished run's log\n")
     doc = tmp_path / "doc.md"
-    leaderboard_report.write_report(str(main), str(doc), str(tmp_path), other_device_dir=str(other))
+    # a second call: its own flow_grpo runs, under the same file names as the first call's
+    second = tmp_path / "second"
+    second.mkdir()
+    again = _record(0, [(0, 0, 0.10), (30, 256, 0.12), (60, 512, 0.25)], algorithm="flow_grpo") | {"eval_every_s": 30}
+    ema = _record(0, [(0, 0, 0.10), (30, 256, 0.21), (60, 512, 0.24)], algorithm="flow_grpo_ema_ref")
+    for record in (again, ema | {"eval_every_s": 30}):
+        name = f"{record['algorithm']}_seed0_b.json"
+        (second / name).write_text(json.dumps(record | common | {"device": "B", "concurrent_runs": 2}))
+    leaderboard_report.write_report(str(main), str(doc), str(tmp_path), other_device_dirs=[str(other), str(second)])
     section = doc.read_text().split("## Rows measured on another device")[1].split("## How it runs")[0]
+    first_call, second_call = section.split("### `benchmarks/results/other/`")[1].split(
+        "### `benchmarks/results/second/`"
+    )
     budget = "Budget: 90 s of training per run, evaluated every 30 s. Runs at once on the device: 6."
-    assert f"Device: B. {budget}" in section
-    assert "| flow_grpo | 1 | 10.0 | 30.0 | +20.0 | 512 | 90 | 90 s (1/1 seeds) |" in section
-    assert "| dgpo | 1 | 10.0 | 22.0 | +12.0 | 384 | 60 | 60 s (1/1 seeds) |" in section
-    assert "Runs that failed to start (their logs): gardo_seed0_b." in section
-    assert "- **dgpo**:" in doc.read_text().split("## Settings of each row")[1]  # its settings are listed too
-    leaderboard_report.write_report(str(main), str(doc), str(tmp_path), other_device_dir=str(tmp_path / "none"))
+    assert f"Device: B. {budget}" in first_call
+    assert "| flow_grpo | 1 | 10.0 | 30.0 | +20.0 | 512 | 90 | 90 s (1/1 seeds) |" in first_call
+    assert "| dgpo | 1 | 10.0 | 22.0 | +12.0 | 384 | 60 | 60 s (1/1 seeds) |" in first_call
+    assert "Runs that failed to start (their logs): gardo_seed0_b." in first_call
+    assert "Runs at once on the device: 2." in second_call and "failed" not in second_call
+    assert "| flow_grpo | 1 | 10.0 | 25.0 | +15.0 | 512 | 60 | 60 s (1/1 seeds) |" in second_call
+    assert "| flow_grpo_ema_ref | 1 | 10.0 | 24.0 | +14.0 | 512 | 60 | 30 s (1/1 seeds) |" in second_call
+    settings = doc.read_text().split("## Settings of each row")[1]
+    assert "- **dgpo**:" in settings and "- **flow_grpo_ema_ref**:" in settings  # their settings are listed too
+    leaderboard_report.write_report(str(main), str(doc), str(tmp_path), other_device_dirs=[str(tmp_path / "none")])
     assert "## Rows measured on another device" not in doc.read_text()
