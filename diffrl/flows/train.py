@@ -29,7 +29,14 @@ from diffrl.engines.redact import redact_text
 from diffrl.engines.reward.base import AudioBatch
 from diffrl.engines.step.generate import rollout_examples
 from diffrl.engines.step.plan import validation_due, validation_rollout
-from diffrl.engines.step.retention import checkpoint_bytes, describe_disk, latent_numel, retain, stored_image_bytes
+from diffrl.engines.step.retention import (
+    checkpoint_bytes,
+    describe_disk,
+    latent_numel,
+    retain,
+    sample_noun,
+    stored_image_bytes,
+)
 from diffrl.engines.step.run import StepClock, add_perf, drain, set_first_step, settle, sync_engines
 from diffrl.engines.step.update import (
     checkpoint_dir,
@@ -218,7 +225,7 @@ def _train(
     mark_started(cfg.run.name, None)  # no step yet (an earlier run of this name in this process has ended)
     _say(
         f"run {cfg.run.name!r}: {counted(cfg.run.steps, 'step')} of {cfg.algorithm.name} on {cfg.model.path} "
-        f"({cfg.rollout.samples_per_step} {'responses' if cfg.algorithm.needs.data == 'tokens' else 'images'}/step) "
+        f"({cfg.rollout.samples_per_step} {_noun(cfg)}/step) "
         f"in {cfg.run_dir}" + (f" (lock, Prefect results: {cfg.local_dir})" if fs.is_uri(cfg.run_dir) else "")
     )
     guard = Guard(cfg)  # a bad probe prompt path fails before the model loads
@@ -495,6 +502,7 @@ def _train_steps(engines: EngineHandle, tracker: RunLoggers, step_flow, start: i
     cfg = engines.config
     val = {}
     clock, times = StepClock(), []
+    unit = _noun(cfg) if cfg.algorithm.needs.data == "tokens" else engines.run("rollout", sample_noun)
     for step in range(start, cfg.run.steps):
         mark_started(cfg.run.name, step)  # where an interrupt finds the run (with the stage its tasks started)
         pin_step_key(step_flow, step)
@@ -520,7 +528,6 @@ def _train_steps(engines: EngineHandle, tracker: RunLoggers, step_flow, start: i
         with trace.span("log metrics", step=step):
             tracker.log_metrics(metrics, step + 1)
         trace.flush()
-        unit = "responses" if cfg.algorithm.needs.data == "tokens" else "images"
         shown = ("fm_loss", "actor/fm_loss") if cfg.algorithm.needs.supervised else ("reward", "critic/rewards/mean")
         console.step(  # a live line on a terminal, one plain line per step elsewhere
             step + 1,
@@ -544,6 +551,16 @@ def _say_disk(engines: cluster.Engines, step: int) -> None:
         # from the first replica only: another's process may be gone mid-step, which the next stage reports
         latent, checkpoint = engines.run("rollout", latent_numel), engines.run_one("trainer", 0, checkpoint_bytes)
         _say(describe_disk(cfg, latent, checkpoint, engines.run("rollout", stored_image_bytes, step)))
+
+
+def _noun(cfg: ExperimentConfig) -> str:
+    """What a step's samples are, as the config tells before the model loads: responses, videos, clips (audio) or
+    images."""
+    if cfg.algorithm.needs.data == "tokens":
+        return "responses"
+    if cfg.rollout.num_frames > 1:
+        return "videos"
+    return "clips" if cfg.rollout.duration is not None else "images"
 
 
 def _eta(step_seconds: list[float], steps_left: int) -> str:

@@ -58,11 +58,13 @@ TINY = [
     [["algorithm.window.start_range=[0, 2]"], ["algorithm=dance_grpo"]],
     ids=["flow_grpo", "dance_grpo"],
 )
-def test_ltx2_recipe_trains_on_packed_video_and_audio(workdir, overrides):
+def test_ltx2_recipe_trains_on_packed_video_and_audio(workdir, overrides, capfd):
     with open("prompts.jsonl", "w") as f:
         f.writelines(json.dumps({"prompt": p}) + "\n" for p in PROMPTS)
     result = train(config="ltx2_flow_grpo", overrides=TINY + ["run.steps=1"] + overrides)
     assert result["last_step"] == 1
+    err = capfd.readouterr().err  # the console counts videos
+    assert " videos/step)" in err and " videos/s (" in err and "images/s" not in err, err
     step_dir = f"{RUN}/checkpoints/step_1"
     with open(f"{step_dir}/update_metrics.json") as f:
         metrics = json.load(f)

@@ -26,9 +26,11 @@ TINY_SA3 = TINY_RECIPE + [
 ]
 
 
-def test_flow_grpo_on_tiny_stable_audio3_stores_scores_and_logs_audio(workdir):
+def test_flow_grpo_on_tiny_stable_audio3_stores_scores_and_logs_audio(workdir, capfd):
     result = train(config="stable_audio3_flow_grpo", overrides=TINY_SA3)
     assert result["last_step"] == 1
+    err = capfd.readouterr().err  # the console counts clips, not images
+    assert "(4 clips/step)" in err and " clips/s (" in err and "images/s" not in err, err
     trained_lora(RUN, 1)
 
     table = lance.dataset(f"{RUN}/trajectories.lance")

@@ -87,6 +87,15 @@ def latent_numel(engines: Engines) -> int:
     return int(engines.adapter.prepare_latents(shape, [torch.Generator().manual_seed(0)])[0].numel())
 
 
+def sample_noun(engines: Engines) -> str:
+    """What the run's samples are, as its model makes them (where the rollout's adapter lives): images, videos (frames,
+    with or without sound) or clips (sound alone)."""
+    adapter = engines.adapter
+    if not adapter.visual:
+        return "clips"
+    return "videos" if adapter.is_video else "images"
+
+
 def checkpoint_bytes(engines: Engines) -> int:
     """About the bytes of one checkpoint of the run's trainer (where it lives), as diffrl/engines/train/checkpoint.py
     writes it. LoRA: every LoRA tensor (a frozen "old" adapter too) in trainable.safetensors, the trained ones again
