@@ -55,6 +55,15 @@ DETERMINISTIC = (
     "diffrl.engines.train.checkpoint.NonFiniteWeights",
 )
 SIGNALS = ("prefect.exceptions.TerminationSignal",)  # Prefect's SIGTERM inside a flow run
+# What frees GPU memory where a run ran out of it: by the stage it was in, else all of it
+MEMORY_ADVICE = {
+    "generate": "lower rollout.batch_size, or set model.offload_text_encoder: true",
+    "update_actor": "lower train.micro_batch_size, or set train.gradient_checkpointing: true",
+}
+MEMORY_ADVICE_ANY = (
+    "lower rollout.batch_size or train.micro_batch_size, or set train.gradient_checkpointing or "
+    "model.offload_text_encoder: true"
+)
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
@@ -153,6 +162,11 @@ def _known(seen: BaseException, error: BaseException) -> Report | None:
     if isinstance(seen, OSError):
         return _os_error(seen)
     transient = next((what for name, what in TRANSIENT.items() if name in classes), None)
+    if transient == "out of memory":  # where it ran out, and what frees memory there, before the long library text
+        where = next((w for w in (getattr(s, "diffrl_where", None) for s in chain(error)) if w), None)
+        stage = next((w for w in (getattr(s, "diffrl_stage", None) for s in chain(error)) if w), None)
+        advice = MEMORY_ADVICE.get(stage, MEMORY_ADVICE_ANY)
+        return Report(one_line(f"out of memory{f' {where}' if where else ''} ({advice}): {_described(seen)}"), 1, True)
     if transient is not None:
         text = _described(seen) if transient == "" else f"{transient}: {_described(seen)}"
         return Report(one_line(text), 1, rerun=True)

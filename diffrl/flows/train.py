@@ -320,6 +320,8 @@ def _train(
             e.diffrl_where = interrupts.where(*last_started(cfg.run.name))
             tracker.finish("KILLED")
             raise
+        e.diffrl_where = interrupts.where(*last_started(cfg.run.name))  # the one line of an out-of-memory says it
+        e.diffrl_stage = last_started(cfg.run.name)[1]
         settle(engines)
         tracker.finish("FAILED")
         damaged = damaged_store(e, cfg)

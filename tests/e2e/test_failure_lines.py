@@ -140,7 +140,16 @@ CASES = [
         r"http_scorer: http://127.0.0.1:\d+/score: failed .*Connection refused",
         1,
     ),
-    ("out of memory", False, "update_actor@1:oom", [], 1, r"out of memory: OutOfMemoryError: CUDA out of memory", 1),
+    (
+        "out of memory",
+        False,
+        "update_actor@1:oom",
+        [],
+        1,
+        r"out of memory at step 1 \(update_actor\) \(lower train.micro_batch_size, or set "
+        r"train.gradient_checkpointing: true\): OutOfMemoryError: CUDA out of memory",
+        1,
+    ),
 ]
 
 

@@ -46,7 +46,7 @@ def _wrapped(inner: BaseException, outer: BaseException) -> BaseException:
             "OSError: [Errno 28] No space left on device: 'runs/x/a.lance' (the disk is full: free space, then rerun",
         ),
         (PermissionError(errno.EROFS, "Read-only file system", "runs/x/run.lock"), 1, False, "cannot write runs/x/run"),
-        (torch.OutOfMemoryError("CUDA out of memory"), 1, True, "out of memory: OutOfMemoryError: CUDA out of memory"),
+        (torch.OutOfMemoryError("CUDA out of memory"), 1, True, "out of memory (lower rollout.batch_size or train."),
         (_wrapped(ConnectionRefusedError(111, "refused"), RuntimeError("step")), 1, True, "network error: Connection"),
         (RewardError("http_scorer: http://h/score: failed after 3 attempts", "http_scorer"), 1, True, "http_scorer"),
         (ReplicaLost("replica r/engine-1 died ... rerun the same command: it resumes"), 1, True, "replica r/engine-1"),
@@ -58,6 +58,16 @@ def test_a_failure_is_one_line_with_its_exit_code_and_rerun_advice(error, code, 
     assert (failure.code, failure.rerun) == (code, rerun) and failure.line.startswith(line), failure
     text = failure.text("train", "runs/x/diffrl.log" if code == 1 else None)
     assert "\n" not in text and text.count("rerun the same command") == int(rerun), text
+
+
+def test_out_of_memory_says_where_and_what_frees_memory_there():
+    error = _wrapped(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 320.00 MiB"), RuntimeError("step"))
+    error.diffrl_where, error.diffrl_stage = "at step 2 (generate)", "generate"
+    assert report(error).text("train") == (
+        "diffrl train: error: out of memory at step 2 (generate) (lower rollout.batch_size, or set "
+        "model.offload_text_encoder: true): OutOfMemoryError: CUDA out of memory. Tried to allocate 320.00 MiB; "
+        "rerun the same command to resume"
+    )
 
 
 def test_an_interrupt_says_where_the_run_was():
