@@ -7,6 +7,7 @@ and its committed Lance rows are reused. The loggers' runs continue (same run id
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -320,8 +321,9 @@ def _train(
             e.diffrl_where = interrupts.where(*last_started(cfg.run.name))
             tracker.finish("KILLED")
             raise
-        e.diffrl_where = interrupts.where(*last_started(cfg.run.name))  # the one line of an out-of-memory says it
-        e.diffrl_stage = last_started(cfg.run.name)[1]
+        with contextlib.suppress(AttributeError):  # the one line of an out-of-memory says where it ran out
+            e.diffrl_where = interrupts.where(*last_started(cfg.run.name))
+            e.diffrl_stage = last_started(cfg.run.name)[1]
         settle(engines)
         tracker.finish("FAILED")
         damaged = damaged_store(e, cfg)
