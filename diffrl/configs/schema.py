@@ -57,6 +57,9 @@ class ModelConfig:
     # a diffusers LoRA .safetensors file fused into the teacher (`diffrl export` writes one); a relative path that is
     # not there names the file shipped with diffrl
     teacher_lora: str | None = None
+    # the architecture's own sampling knobs, e.g. {guidance_scale_2: 3.0} (Wan2.2's low-noise expert) or
+    # {audio_guidance_scale: 7.0, frame_rate: 24} (LTX-2); docs/models.md lists them per model
+    options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.condition_area is not None and self.condition_area < 1:

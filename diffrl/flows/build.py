@@ -179,13 +179,11 @@ def build_engines(cfg: ExperimentConfig, actor: str = "local", *, durable: bool 
             from diffusers.utils import logging as diffusers_logging
 
             diffusers_logging.disable_progress_bar()
-        area = cfg.model.condition_area  # an editing model's option; the others refuse it
+        options = dict(cfg.model.options)  # the architecture's own knobs; an adapter refuses what it does not take
+        if cfg.model.condition_area is not None:  # an editing model's option; the others refuse it
+            options["condition_area"] = cfg.model.condition_area
         adapter = load_adapter(
-            model_path,
-            device=device,
-            dtype=dtype,
-            offload_text_encoder=cfg.model.offload_text_encoder,
-            **({} if area is None else {"condition_area": area}),
+            model_path, device=device, dtype=dtype, offload_text_encoder=cfg.model.offload_text_encoder, **options
         )
         adapter.attention = cfg.model.attention
         set_tf32(cfg.model.tf32)
