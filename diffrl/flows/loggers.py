@@ -6,7 +6,7 @@ step, RL steps done; the validation before training at 0). The run folder, not a
 runs/<name>/logged.json holds the last step whose metrics every logger took and the validation before training, so
 a run resumes the same with any set of loggers, none included. A step's record is written once every logger's writes
 for it have landed: a crash can lose the last step's metrics, and the resumed run logs them again
-(diffrl/flows/train.py).
+(diffrl/flows/train.py), except to MLflow where its history holds them already.
 
 - mlflow: the tracking database (mlflow.db, or MLFLOW_TRACKING_URI), diffrl/flows/tracking.py.
 - tensorboard: event files in runs/<name>/tensorboard (`tensorboard --logdir runs/<name>`); the tensorboard package.
@@ -120,11 +120,15 @@ class RunLoggers:
         self.record = LoggedRecord(record_path)
         self._record_writes = Background("run record")
         opened: dict[str, RunLogger] = {}
-        if "mlflow" in names and record_path is not None and not self.record.found:
-            # a run an older diffrl started has no record yet: what its MLflow run holds is what it logged
-            tracker = _mlflow(place)
-            self.record.step, self.record.before_training = tracker.logged()
-            opened["mlflow"] = tracker
+        # the last step a logger holds beyond the record: a crash after MLflow took a step's metrics, before the record
+        # said so, is not logged twice (TensorBoard purges from the resumed step itself; W&B starts another folder)
+        self.holds: dict[str, int] = {}
+        if "mlflow" in names and record_path is not None:
+            tracker = opened["mlflow"] = _mlflow(place)
+            last, before = tracker.logged()
+            if not self.record.found:  # a run an older diffrl started has no record: what MLflow holds it logged
+                self.record.step, self.record.before_training = last, before
+            self.holds["mlflow"] = last
         place = dataclasses.replace(place, first_step=self.record.step + 1)
         self.loggers = {name: opened.get(name) or registry.get("logger", name).obj(place) for name in names}
 
@@ -151,7 +155,9 @@ class RunLoggers:
         """Log a step's metrics once: a step the record has (a resumed run) is not logged twice."""
         if self.has_step(step):
             return
-        self.log_values(metrics, step)
+        for name, logger in self.loggers.items():
+            if step > self.holds.get(name, 0):
+                logger.log_values(metrics, step)
         self.record.step = step
         self._keep_record(step)
 

@@ -103,6 +103,24 @@ def test_a_run_without_mlflow_resumes_from_its_run_folder(run_folder, tmp_path):
     assert len(list((run_folder / "wandb").glob(f"offline-run-*-{resumed.run_ids['wandb']}*"))) == 2
 
 
+def test_a_step_mlflow_took_before_a_crash_its_record_missed_is_not_logged_twice(run_folder, tmp_path):
+    """Killed after MLflow took step 3's metrics and before the record said so: the resumed process trains step 3
+    again and logs it to the loggers that lack it (TensorBoard, which purged it), not to MLflow a second time."""
+    first = _open(["mlflow", "tensorboard"], run_folder)
+    _log_a_short_run(first, range(1, 3))
+    first.loggers["mlflow"].log_values({"critic/rewards/mean": 0.3, "perf/time_per_step": 4.0}, 3)
+    first.finish("KILLED")
+    assert json.loads((run_folder / "logged.json").read_text())["step"] == 2
+    resumed = _open(["mlflow", "tensorboard"], run_folder)
+    assert not resumed.has_step(3)
+    _log_a_short_run(resumed, range(3, 5))
+    resumed.finish()
+    mlflow = mlflow_scalars(f"sqlite:///{tmp_path}/mlflow.db", resumed.run_ids["mlflow"])
+    assert [s for s, _ in mlflow["critic/rewards/mean"]] == [1, 2, 3, 4]
+    assert [s for s, _ in tensorboard_scalars(str(run_folder / "tensorboard"))["critic/rewards/mean"]] == [1, 2, 3, 4]
+    assert json.loads((run_folder / "logged.json").read_text())["step"] == 4
+
+
 def test_an_older_run_without_a_record_takes_what_its_mlflow_run_holds(run_folder, tmp_path):
     """A run folder from before runs/<name>/logged.json existed: its MLflow run says which steps were logged."""
     tracker = Tracker(experiment="loggers", run_name="r", state_path=str(run_folder / "run.json"))

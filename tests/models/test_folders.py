@@ -11,7 +11,17 @@ from diffrl import models, registry
 MODELS_DIR = os.path.dirname(os.path.abspath(models.__file__))
 DIFFRL_DIR = os.path.dirname(MODELS_DIR)
 # What diffrl/models/ holds beside the architecture folders: the parts every architecture shares.
-SHARED = {"__init__.py", "base.py", "kind.py", "random_weights.py", "realsize.py", "tiny.py", "tokenizers.py", "wav.py"}
+SHARED = {
+    "__init__.py",
+    "base.py",
+    "kind.py",
+    "offload.py",
+    "random_weights.py",
+    "realsize.py",
+    "tiny.py",
+    "tokenizers.py",
+    "wav.py",
+}
 NOT_ARCHITECTURES = {"reference", "__pycache__"}  # the shipped reference models: folders of weights, no code
 # Keys of a model config (diffusers / transformers): a module-level dict with them is an architecture's config.
 CONFIG_KEYS = {
