@@ -150,9 +150,22 @@ def quiet_libraries(*, verbose: bool) -> None:
     # or logs queued at exit (on a logger named after the service class): after diffrl's own last line
     for service in ("EventsWorker", "APILogWorker"):
         logging.getLogger(service).setLevel(logging.ERROR)
+    # a Ctrl-C while Prefect sets a task or flow run up makes its engine log "Crash detected! ..." on its own logger,
+    # before the run's (CRITICAL above) takes over: diffrl reports the interrupt itself. A filter, not a level:
+    # Prefect's logging setup (at import, again when its server starts) resets the levels of loggers under "prefect"
+    engine = logging.getLogger("prefect.engine")
+    if not any(isinstance(f, _CriticalOnly) for f in engine.filters):
+        engine.addFilter(_CriticalOnly())
     from diffrl.flows.console import PEFT_SECOND_ADAPTER
 
     warnings.filterwarnings("ignore", message=PEFT_SECOND_ADAPTER)
+
+
+class _CriticalOnly(logging.Filter):
+    """Lets only CRITICAL records through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.CRITICAL
 
 
 if __name__ == "__main__":
