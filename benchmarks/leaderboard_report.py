@@ -150,12 +150,11 @@ python -m benchmarks.leaderboard run --algorithms flow_grpo_ema_ref flow_grpo --
 """
 
 
-def other_device_section(results_dirs: list[str]) -> list[str]:
-    """The "Rows measured on another device" section: a table for each folder of `results_dirs` with records (one
-    call's runs), under the folder's name (none with records: no section)."""
+def other_device_section(calls: dict[str, dict[str, list[dict]]]) -> list[str]:
+    """The "Rows measured on another device" section: a table for each folder of `calls` with records (one call's
+    runs, as load_runs reads them), under the folder's name (none with records: no section)."""
     lines = []
-    for results_dir in results_dirs:
-        runs = load_runs(results_dir) if os.path.isdir(results_dir) else {}
+    for results_dir, runs in calls.items():
         if not runs:
             continue
         # the budget as the rows state it: the flow_grpo runs (teachers) are evaluated at the start and the end only
@@ -443,8 +442,9 @@ def write_report(
             f"None: every algorithm's mean final accuracy is at least {MIN_GAIN * 100:.0f} points above its mean start."
         )
     lines += ["", *async_section(load_runs(async_dir) if async_dir and os.path.isdir(async_dir) else {}), ""]
-    other_runs = {a for d in other_device_dirs if os.path.isdir(d) for a in load_runs(d)}
-    other = other_device_section(list(other_device_dirs))
+    calls = {d: load_runs(d) for d in other_device_dirs if os.path.isdir(d)}
+    other_runs = {a for runs in calls.values() for a in runs}
+    other = other_device_section(calls)
     lines += [*other, ""] if other else []
     lines += [HOW_IT_RUNS, "## Settings of each row", ""]
     for row in ALL_ROWS:
