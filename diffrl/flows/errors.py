@@ -147,7 +147,7 @@ def report(error: BaseException) -> Report:
 def _known(seen: BaseException, error: BaseException) -> Report | None:
     if _is_stop(seen):
         how = getattr(seen, "how", "interrupted" if isinstance(seen, KeyboardInterrupt) else "interrupted (SIGTERM)")
-        where = next((w for w in (getattr(s, "diffrl_where", None) for s in chain(error)) if w), None)
+        where = _tag(error, "diffrl_where")
         return Report(f"{how} {where}" if where else how, 130, rerun=True)
     if getattr(seen, "errno", None) in NO_SPACE or "No space left on device" in str(seen):  # whoever wrapped it
         full = one_line(_described(seen))
@@ -163,14 +163,18 @@ def _known(seen: BaseException, error: BaseException) -> Report | None:
         return _os_error(seen)
     transient = next((what for name, what in TRANSIENT.items() if name in classes), None)
     if transient == "out of memory":  # where it ran out, and what frees memory there, before the long library text
-        where = next((w for w in (getattr(s, "diffrl_where", None) for s in chain(error)) if w), None)
-        stage = next((w for w in (getattr(s, "diffrl_stage", None) for s in chain(error)) if w), None)
-        advice = MEMORY_ADVICE.get(stage, MEMORY_ADVICE_ANY)
+        where = _tag(error, "diffrl_where")
+        advice = MEMORY_ADVICE.get(_tag(error, "diffrl_stage"), MEMORY_ADVICE_ANY)
         return Report(one_line(f"out of memory{f' {where}' if where else ''} ({advice}): {_described(seen)}"), 1, True)
     if transient is not None:
         text = _described(seen) if transient == "" else f"{transient}: {_described(seen)}"
         return Report(one_line(text), 1, rerun=True)
     return None
+
+
+def _tag(error: BaseException, name: str) -> str | None:
+    """The first value of attribute `name` (diffrl_where, diffrl_stage: set by the train flow) along `error`'s chain."""
+    return next((value for value in (getattr(seen, name, None) for seen in chain(error)) if value), None)
 
 
 def _os_error(error: OSError) -> Report | None:

@@ -316,14 +316,13 @@ def _train(
         engines.run("trainer", drain)  # the last step's rows and checkpoint land before the run reports done
     except BaseException as e:
         console.close()  # the error starts a line of its own
+        step, stage = last_started(cfg.run.name)
+        with contextlib.suppress(AttributeError):  # the one line of an interrupt or an out-of-memory says where
+            e.diffrl_where, e.diffrl_stage = interrupts.where(step, stage), stage
         if is_interrupt(e):  # stop now: no waiting for the step in flight (diffrl/flows/interrupts.py)
             interrupts.stop_engines(engines)
-            e.diffrl_where = interrupts.where(*last_started(cfg.run.name))
             tracker.finish("KILLED")
             raise
-        with contextlib.suppress(AttributeError):  # the one line of an out-of-memory says where it ran out
-            e.diffrl_where = interrupts.where(*last_started(cfg.run.name))
-            e.diffrl_stage = last_started(cfg.run.name)[1]
         settle(engines)
         tracker.finish("FAILED")
         damaged = damaged_store(e, cfg)
